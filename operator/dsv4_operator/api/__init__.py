@@ -1,0 +1,1 @@
+"""Typed API: spec and status models of DSV4Deployment, and CRD generation."""

@@ -1,0 +1,169 @@
+"""Generates the DSV4Deployment CustomResourceDefinition from the pydantic models."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from dsv4_operator.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.status import DSV4DeploymentStatus
+
+JsonSchema = dict[str, Any]
+
+# JSON-Schema keys that have no place in a Kubernetes structural schema.
+_DROPPED_KEYS = frozenset({"title", "examples", "additionalProperties"})
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Prefill",
+        "type": "integer",
+        "jsonPath": ".status.roles.prefill.ready",
+        "description": "Ready prefill replicas",
+    },
+    {
+        "name": "Decode",
+        "type": "integer",
+        "jsonPath": ".status.roles.decode.ready",
+        "description": "Ready decode replicas",
+    },
+    {"name": "Revision", "type": "string", "jsonPath": ".status.currentRevision"},
+    {
+        "name": "Leak",
+        "type": "number",
+        "jsonPath": ".status.guard.leakRate",
+        "description": "Canary tool-call leak rate",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
+    """Inline `$ref`s, keeping sibling keys (description, default) of the referring node."""
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+        siblings = {k: v for k, v in node.items() if k != "$ref"}
+        # The referring field's description is more specific than the model's docstring.
+        node = {**target, **siblings}
+    return node
+
+
+def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
+    """Turn one pydantic JSON-Schema node into a Kubernetes structural schema node."""
+    node = _resolve(node, defs)
+    out: JsonSchema = {}
+    if "anyOf" in node:
+        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+        nullable = len(branches) < len(node["anyOf"])
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if node.get("x-kubernetes-int-or-string"):
+            out = {"x-kubernetes-int-or-string": True}
+        elif len(branches) == 1:
+            out = structural({**branches[0], **rest}, defs)
+            if rest.get("default", "absent") is None:
+                out.pop("default", None)
+        else:  # pragma: no cover - the models never produce this
+            raise ValueError(f"cannot express anyOf {branches} structurally")
+        if nullable:
+            out["nullable"] = True
+        for key in ("description",):
+            if key in rest:
+                out[key] = rest[key]
+        return out
+    for key, value in node.items():
+        if key in _DROPPED_KEYS or key == "anyOf":
+            continue
+        if key == "properties":
+            out["properties"] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out["items"] = structural(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+            out[bound] = value
+            out[key] = True
+        else:
+            out[key] = value
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        out["additionalProperties"] = structural(extra, defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("type") == "object" and "properties" in out:
+        required = set(out.get("required", []))
+        for name, sub in out["properties"].items():
+            # Nested objects with default factories default to {} so the API server fills
+            # their own defaults (the same ones pydantic applies).
+            if (
+                name not in required
+                and sub.get("type") == "object"
+                and "properties" in sub
+                and not sub.get("nullable")
+                and "default" not in sub
+            ):
+                sub["default"] = {}
+    return out
+
+
+def openapi_schema() -> JsonSchema:
+    """The openAPIV3Schema of the CRD's only version."""
+    spec_schema = DSV4DeploymentSpec.model_json_schema(by_alias=True, mode="validation")
+    status_schema = DSV4DeploymentStatus.model_json_schema(by_alias=True, mode="serialization")
+    spec = structural(spec_schema, spec_schema.get("$defs", {}))
+    spec.pop("$defs", None)
+    status = structural(status_schema, status_schema.get("$defs", {}))
+    status.pop("$defs", None)
+    status.pop("required", None)
+    return {
+        "type": "object",
+        "description": "A DeepSeek-V4-class model served on SGLang with prefill/decode "
+        "disaggregation, validated against known-unsafe engine configurations and guarded "
+        "by a tool-call leak canary with automatic rollback.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "dsv4.io/v1alpha1"},
+            "kind": {"type": "string", "description": "DSV4Deployment"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def custom_resource_definition() -> JsonSchema:
+    """The whole CRD object."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["all", "dsv4"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """The CRD as committed in crds/ (stable key order, so drift shows in a diff)."""
+    header = "# Generated by `dsv4 crd` from operator/dsv4_operator/api; do not edit.\n"
+    return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=100)

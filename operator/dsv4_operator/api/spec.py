@@ -1,0 +1,445 @@
+"""Typed `DSV4Deployment.spec`: the API contract of DESIGN.md section 2."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from dsv4_operator.api.base import ApiModel, Duration
+
+# The engine's HTTP port inside every engine pod (sglang `--port`); fixed so probes and the
+# router can be rendered without reading the pod.
+ENGINE_PORT = 30000
+# sgl-model-gateway `--prometheus-port` default (reference 1.3).
+ROUTER_METRICS_PORT = 29000
+
+IndexKDtype = Literal["fp8", "bf16", "fp4"]
+# DSV4 accepts only fp8_e4m3 and bfloat16; V3.2 also fp8_e5m2 (reference 2.3, --kv-cache-dtype).
+KvCacheDtype = Literal["fp8_e4m3", "fp8_e5m2", "bfloat16"]
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+class Capability(StrEnum):
+    """What a patched engine image declares it has (image label `dsv4.io/capabilities`)."""
+
+    BF16_INDEX_K = "bf16IndexK"
+    """Honours SGLANG_DSV4_BF16_INDEX_K=1 (bf16 index-K pool, 256 B/token/C4 layer)."""
+    INDEX_K_HICACHE_GATE = "indexKHiCacheGate"
+    """Every index-K getter waits for the HiCache layer transfer (sglang PR #22811 class)."""
+    POOL_SIZING_FIX = "poolSizingFix"
+    """The pool configurator sizes index-K with the real dtype (seeds 000/001)."""
+    MULTI_STREAM_INDEX_K_FIX = "multiStreamIndexKFix"
+    """The alt-stream indexer does not alias bf16 transients in the CUDA-graph pool (seed 003)."""
+
+
+class EnvVar(ApiModel):
+    """A literal environment variable passed to the engine container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field(default="", description="Literal value.")
+
+
+class PvcSource(ApiModel):
+    """Model weights on a PersistentVolumeClaim."""
+
+    claim_name: str = Field(min_length=1, description="Name of the PVC in the same namespace.")
+    read_only: bool = Field(default=True, description="Mount the claim read-only.")
+
+
+class HostPathSource(ApiModel):
+    """Model weights on a directory of the node."""
+
+    path: str = Field(pattern=r"^/", description="Absolute directory on the node.")
+
+
+class ModelCache(ApiModel):
+    """Where the weights live; mounted at /models in every engine pod (HF_HOME)."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.pvc) != has(self.hostPath)",
+                    "message": "set exactly one of spec.model.cache.pvc or "
+                    "spec.model.cache.hostPath",
+                }
+            ]
+        }
+    }
+
+    pvc: PvcSource | None = Field(default=None, description="Weights on a PVC.")
+    host_path: HostPathSource | None = Field(default=None, description="Weights on a node path.")
+
+
+class ModelSpec(ApiModel):
+    """The model to serve."""
+
+    name: str = Field(min_length=1, description="Model path or hub id (sglang --model-path).")
+    served_name: str | None = Field(
+        default=None,
+        description="Name clients use (sglang --served-model-name); defaults to the profile name.",
+    )
+    profile: str = Field(
+        default="deepseek-v4-flash",
+        description="Built-in architecture profile the planner and rules use "
+        "(`dsv4 rules` and the README list them): deepseek-v4-flash or deepseek-v3.2.",
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="Checkpoint format of the weights, one of the profile's formats "
+        "(deepseek-v4-flash: fp4-experts, nvfp4, fp8; deepseek-v3.2: fp8); "
+        "defaults to the profile's default format.",
+    )
+    weights_gib: float | None = Field(
+        default=None,
+        alias="weightsGiB",
+        gt=0,
+        description="Override of the profile's weight size in GiB (all ranks together).",
+    )
+    cache: ModelCache = Field(description="Where the weights live.")
+
+
+class HiCacheSpec(ApiModel):
+    """Hierarchical (host memory) KV cache, sglang --enable-hierarchical-cache."""
+
+    enabled: bool = Field(default=False, description="Enable HiCache.")
+    ratio: float = Field(
+        default=2.0,
+        gt=1.0,
+        description="Host pool size as a ratio of the device pool (--hicache-ratio).",
+    )
+    size_gb: int = Field(
+        default=0,
+        alias="sizeGB",
+        ge=0,
+        description="Host pool size in GB; overrides ratio when > 0 (--hicache-size).",
+    )
+    write_policy: Literal["write_back", "write_through", "write_through_selective"] = Field(
+        default="write_through", description="--hicache-write-policy."
+    )
+
+
+class OverlapSpec(ApiModel):
+    """Overlap switches that interact with correctness."""
+
+    scheduler: bool = Field(
+        default=False,
+        description="CPU scheduler / GPU overlap; false renders --disable-overlap-schedule "
+        "(PD decode deadlocks: sglang #27938, #28039, #32209).",
+    )
+    multi_stream: bool = Field(
+        default=False,
+        description="DSV4 alt-stream overlap, rendered as SGLANG_OPT_USE_MULTI_STREAM_OVERLAP "
+        "(upstream default on; unsafe with bf16 index-K, seed 003).",
+    )
+
+
+class EngineSpec(ApiModel):
+    """ONE engine configuration shared by prefill and decode."""
+
+    image: str = Field(
+        min_length=1, description="Engine image (patched SGLang), pinned by tag or digest."
+    )
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        description="What the image declares it has (its `dsv4.io/capabilities` label): "
+        "bf16IndexK, indexKHiCacheGate, poolSizingFix, multiStreamIndexKFix.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    index_k_dtype: IndexKDtype = Field(
+        default="fp8",
+        alias="indexKDtype",
+        description="Lightning-indexer key dtype: fp8 (132 B/token/C4 layer), "
+        "bf16 (256, patched images), fp4 (68, Blackwell).",
+    )
+    kv_cache_dtype: KvCacheDtype = Field(default="fp8_e4m3", description="--kv-cache-dtype.")
+    hicache: HiCacheSpec = Field(default_factory=HiCacheSpec, description="Hierarchical KV cache.")
+    overlap: OverlapSpec = Field(default_factory=OverlapSpec, description="Overlap switches.")
+    cuda_graph_max_bs: int = Field(
+        default=64, ge=1, description="--cuda-graph-max-bs; larger decode batches run eager."
+    )
+    max_running_requests: int = Field(default=64, ge=1, description="--max-running-requests.")
+    mem_fraction_static: float = Field(
+        default=0.85, gt=0.0, lt=1.0, description="--mem-fraction-static (weights + KV pool share)."
+    )
+    context_length: int = Field(default=131072, ge=1024, description="--context-length.")
+    tool_call_parser: str = Field(default="deepseekv4", description="--tool-call-parser.")
+    reasoning_parser: str = Field(default="deepseek-v4", description="--reasoning-parser.")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="Passthrough sglang arguments for both roles; "
+        "flags the operator owns are refused.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Passthrough environment for both roles; names the operator owns are refused.",
+    )
+
+
+class GpuSpec(ApiModel):
+    """The GPU product the engine pods run on."""
+
+    product: str = Field(
+        default="NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+        description="Node label nvidia.com/gpu.product; also selects the built-in GPU profile.",
+    )
+    memory_gib: float | None = Field(
+        default=None, alias="memoryGiB", gt=0, description="Override of the profile's GPU memory."
+    )
+    per_node: int = Field(
+        default=8, ge=1, description="GPUs per node; a role replica never spans nodes."
+    )
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal."
+    )
+    value: str | None = Field(default=None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect."
+    )
+    toleration_seconds: int | None = Field(default=None, description="For NoExecute.")
+
+
+Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+class Resources(ApiModel):
+    """Extra container resources (cpu, memory); GPUs come from the parallelism."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
+
+
+class RoleOverrides(ApiModel):
+    """Role-safe settings one role may change; transfer-format settings cannot differ."""
+
+    overlap: OverlapOverride | None = Field(
+        default=None, description="Overlap scheduler for this role."
+    )
+    cuda_graph_max_bs: int | None = Field(default=None, ge=1, description="--cuda-graph-max-bs.")
+    max_running_requests: int | None = Field(
+        default=None, ge=1, description="--max-running-requests."
+    )
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0.0, lt=1.0, description="--mem-fraction-static."
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Appended to engine.extraArgs.")
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Added to engine.env (wins on name)."
+    )
+
+
+class OverlapOverride(ApiModel):
+    """Per-role overlap scheduler switch (multi-stream overlap is engine-wide)."""
+
+    scheduler: bool | None = Field(default=None, description="Overlap scheduler for this role.")
+
+
+RoleOverrides.model_rebuild()
+
+
+class RoleSpec(ApiModel):
+    """One engine role (prefill or decode)."""
+
+    replicas: int = Field(default=1, ge=0, description="Engine replicas of this role.")
+    tensor_parallel: int = Field(default=4, ge=1, description="--tp-size; GPUs per replica.")
+    overrides: RoleOverrides = Field(
+        default_factory=RoleOverrides,
+        description="Role-safe settings that differ from spec.engine.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Added to the GPU product selector."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+    resources: Resources = Field(
+        default_factory=Resources, description="cpu/memory for the engine."
+    )
+
+
+class RouterSpec(ApiModel):
+    """sglang router / sgl-model-gateway in PD mode."""
+
+    replicas: int = Field(default=1, ge=0, description="Router replicas.")
+    policy: Literal["random", "round_robin", "power_of_two", "cache_aware"] = Field(
+        default="cache_aware", description="--policy."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port (OpenAI API).")
+    image: str | None = Field(
+        default=None, description="Router image; defaults to spec.engine.image."
+    )
+
+
+class TransferSpec(ApiModel):
+    """KV transfer between prefill and decode."""
+
+    backend: Literal["mooncake", "nixl", "mooncake_tcp", "mori", "ascend"] = Field(
+        default="mooncake", description="--disaggregation-transfer-backend."
+    )
+    ib_devices: str | None = Field(
+        default=None, description="--disaggregation-ib-device (mlx5_0, a list, or per-GPU JSON)."
+    )
+    bootstrap_port: int = Field(
+        default=8998, ge=1, le=65535, description="--disaggregation-bootstrap-port on prefill."
+    )
+
+
+class WorkloadSpec(ApiModel):
+    """The capacity target the planner checks the KV pool against."""
+
+    concurrent_sessions: int = Field(
+        default=60, ge=1, description="Concurrent multi-turn sessions."
+    )
+    context_tokens: int = Field(default=80000, ge=1, description="Context tokens per session.")
+
+
+class SafetyPolicy(StrEnum):
+    ENFORCE = "Enforce"
+    WARN = "Warn"
+
+
+class SafetySpec(ApiModel):
+    """How rule findings gate a rollout."""
+
+    policy: SafetyPolicy = Field(
+        default=SafetyPolicy.ENFORCE,
+        description="Enforce rejects error findings unless acknowledged; Warn records them.",
+    )
+    acknowledge: list[Annotated[str, Field(pattern=r"^DSV4-R\d{3}$")]] = Field(
+        default_factory=list,
+        description="Rule ids whose errors are accepted (reported as warnings).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class RolloutSpec(ApiModel):
+    """How a new engine configuration replaces the running one."""
+
+    strategy: Literal["Auto", "Recreate", "BlueGreen"] = Field(
+        default="Auto",
+        description="Auto rolls compatible changes role by role and uses Recreate for "
+        "transfer-format changes; BlueGreen brings up a new pair, then switches the router.",
+    )
+
+
+class CanarySpec(ApiModel):
+    """Multi-turn tool-calling canary sessions against the router."""
+
+    enabled: bool = Field(default=True, description="Run the canary.")
+    sessions: int = Field(default=8, ge=1, description="Concurrent canary sessions.")
+    rounds: int = Field(default=4, ge=1, description="Tool-calling rounds per session.")
+    interval: Duration = Field(default="60s", description="Time between canary runs.")
+    endpoint: str | None = Field(
+        default=None, description="Base URL to probe; defaults to the router Service."
+    )
+
+
+class LeakRateSpec(ApiModel):
+    """When the tool-call leak rate counts as a failure."""
+
+    threshold: float = Field(default=0.02, gt=0.0, lt=1.0, description="Leak rate that fails.")
+    min_samples: int = Field(default=30, ge=1, description="Responses needed before a verdict.")
+    confidence: float = Field(default=0.99, gt=0.5, lt=1.0, description="Confidence of the bound.")
+
+
+class OomSpec(ApiModel):
+    """When OOM events count as a failure."""
+
+    max_events: int = Field(default=1, ge=1, description="OOM events in the window that fail.")
+    window: Duration = Field(default="10m", description="Sliding window.")
+
+
+class PrometheusSpec(ApiModel):
+    """Optional Prometheus source for the guard."""
+
+    url: str | None = Field(default=None, description="Prometheus base URL.")
+    leak_rate_query: str | None = Field(
+        default=None, description="Instant query giving a leak rate."
+    )
+    oom_query: str | None = Field(default=None, description="Instant query giving OOM events.")
+
+
+class GuardSpec(ApiModel):
+    """Detect corruption and OOM, roll back to the last known good revision."""
+
+    enabled: bool = Field(default=True, description="Run the guard.")
+    canary: CanarySpec = Field(default_factory=CanarySpec, description="Canary sessions.")
+    leak_rate: LeakRateSpec = Field(default_factory=LeakRateSpec, description="Leak-rate verdict.")
+    oom: OomSpec = Field(default_factory=OomSpec, description="OOM verdict.")
+    prometheus: PrometheusSpec = Field(
+        default_factory=PrometheusSpec, description="Prometheus source."
+    )
+    no_data: Literal["Hold", "Fail"] = Field(
+        default="Hold",
+        description="Hold never rolls back on missing data; Fail treats it as failure.",
+    )
+    error_limit: int = Field(
+        default=4, ge=1, description="Consecutive source errors before GuardBlind."
+    )
+    bake_time: Duration = Field(
+        default="10m", description="Passing time before a revision becomes last known good."
+    )
+
+
+class ServiceMonitorSpec(ApiModel):
+    """A prometheus-operator ServiceMonitor for the engines and the router."""
+
+    enabled: bool = Field(default=False, description="Render a ServiceMonitor.")
+    interval: Duration = Field(default="30s", description="Scrape interval.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels (for selectors)."
+    )
+
+
+class MonitoringSpec(ApiModel):
+    """Scraping of sglang:* and router metrics."""
+
+    service_monitor: ServiceMonitorSpec = Field(
+        default_factory=ServiceMonitorSpec, description="ServiceMonitor."
+    )
+
+
+_SPEC_RULES: list[dict[str, Any]] = [
+    {
+        "rule": "self.workload.contextTokens <= self.engine.contextLength",
+        "message": "spec.workload.contextTokens must not exceed spec.engine.contextLength",
+        "fieldPath": ".workload.contextTokens",
+    },
+    {
+        "rule": f"self.transfer.bootstrapPort != {ENGINE_PORT}",
+        "message": "spec.transfer.bootstrapPort must differ from the engine HTTP port "
+        f"{ENGINE_PORT}",
+        "fieldPath": ".transfer.bootstrapPort",
+    },
+]
+
+
+class DSV4DeploymentSpec(ApiModel):
+    """Desired state of a PD-disaggregated DeepSeek-V4-class deployment on SGLang."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": {"x-kubernetes-validations": _SPEC_RULES}
+    }
+
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(description="One engine configuration shared by both roles.")
+    gpu: GpuSpec = Field(default_factory=GpuSpec, description="GPU product.")
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill role.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="Decode role.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="Router.")
+    transfer: TransferSpec = Field(default_factory=TransferSpec, description="KV transfer.")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="Capacity target.")
+    safety: SafetySpec = Field(default_factory=SafetySpec, description="Rule gating.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout strategy.")
+    guard: GuardSpec = Field(default_factory=GuardSpec, description="Leak/OOM guard and rollback.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Scraping.")
+
+    def role(self, role: Role) -> RoleSpec:
+        return self.prefill if role == "prefill" else self.decode

@@ -1,0 +1,128 @@
+"""Typed `DSV4Deployment.status`, rebuilt from the world on every reconcile pass."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dsv4_operator.api.base import ApiModel
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "RolledBack", "Invalid"]
+ConditionType = Literal["Validated", "Ready", "Progressing", "Degraded", "RolledBack", "GuardBlind"]
+Severity = Literal["error", "warning"]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition-shaped condition."""
+
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase machine-readable reason.")
+    message: str = Field(default="", description="Human-readable explanation.")
+    last_transition_time: str | None = Field(
+        default=None, description="RFC 3339 time of the change."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="Generation it was computed for."
+    )
+
+
+class Finding(ApiModel):
+    """One rule finding on the spec."""
+
+    rule: str = Field(description="Rule id (DSV4-Rxxx) or `schema`.")
+    severity: Severity = Field(description="error or warning (after safety policy).")
+    field: str = Field(description="Spec field path the finding is about.")
+    message: str = Field(description="What breaks and what to do.")
+
+
+class PoolBytes(ApiModel):
+    """Bytes per full token by pool, one role."""
+
+    swa: float = Field(description="Sliding-window KV.")
+    c4: float = Field(description="C4 compressed KV.")
+    c128: float = Field(description="C128 compressed KV.")
+    indexer: float = Field(description="C4 lightning-indexer keys.")
+    c4_state: float = Field(description="C4 compress state (KV and indexer).")
+    total: float = Field(description="Sum.")
+
+
+class RoleNumbers(ApiModel):
+    """An int per role."""
+
+    prefill: int = Field(description="Prefill.")
+    decode: int = Field(description="Decode.")
+
+
+class PlanStatus(ApiModel):
+    """The memory plan the engines were launched with."""
+
+    bytes_per_token: dict[str, PoolBytes] = Field(
+        default_factory=dict, description="Bytes per full token by pool, per role."
+    )
+    max_total_tokens: RoleNumbers | None = Field(
+        default=None, description="--max-total-tokens per rank, per role."
+    )
+    sessions_capacity: int | None = Field(default=None, description="Decode sessions at workload.")
+    headroom_gib: float | None = Field(
+        default=None, alias="headroomGiB", description="Decode KV GiB per rank beyond the workload."
+    )
+
+
+class RoleStatus(ApiModel):
+    """Observed state of one role."""
+
+    revision: str | None = Field(default=None, description="Revision hash its pods run.")
+    replicas: int = Field(default=0, description="Desired replicas.")
+    ready: int = Field(default=0, description="Ready replicas.")
+
+
+class RolesStatus(ApiModel):
+    """Observed state of both roles."""
+
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode.")
+
+
+class GuardStatus(ApiModel):
+    """What the guard saw last."""
+
+    leak_rate: float | None = Field(default=None, description="Observed leak rate.")
+    samples: int = Field(default=0, description="Canary responses in the current window.")
+    last_verdict: str | None = Field(default=None, description="Pass, Fail, NoData or Error.")
+    last_sample_time: str | None = Field(default=None, description="RFC 3339 time.")
+    oom_events: int = Field(default=0, description="OOM events in the window.")
+
+
+class QuarantineEntry(ApiModel):
+    """A configuration that was rolled back and is not rolled out again."""
+
+    hash: str = Field(description="Config hash.")
+    revision: str | None = Field(default=None, description="ControllerRevision name.")
+    reason: str = Field(description="LeakRate or OOM.")
+    message: str = Field(default="", description="Evidence.")
+    at: str = Field(description="RFC 3339 time.")
+
+
+class DSV4DeploymentStatus(ApiModel):
+    """Observed state, rebuilt each pass (except lastKnownGoodRevision and quarantine)."""
+
+    phase: Phase = Field(default="Pending", description="Summary phase.")
+    observed_generation: int | None = Field(default=None, description="Last generation acted on.")
+    current_revision: str | None = Field(default=None, description="Revision being served.")
+    last_known_good_revision: str | None = Field(
+        default=None, description="Revision that baked with Pass and no OOM."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    findings: list[Finding] = Field(default_factory=list, description="Rule findings on the spec.")
+    plan: PlanStatus | None = Field(default=None, description="Memory plan.")
+    roles: RolesStatus | None = Field(default=None, description="Per-role state.")
+    guard: GuardStatus | None = Field(default=None, description="Guard state.")
+    quarantine: list[QuarantineEntry] = Field(
+        default_factory=list, description="Quarantined configs."
+    )

@@ -1,0 +1,202 @@
+"""The `dsv4` command line: validate, plan, render, crd, rules (a contract other tools call)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import yaml
+
+from dsv4_operator.api.crd import crd_yaml
+from dsv4_operator.engine.planner import GIB, Plan
+from dsv4_operator.engine.rules import CATALOGUE
+from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
+from dsv4_operator.render.children import render_spec
+
+EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@dataclass
+class Document:
+    """One YAML document of an input file, validated."""
+
+    index: int
+    name: str
+    namespace: str
+    validation: Validation
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"dsv4: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _documents(path: str) -> Iterator[Document]:
+    """Validate every document; exit 2 when the file is unreadable or holds a non-DSV4 object."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
+    except OSError as error:
+        _fail(f"cannot read {path}: {error.strerror or error}")
+    except UnicodeDecodeError:
+        _fail(f"{path} is not UTF-8 text")
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as error:
+        _fail(f"{path} is not valid YAML: {error}")
+    if not docs:
+        _fail(f"{path} holds no YAML document")
+    results = []
+    for index, doc in enumerate(docs):
+        try:
+            validation = validate_object(doc)
+        except NotADeployment as error:
+            _fail(f"{path} document {index + 1}: not a DSV4Deployment: {error}")
+        meta = doc.get("metadata") or {}
+        name = str(meta.get("name", f"document-{index + 1}"))
+        results.append(Document(index, name, str(meta.get("namespace") or "default"), validation))
+    yield from results
+
+
+def _finding_dicts(validation: Validation) -> list[dict[str, Any]]:
+    return [f.model_dump(mode="json") for f in validation.findings]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dsv4-operator")
+def main() -> None:
+    """dsv4: validate, plan and render DeepSeek-V4 PD deployments on SGLang."""
+
+
+FILE_OPTION = click.option(
+    "-f",
+    "--file",
+    "path",
+    required=True,
+    help="DSV4Deployment YAML (multi-document ok; - for stdin).",
+)
+OUTPUT_OPTION = click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+
+
+@main.command()
+@FILE_OPTION
+@OUTPUT_OPTION
+def validate(path: str, output: str) -> None:
+    """Check a spec against the schema and the rule catalogue.
+
+    Exit 0 when no error finding remains, 1 when one does, 2 when the file is unreadable.
+    """
+    docs = list(_documents(path))
+    valid = all(d.validation.valid for d in docs)
+    if output == "json":
+        payload: dict[str, Any] = {
+            "valid": valid,
+            "findings": [f for d in docs for f in _finding_dicts(d.validation)],
+        }
+        if len(docs) > 1:
+            payload["documents"] = [
+                {
+                    "name": d.name,
+                    "valid": d.validation.valid,
+                    "findings": _finding_dicts(d.validation),
+                }
+                for d in docs
+            ]
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        for d in docs:
+            verdict = "valid" if d.validation.valid else "INVALID"
+            click.echo(f"{d.name}: {verdict}")
+            for f in d.validation.findings:
+                click.echo(f"  {f.severity.upper():7} {f.rule:9} {f.field}: {f.message}")
+    sys.exit(EXIT_OK if valid else EXIT_FINDINGS)
+
+
+def _plan_table(name: str, plan: Plan) -> str:
+    rows = [
+        ("per rank", "prefill", "decode"),
+        *[
+            (label, fmt(plan.roles["prefill"]), fmt(plan.roles["decode"]))
+            for label, fmt in (
+                ("tensor parallel", lambda p: str(p.tensor_parallel)),
+                ("GPU memory GiB", lambda p: f"{p.gpu_memory_bytes / GIB:.1f}"),
+                ("static budget GiB", lambda p: f"{p.static_budget_bytes / GIB:.2f}"),
+                ("weights GiB", lambda p: f"{p.weights_bytes / GIB:.2f}"),
+                ("reserve GiB", lambda p: f"{p.reserve_bytes / GIB:.2f}"),
+                ("KV pool GiB", lambda p: f"{p.kv_pool_bytes / GIB:.2f}"),
+                ("indexer B/token/C4 layer", lambda p: str(p.indexer_bytes_per_token)),
+                ("bytes per full token", lambda p: f"{p.bytes_per_full_token:.2f}"),
+                ("engine's estimate", lambda p: f"{p.engine_bytes_per_full_token:.2f}"),
+                ("max total tokens", lambda p: str(p.max_total_tokens)),
+                ("sessions capacity", lambda p: str(p.sessions_capacity)),
+                ("headroom GiB", lambda p: f"{p.headroom_gib:.2f}"),
+                ("unpatched over-commit GB", lambda p: f"{p.unpatched_overcommit_bytes / 1e9:.2f}"),
+            )
+        ],
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{name}: {plan.profiles.model.key}, {plan.profiles.weights_gib:g} GiB weights"]
+    lines += [f"  {a:<{width}}  {b:>14}  {c:>14}" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+@main.command()
+@FILE_OPTION
+@OUTPUT_OPTION
+def plan(path: str, output: str) -> None:
+    """Memory plan per role: bytes per token by pool, max total tokens, capacity, over-commit."""
+    docs = list(_documents(path))
+    payloads: list[dict[str, Any]] = []
+    for d in docs:
+        if d.validation.plan is None:
+            for f in d.validation.errors:
+                click.echo(f"dsv4: {d.name}: {f.rule} {f.field}: {f.message}", err=True)
+            sys.exit(EXIT_FINDINGS)
+        if output == "json":
+            payloads.append({"name": d.name, **d.validation.plan.as_dict()})
+        else:
+            click.echo(_plan_table(d.name, d.validation.plan))
+    if output == "json":
+        click.echo(json.dumps(payloads[0] if len(payloads) == 1 else payloads, indent=2))
+
+
+@main.command()
+@FILE_OPTION
+@click.option("-n", "--namespace", default=None, help="Namespace (default: metadata.namespace).")
+def render(path: str, namespace: str | None) -> None:
+    """Every child manifest as multi-document YAML (byte-for-byte deterministic)."""
+    docs = list(_documents(path))
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        if not d.validation.valid or d.validation.spec is None:
+            for f in d.validation.errors:
+                click.echo(f"dsv4: {d.name}: {f.rule} {f.field}: {f.message}", err=True)
+            click.echo(f"dsv4: {d.name} is invalid; nothing rendered", err=True)
+            sys.exit(EXIT_FINDINGS)
+        out += render_spec(d.name, namespace or d.namespace, d.validation.spec)
+    click.echo(yaml.safe_dump_all(out, sort_keys=True, width=100), nl=False)
+
+
+@main.command()
+def crd() -> None:
+    """The DSV4Deployment CustomResourceDefinition generated from the API models."""
+    click.echo(crd_yaml(), nl=False)
+
+
+@main.command()
+@OUTPUT_OPTION
+def rules(output: str) -> None:
+    """The rule catalogue."""
+    if output == "json":
+        click.echo(json.dumps([r.as_dict() for r in CATALOGUE], indent=2))
+        return
+    for r in CATALOGUE:
+        ack = "" if r.acknowledgeable else " (never acknowledgeable)"
+        fixed = f"; retired by capability {r.fixed_by.value}" if r.fixed_by else ""
+        click.echo(f"{r.id}  {r.severity:7}  {r.title}{ack}\n           ref: {r.reference}{fixed}")

@@ -1,0 +1,1 @@
+"""Pure engine knowledge: profiles, planner, flags and the rule catalogue."""

@@ -1,0 +1,102 @@
+"""Spec + plan -> the exact sglang argv and env of each role, and the router's argv."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dsv4_operator.api.spec import (
+    ENGINE_PORT,
+    ROUTER_METRICS_PORT,
+    Capability,
+    DSV4DeploymentSpec,
+    Role,
+)
+from dsv4_operator.engine.effective import effective_role
+from dsv4_operator.engine.planner import Plan
+
+MODEL_MOUNT = "/models"  # where spec.model.cache is mounted; HF_HOME points here
+ENGINE_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
+ROUTER_ENTRYPOINT = ("python3", "-m", "sglang_router.launch_router")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A container's command line and environment."""
+
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+
+
+def served_name(spec: DSV4DeploymentSpec, profile_served_name: str) -> str:
+    return spec.model.served_name or profile_served_name
+
+
+def engine_launch(
+    spec: DSV4DeploymentSpec, plan: Plan, role: Role, served_model_name: str
+) -> Launch:
+    """The engine argv and env of one role (reference sections 1.1, 2.1-2.4)."""
+    eff = effective_role(spec, role)
+    engine, transfer = spec.engine, spec.transfer
+    args: list[str] = [
+        *ENGINE_ENTRYPOINT,
+        "--model-path", spec.model.name,
+        "--served-model-name", served_model_name,
+        "--host", "0.0.0.0",
+        "--port", str(ENGINE_PORT),
+        "--tp-size", str(eff.tensor_parallel),
+        "--disaggregation-mode", role,
+        "--disaggregation-transfer-backend", transfer.backend,
+        "--disaggregation-bootstrap-port", str(transfer.bootstrap_port),
+    ]  # fmt: skip
+    if transfer.ib_devices:
+        args += ["--disaggregation-ib-device", transfer.ib_devices]
+    args += [
+        "--kv-cache-dtype", engine.kv_cache_dtype,
+        "--mem-fraction-static", f"{eff.mem_fraction_static:g}",
+        "--max-running-requests", str(eff.max_running_requests),
+        "--cuda-graph-max-bs", str(eff.cuda_graph_max_bs),
+        "--context-length", str(engine.context_length),
+        # Pinned from the plan: the engine's own configurator may size index-K at 132 B.
+        "--max-total-tokens", str(plan.roles[role].max_total_tokens),
+        "--tool-call-parser", engine.tool_call_parser,
+        "--reasoning-parser", engine.reasoning_parser,
+        "--enable-metrics",
+    ]  # fmt: skip
+    if not eff.overlap_scheduler:
+        args.append("--disable-overlap-schedule")
+    if engine.hicache.enabled:
+        args += ["--enable-hierarchical-cache", "--hicache-ratio", f"{engine.hicache.ratio:g}"]
+        if engine.hicache.size_gb > 0:
+            args += ["--hicache-size", str(engine.hicache.size_gb)]
+        args += ["--hicache-write-policy", engine.hicache.write_policy]
+    if engine.index_k_dtype == "fp4":
+        args.append("--enable-deepseek-v4-fp4-indexer")
+    args += [*eff.extra_args, *eff.role_extra_args]
+
+    env = dict(eff.env)
+    env["HF_HOME"] = MODEL_MOUNT
+    # Upstream defaults multi-stream overlap ON; the operator always states it explicitly.
+    env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] = "1" if engine.overlap.multi_stream else "0"
+    if Capability.BF16_INDEX_K in engine.capabilities:
+        env["SGLANG_DSV4_BF16_INDEX_K"] = "1" if engine.index_k_dtype == "bf16" else "0"
+    return Launch(command=tuple(args), env=tuple(sorted(env.items())))
+
+
+def router_launch(
+    spec: DSV4DeploymentSpec, prefill_urls: list[str], decode_urls: list[str]
+) -> Launch:
+    """sgl-model-gateway in PD mode; each prefill carries its bootstrap port (reference 1.3)."""
+    args: list[str] = [
+        *ROUTER_ENTRYPOINT,
+        "--pd-disaggregation",
+        "--host", "0.0.0.0",
+        "--port", str(spec.router.port),
+        "--policy", spec.router.policy,
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(ROUTER_METRICS_PORT),
+    ]  # fmt: skip
+    for url in prefill_urls:
+        args += ["--prefill", url, str(spec.transfer.bootstrap_port)]
+    for url in decode_urls:
+        args += ["--decode", url]
+    return Launch(command=tuple(args), env=())

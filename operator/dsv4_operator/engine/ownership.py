@@ -1,0 +1,83 @@
+"""Which sglang flags and env names the operator owns, and which fix the P/D transfer format."""
+
+from __future__ import annotations
+
+_ONE_NODE = "not supported: each role replica runs on one node (see spec.gpu.perNode)"
+_OVERRIDABLE = "spec.engine.{field} (or spec.<role>.overrides.{field})"
+
+# Flag -> the spec field to use instead (reference sections 1-2 for the flag names).
+OWNED_FLAGS: dict[str, str] = {
+    "--model-path": "spec.model.name",
+    "--model": "spec.model.name",
+    "--served-model-name": "spec.model.servedName",
+    "--tp-size": "spec.<role>.tensorParallel",
+    "--tensor-parallel-size": "spec.<role>.tensorParallel",
+    "--tp": "spec.<role>.tensorParallel",
+    "--pp-size": _ONE_NODE,
+    "--pipeline-parallel-size": _ONE_NODE,
+    "--nnodes": _ONE_NODE,
+    "--node-rank": _ONE_NODE,
+    "--dist-init-addr": _ONE_NODE,
+    "--nccl-init-addr": _ONE_NODE,
+    "--host": "nothing: the operator binds 0.0.0.0",
+    "--port": "nothing: the engine port is fixed at 30000",
+    "--disaggregation-mode": "nothing: the role sets it",
+    "--disaggregation-bootstrap-port": "spec.transfer.bootstrapPort",
+    "--disaggregation-transfer-backend": "spec.transfer.backend",
+    "--disaggregation-ib-device": "spec.transfer.ibDevices",
+    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
+    "--enable-deepseek-v4-fp4-indexer": "spec.engine.indexKDtype (fp4)",
+    "--enable-hierarchical-cache": "spec.engine.hicache.enabled",
+    "--hicache-ratio": "spec.engine.hicache.ratio",
+    "--hicache-size": "spec.engine.hicache.sizeGB",
+    "--hicache-write-policy": "spec.engine.hicache.writePolicy",
+    "--disable-overlap-schedule": _OVERRIDABLE.format(field="overlap.scheduler"),
+    "--cuda-graph-max-bs": _OVERRIDABLE.format(field="cudaGraphMaxBs"),
+    "--max-running-requests": _OVERRIDABLE.format(field="maxRunningRequests"),
+    "--mem-fraction-static": _OVERRIDABLE.format(field="memFractionStatic"),
+    "--context-length": "spec.engine.contextLength",
+    "--max-total-tokens": "nothing: the planner computes it (see `dsv4 plan`)",
+    "--tool-call-parser": "spec.engine.toolCallParser",
+    "--reasoning-parser": "spec.engine.reasoningParser",
+    "--enable-metrics": "nothing: the operator always enables metrics",
+}
+
+# Env name -> the spec field to use instead.
+OWNED_ENV: dict[str, str] = {
+    "SGLANG_DSV4_BF16_INDEX_K": "spec.engine.indexKDtype",
+    "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "spec.engine.overlap.multiStream",
+    "HF_HOME": "spec.model.cache (mounted at /models)",
+}
+
+# Passthrough settings that change what travels between prefill and decode (reference 1.1:
+# page size, attention backend layout, speculative state, compress-state dtype, KV layout).
+TRANSFER_FORMAT_FLAGS: frozenset[str] = frozenset(
+    {
+        "--page-size",
+        "--attention-backend",
+        "--dsv4-attn-backend",
+        "--speculative-algorithm",
+    }
+)
+TRANSFER_FORMAT_ENV: frozenset[str] = frozenset(
+    {
+        "SGLANG_DSV4_COMPRESS_STATE_DTYPE",
+        "SGLANG_DSV4_BF16_KV",
+        "SGLANG_DSV4_UNIFIED_KV_FP8",
+        "SGLANG_OPT_USE_ONLINE_COMPRESS",
+    }
+)
+
+# Role-override fields that would change the transfer format: the schema refuses them; the
+# validator turns that refusal into DSV4-R011 with this hint.
+TRANSFER_FORMAT_SPEC_FIELDS: dict[str, str] = {
+    "indexKDtype": "spec.engine.indexKDtype",
+    "kvCacheDtype": "spec.engine.kvCacheDtype",
+    "pageSize": "spec.engine.extraArgs (--page-size, both roles)",
+    "model": "spec.model",
+    "attentionBackend": "spec.engine.extraArgs (--attention-backend, both roles)",
+    "hicache": "spec.engine.hicache",
+    "capabilities": "spec.engine.capabilities",
+    "image": "spec.engine.image",
+    "multiStream": "spec.engine.overlap.multiStream",
+}

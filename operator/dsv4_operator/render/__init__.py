@@ -1,0 +1,1 @@
+"""Pure builders of the child objects of a DSV4Deployment."""

@@ -1,0 +1,113 @@
+"""What every child builder reads: names, labels, the plan and the launches, computed once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dsv4_operator.api.spec import ENGINE_PORT, ROLES, DSV4DeploymentSpec, Role
+from dsv4_operator.engine.effective import effective_role
+from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
+from dsv4_operator.engine.planner import Plan, plan
+from dsv4_operator.engine.rules import gpus_needed
+from dsv4_operator.revisions.hashing import config_hash, transfer_format_key
+
+Manifest = dict[str, Any]
+LABEL_PREFIX = "dsv4.io"
+MANAGED_BY = "dsv4-operator"
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """The DSV4Deployment that owns the children (garbage collection, `kubectl tree`)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def as_dict(self) -> Manifest:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """Inputs of one render, with derived names and hashes."""
+
+    name: str
+    namespace: str
+    spec: DSV4DeploymentSpec
+    plan: Plan
+    launches: dict[Role, Launch]
+    gpus: dict[Role, int]
+    revision: str
+    transfer_format: str
+    owner: OwnerRef | None = None
+
+    def role_name(self, role: Role | str) -> str:
+        return f"{self.name}-{role}"
+
+    def engine_urls(self, role: Role) -> list[str]:
+        """Stable per-pod DNS names of a StatefulSet behind its headless Service."""
+        svc = self.role_name(role)
+        return [
+            f"http://{svc}-{i}.{svc}.{self.namespace}.svc:{ENGINE_PORT}"
+            for i in range(self.spec.role(role).replicas)
+        ]
+
+    def labels(self, component: str | None = None) -> dict[str, str]:
+        labels = {
+            "app.kubernetes.io/name": "dsv4",
+            "app.kubernetes.io/instance": self.name,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+            f"{LABEL_PREFIX}/deployment": self.name,
+        }
+        if component is not None:
+            labels["app.kubernetes.io/component"] = component
+            labels[f"{LABEL_PREFIX}/role"] = component
+        return labels
+
+    def selector(self, component: str) -> dict[str, str]:
+        return {f"{LABEL_PREFIX}/deployment": self.name, f"{LABEL_PREFIX}/role": component}
+
+    def metadata(self, name: str, component: str | None = None) -> Manifest:
+        meta: Manifest = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": self.labels(component),
+        }
+        if self.owner is not None:
+            meta["ownerReferences"] = [self.owner.as_dict()]
+        return meta
+
+
+def build_context(
+    name: str, namespace: str, spec: DSV4DeploymentSpec, owner: OwnerRef | None = None
+) -> RenderContext:
+    """Plan and launch lines for a spec (assumed validated: profiles resolve)."""
+    the_plan = plan(spec)
+    served = served_name(spec, the_plan.profiles.model.served_name)
+    launches = {role: engine_launch(spec, the_plan, role, served) for role in ROLES}
+    gpus = {role: gpus_needed(effective_role(spec, role)) for role in ROLES}
+    return RenderContext(
+        name=name,
+        namespace=namespace,
+        spec=spec,
+        plan=the_plan,
+        launches=launches,
+        gpus=gpus,
+        revision=config_hash(spec.engine.image, dict(launches), dict(gpus)),
+        transfer_format=transfer_format_key(spec),
+        owner=owner,
+    )
+
+
+def router_command(ctx: RenderContext) -> Launch:
+    return router_launch(ctx.spec, ctx.engine_urls("prefill"), ctx.engine_urls("decode"))

@@ -1,0 +1,164 @@
+"""Builders for one engine role: StatefulSet, headless Service, PodDisruptionBudget."""
+
+from __future__ import annotations
+
+from dsv4_operator.api.spec import ENGINE_PORT, Role
+from dsv4_operator.engine.flags import MODEL_MOUNT
+from dsv4_operator.render.context import LABEL_PREFIX, Manifest, RenderContext
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+PROBE_PERIOD_SECONDS = 10
+# Loading ~150 GiB of weights and capturing CUDA graphs takes 20-60 minutes; the startup probe
+# allows 60 minutes before the kubelet restarts the container.
+STARTUP_SECONDS = 60 * 60
+# sglang's /health_generate gives up after SGLANG_HEALTH_CHECK_TIMEOUT = 20 s (reference 4.3).
+PROBE_TIMEOUT_SECONDS = 25
+SHM_SIZE = "32Gi"
+
+
+def _probe(path: str, period: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
+        "failureThreshold": failures,
+    }
+
+
+def _volume(ctx: RenderContext) -> Manifest:
+    cache = ctx.spec.model.cache
+    if cache.pvc is not None:
+        return {
+            "name": "models",
+            "persistentVolumeClaim": {
+                "claimName": cache.pvc.claim_name,
+                "readOnly": cache.pvc.read_only,
+            },
+        }
+    assert cache.host_path is not None  # schema: exactly one of pvc/hostPath
+    return {"name": "models", "hostPath": {"path": cache.host_path.path, "type": "Directory"}}
+
+
+def _resources(ctx: RenderContext, role: Role) -> Manifest:
+    user = ctx.spec.role(role).resources
+    gpus = ctx.gpus[role]
+    requests = {k: v for k, v in user.requests.items() if k != GPU_RESOURCE}
+    limits = {k: v for k, v in user.limits.items() if k != GPU_RESOURCE}
+    requests[GPU_RESOURCE] = gpus
+    limits[GPU_RESOURCE] = gpus
+    return {"requests": dict(sorted(requests.items())), "limits": dict(sorted(limits.items()))}
+
+
+def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
+    role_spec = ctx.spec.role(role)
+    launch = ctx.launches[role]
+    ports: list[Manifest] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    if role == "prefill":
+        ports.append(
+            {
+                "name": "bootstrap",
+                "containerPort": ctx.spec.transfer.bootstrap_port,
+                "protocol": "TCP",
+            }
+        )
+    read_only = ctx.spec.model.cache.pvc.read_only if ctx.spec.model.cache.pvc else True
+    tolerations = [t.model_dump(by_alias=True, exclude_none=True) for t in role_spec.tolerations]
+    tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    labels = {
+        **ctx.labels(role),
+        f"{LABEL_PREFIX}/revision": ctx.revision,
+        f"{LABEL_PREFIX}/transfer-format": ctx.transfer_format,
+    }
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "nodeSelector": {**role_spec.node_selector, GPU_PRODUCT_LABEL: ctx.spec.gpu.product},
+            "tolerations": tolerations,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 120,
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": ctx.spec.engine.image,
+                    "command": list(launch.command),
+                    "env": [{"name": k, "value": v} for k, v in launch.env],
+                    "ports": ports,
+                    "resources": _resources(ctx, role),
+                    "volumeMounts": [
+                        {"name": "models", "mountPath": MODEL_MOUNT, "readOnly": read_only},
+                        {"name": "dshm", "mountPath": "/dev/shm"},
+                    ],
+                    "startupProbe": _probe(
+                        "/health_generate",
+                        PROBE_PERIOD_SECONDS,
+                        STARTUP_SECONDS // PROBE_PERIOD_SECONDS,
+                    ),
+                    "readinessProbe": _probe("/health_generate", PROBE_PERIOD_SECONDS, 3),
+                    # /health generates one token too; four misses (2 min) outlast a
+                    # scheduler hiccup but not the 300 s watchdog (reference 4.3/4.4).
+                    "livenessProbe": _probe("/health", 30, 4),
+                }
+            ],
+            "volumes": [
+                _volume(ctx),
+                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+            ],
+        },
+    }
+
+
+def statefulset(ctx: RenderContext, role: Role) -> Manifest:
+    """The engine pods of one role, pinned to GPU nodes of the requested product."""
+    meta = ctx.metadata(ctx.role_name(role), role)
+    meta["labels"][f"{LABEL_PREFIX}/revision"] = ctx.revision
+    meta["annotations"] = {
+        f"{LABEL_PREFIX}/transfer-format": ctx.transfer_format,
+        f"{LABEL_PREFIX}/max-total-tokens": str(ctx.plan.roles[role].max_total_tokens),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta,
+        "spec": {
+            "serviceName": ctx.role_name(role),
+            "replicas": ctx.spec.role(role).replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": ctx.selector(role)},
+            "template": _pod_template(ctx, role),
+        },
+    }
+
+
+def headless_service(ctx: RenderContext, role: Role) -> Manifest:
+    """Stable per-pod DNS for the router (prefill URLs carry the bootstrap port)."""
+    ports: list[Manifest] = [
+        {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+    ]
+    if role == "prefill":
+        port = ctx.spec.transfer.bootstrap_port
+        ports.append(
+            {"name": "bootstrap", "port": port, "targetPort": "bootstrap", "protocol": "TCP"}
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.metadata(ctx.role_name(role), role),
+        "spec": {
+            "clusterIP": "None",
+            # The router waits for workers itself; DNS must resolve while they load.
+            "publishNotReadyAddresses": True,
+            "selector": ctx.selector(role),
+            "ports": ports,
+        },
+    }
+
+
+def disruption_budget(ctx: RenderContext, component: str) -> Manifest:
+    """At most one pod of a component down for voluntary disruptions (drains)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": ctx.metadata(ctx.role_name(component), component),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": ctx.selector(component)}},
+    }

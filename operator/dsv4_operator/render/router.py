@@ -1,0 +1,64 @@
+"""Builders for the PD router: Deployment and Service."""
+
+from __future__ import annotations
+
+from dsv4_operator.api.spec import ROUTER_METRICS_PORT
+from dsv4_operator.render.context import LABEL_PREFIX, Manifest, RenderContext, router_command
+
+ROUTER = "router"
+
+
+def deployment(ctx: RenderContext) -> Manifest:
+    """sgl-model-gateway with --pd-disaggregation, pointed at this revision's engines."""
+    launch = router_command(ctx)
+    labels = {**ctx.labels(ROUTER), f"{LABEL_PREFIX}/revision": ctx.revision}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": ctx.metadata(ctx.role_name(ROUTER), ROUTER),
+        "spec": {
+            "replicas": ctx.spec.router.replicas,
+            "selector": {"matchLabels": ctx.selector(ROUTER)},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "enableServiceLinks": False,
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": ctx.spec.router.image or ctx.spec.engine.image,
+                            "command": list(launch.command),
+                            "ports": [
+                                {"name": "api", "containerPort": ctx.spec.router.port},
+                                {"name": "metrics", "containerPort": ROUTER_METRICS_PORT},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/readiness", "port": "api"},
+                                "periodSeconds": 10,
+                            },
+                            "livenessProbe": {
+                                "httpGet": {"path": "/liveness", "port": "api"},
+                                "periodSeconds": 20,
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def service(ctx: RenderContext) -> Manifest:
+    """The OpenAI-compatible endpoint clients (and the canary) use."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.metadata(ctx.role_name(ROUTER), ROUTER),
+        "spec": {
+            "selector": ctx.selector(ROUTER),
+            "ports": [
+                {"name": "api", "port": ctx.spec.router.port, "targetPort": "api"},
+                {"name": "metrics", "port": ROUTER_METRICS_PORT, "targetPort": "metrics"},
+            ],
+        },
+    }

@@ -1,0 +1,1 @@
+"""Config hashing and the P/D transfer-format key."""
