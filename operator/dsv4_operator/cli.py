@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -13,7 +13,7 @@ import click
 import yaml
 
 from dsv4_operator.api.crd import crd_yaml
-from dsv4_operator.engine.planner import GIB, Plan
+from dsv4_operator.engine.planner import GIB, Plan, RolePlan
 from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
 from dsv4_operator.render.children import render_spec
@@ -118,27 +118,26 @@ def validate(path: str, output: str) -> None:
     sys.exit(EXIT_OK if valid else EXIT_FINDINGS)
 
 
+_PLAN_ROWS: list[tuple[str, Callable[[RolePlan], str]]] = [
+    ("tensor parallel", lambda p: str(p.tensor_parallel)),
+    ("GPU memory GiB", lambda p: f"{p.gpu_memory_bytes / GIB:.1f}"),
+    ("static budget GiB", lambda p: f"{p.static_budget_bytes / GIB:.2f}"),
+    ("weights GiB", lambda p: f"{p.weights_bytes / GIB:.2f}"),
+    ("reserve GiB", lambda p: f"{p.reserve_bytes / GIB:.2f}"),
+    ("KV pool GiB", lambda p: f"{p.kv_pool_bytes / GIB:.2f}"),
+    ("indexer B/token/C4 layer", lambda p: str(p.indexer_bytes_per_token)),
+    ("bytes per full token", lambda p: f"{p.bytes_per_full_token:.2f}"),
+    ("engine's estimate", lambda p: f"{p.engine_bytes_per_full_token:.2f}"),
+    ("max total tokens", lambda p: str(p.max_total_tokens)),
+    ("sessions capacity", lambda p: str(p.sessions_capacity)),
+    ("headroom GiB", lambda p: f"{p.headroom_gib:.2f}"),
+    ("unpatched over-commit GB", lambda p: f"{p.unpatched_overcommit_bytes / 1e9:.2f}"),
+]
+
+
 def _plan_table(name: str, plan: Plan) -> str:
-    rows = [
-        ("per rank", "prefill", "decode"),
-        *[
-            (label, fmt(plan.roles["prefill"]), fmt(plan.roles["decode"]))
-            for label, fmt in (
-                ("tensor parallel", lambda p: str(p.tensor_parallel)),
-                ("GPU memory GiB", lambda p: f"{p.gpu_memory_bytes / GIB:.1f}"),
-                ("static budget GiB", lambda p: f"{p.static_budget_bytes / GIB:.2f}"),
-                ("weights GiB", lambda p: f"{p.weights_bytes / GIB:.2f}"),
-                ("reserve GiB", lambda p: f"{p.reserve_bytes / GIB:.2f}"),
-                ("KV pool GiB", lambda p: f"{p.kv_pool_bytes / GIB:.2f}"),
-                ("indexer B/token/C4 layer", lambda p: str(p.indexer_bytes_per_token)),
-                ("bytes per full token", lambda p: f"{p.bytes_per_full_token:.2f}"),
-                ("engine's estimate", lambda p: f"{p.engine_bytes_per_full_token:.2f}"),
-                ("max total tokens", lambda p: str(p.max_total_tokens)),
-                ("sessions capacity", lambda p: str(p.sessions_capacity)),
-                ("headroom GiB", lambda p: f"{p.headroom_gib:.2f}"),
-                ("unpatched over-commit GB", lambda p: f"{p.unpatched_overcommit_bytes / 1e9:.2f}"),
-            )
-        ],
+    rows = [("per rank", "prefill", "decode")] + [
+        (label, fmt(plan.roles["prefill"]), fmt(plan.roles["decode"])) for label, fmt in _PLAN_ROWS
     ]
     width = max(len(r[0]) for r in rows)
     lines = [f"{name}: {plan.profiles.model.key}, {plan.profiles.weights_gib:g} GiB weights"]

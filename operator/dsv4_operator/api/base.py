@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 GROUP = "dsv4.io"
 VERSION = "v1alpha1"
@@ -27,6 +28,14 @@ class ApiModel(BaseModel):
         populate_by_name=True,
         validate_default=True,
     )
+
+    @staticmethod
+    def with_cel(*rules: JsonDict) -> ConfigDict:
+        """The base config plus CRD `x-kubernetes-validations` (CEL) rules for this object."""
+        return ConfigDict(
+            **ApiModel.model_config,
+            json_schema_extra={"x-kubernetes-validations": list(rules)},
+        )
 
     def to_wire(self) -> dict[str, object]:
         """The object as it is stored in Kubernetes (camelCase, no unset optionals)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
+from pydantic.config import JsonDict
 
 from dsv4_operator.api.base import ApiModel, Duration
 
@@ -58,17 +59,12 @@ class HostPathSource(ApiModel):
 class ModelCache(ApiModel):
     """Where the weights live; mounted at /models in every engine pod (HF_HOME)."""
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.pvc) != has(self.hostPath)",
-                    "message": "set exactly one of spec.model.cache.pvc or "
-                    "spec.model.cache.hostPath",
-                }
-            ]
+    model_config = ApiModel.with_cel(
+        {
+            "rule": "has(self.pvc) != has(self.hostPath)",
+            "message": "set exactly one of spec.model.cache.pvc or spec.model.cache.hostPath",
         }
-    }
+    )
 
     pvc: PvcSource | None = Field(default=None, description="Weights on a PVC.")
     host_path: HostPathSource | None = Field(default=None, description="Weights on a node path.")
@@ -406,7 +402,7 @@ class MonitoringSpec(ApiModel):
     )
 
 
-_SPEC_RULES: list[dict[str, Any]] = [
+_SPEC_RULES: list[JsonDict] = [
     {
         "rule": "self.workload.contextTokens <= self.engine.contextLength",
         "message": "spec.workload.contextTokens must not exceed spec.engine.contextLength",
@@ -424,9 +420,7 @@ _SPEC_RULES: list[dict[str, Any]] = [
 class DSV4DeploymentSpec(ApiModel):
     """Desired state of a PD-disaggregated DeepSeek-V4-class deployment on SGLang."""
 
-    model_config = ApiModel.model_config | {
-        "json_schema_extra": {"x-kubernetes-validations": _SPEC_RULES}
-    }
+    model_config = ApiModel.with_cel(*_SPEC_RULES)
 
     model: ModelSpec = Field(description="The model to serve.")
     engine: EngineSpec = Field(description="One engine configuration shared by both roles.")

@@ -144,9 +144,9 @@ def validate_spec(raw_spec: Mapping[str, Any]) -> Validation:
             Finding(rule=rule.id, severity=severity, field=hit.field, message=hit.message + note)
         )
     for rule_id in spec.safety.acknowledge:
-        rule = RULES_BY_ID.get(rule_id)
-        if rule is None or not rule.acknowledgeable:
-            what = "is not a rule id" if rule is None else "can never be acknowledged"
+        acknowledged = RULES_BY_ID.get(rule_id)
+        if acknowledged is None or not acknowledged.acknowledgeable:
+            what = "is not a rule id" if acknowledged is None else "can never be acknowledged"
             result.findings.append(
                 Finding(
                     rule=rule_id,

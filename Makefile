@@ -1,0 +1,34 @@
+# Two entry points for a newcomer: `make demo` (the main job) and `make test` (the whole suite).
+# Both install what they need into .venv first; `make test` also builds or reuses the Kubernetes
+# test binaries (see docs/devcluster.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install lint k8s-binaries unit
+
+$(BIN)/dsv4: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+install: $(BIN)/dsv4
+
+demo: install
+	$(BIN)/dsv4 validate -f examples/dsv4.yaml
+	$(BIN)/dsv4 plan -f examples/dsv4.yaml
+
+lint: install
+	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
+	$(BIN)/mypy
+
+k8s-binaries:
+	bash tools/build-k8s.sh
+
+unit: install
+	$(BIN)/python -m pytest tests/unit
+
+# pytest exits 5 when it collected nothing; make treats any non-zero exit as failure.
+test: install lint k8s-binaries
+	$(BIN)/python -m pytest

@@ -1,0 +1,148 @@
+"""The `dsv4` CLI contract: exit codes, JSON shapes, deterministic output."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dsv4_operator.cli import main
+
+from .conftest import EXAMPLE, REPO
+
+UNSAFE = sorted((REPO / "examples" / "unsafe").glob("*.yaml"))
+
+
+def run(*args: str, stdin: str | None = None) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), input=stdin)
+    return result.exit_code, result.output
+
+
+def test_example_is_valid() -> None:
+    code, out = run("validate", "-f", str(EXAMPLE), "-o", "json")
+    assert code == 0
+    assert json.loads(out) == {"valid": True, "findings": []}
+
+
+def test_there_is_an_unsafe_example_per_error_rule() -> None:
+    from dsv4_operator.engine.rules import CATALOGUE
+
+    covered = {"DSV4-" + p.name.split("-")[0].upper() for p in UNSAFE}
+    errors = {r.id for r in CATALOGUE if r.severity == "error"}
+    assert errors <= covered, f"no examples/unsafe file for {sorted(errors - covered)}"
+
+
+@pytest.mark.parametrize("path", UNSAFE, ids=lambda p: p.name)
+def test_unsafe_examples_fail_naming_their_rule(path: Path) -> None:
+    rule = "DSV4-" + path.name.split("-")[0].upper()
+    code, out = run("validate", "-f", str(path), "-o", "json")
+    assert code == 1
+    payload = json.loads(out)
+    assert payload["valid"] is False
+    assert rule in {f["rule"] for f in payload["findings"] if f["severity"] == "error"}
+    text_code, text = run("validate", "-f", str(path))
+    assert text_code == 1 and rule in text
+
+
+def test_schema_errors_exit_1_with_field_path(tmp_path: Path) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["engine"]["indexKDtype"] = "int8"
+    doc["spec"]["engine"]["unknownKnob"] = True
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out = run("validate", "-f", str(path), "-o", "json")
+    assert code == 1
+    findings = json.loads(out)["findings"]
+    assert {(f["rule"], f["field"]) for f in findings} == {
+        ("schema", "spec.engine.indexKDtype"),
+        ("schema", "spec.engine.unknownKnob"),
+    }
+    assert all(set(f) == {"rule", "severity", "field", "message"} for f in findings)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("a: [unclosed", "not valid YAML"),
+        ("apiVersion: v1\nkind: ConfigMap\n", "not a DSV4Deployment"),
+        ("- just\n- a list\n", "not a DSV4Deployment"),
+        ("", "no YAML document"),
+    ],
+)
+def test_bad_input_exits_2(tmp_path: Path, content: str, reason: str) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(content)
+    code, out = run("validate", "-f", str(path))
+    assert code == 2 and reason in out
+
+
+def test_unreadable_file_exits_2(tmp_path: Path) -> None:
+    code, out = run("validate", "-f", str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read" in out
+
+
+def test_multi_document_worst_exit_code(tmp_path: Path) -> None:
+    unsafe = (REPO / "examples" / "unsafe" / "r001-bf16-hicache-no-gate.yaml").read_text()
+    path = tmp_path / "both.yaml"
+    path.write_text(EXAMPLE.read_text() + "\n---\n" + unsafe)
+    code, out = run("validate", "-f", str(path), "-o", "json")
+    assert code == 1
+    payload = json.loads(out)
+    assert [d["valid"] for d in payload["documents"]] == [True, False]
+    path.write_text(EXAMPLE.read_text() + "\n---\napiVersion: v1\nkind: Pod\n")
+    assert run("validate", "-f", str(path))[0] == 2
+
+
+def test_plan_json_contract() -> None:
+    code, out = run("plan", "-f", str(EXAMPLE), "-o", "json")
+    assert code == 0
+    roles = json.loads(out)["roles"]
+    for role in ("prefill", "decode"):
+        for key in (
+            "bytesPerFullToken",
+            "indexerBytesPerToken",
+            "maxTotalTokens",
+            "sessionsCapacity",
+            "headroomGiB",
+            "unpatchedOvercommitBytes",
+        ):
+            assert key in roles[role], key
+    assert roles["decode"]["bytesPerFullToken"] == pytest.approx(7705.45)
+
+
+def test_plan_table_and_invalid_plan() -> None:
+    code, out = run("plan", "-f", str(EXAMPLE))
+    assert code == 0 and "bytes per full token" in out and "7705.45" in out
+    bad = REPO / "examples" / "unsafe" / "r008-plan-does-not-fit.yaml"
+    code, out = run("plan", "-f", str(bad), "-o", "json")
+    assert code == 0 and json.loads(out)["roles"]["decode"]["fits"] is False
+
+
+def test_render_is_deterministic_and_refuses_invalid() -> None:
+    first, second = run("render", "-f", str(EXAMPLE)), run("render", "-f", str(EXAMPLE))
+    assert first[0] == 0 and first == second
+    kinds = [d["kind"] for d in yaml.safe_load_all(first[1])]
+    assert kinds.count("StatefulSet") == 2 and "Deployment" in kinds
+    code, out = run(
+        "render", "-f", str(REPO / "examples" / "unsafe" / "r002-bf16-multistream.yaml")
+    )
+    assert code == 1 and "DSV4-R002" in out and "nothing rendered" in out
+
+
+def test_render_reads_stdin_and_namespace_flag() -> None:
+    code, out = run("render", "-f", "-", "-n", "serving", stdin=EXAMPLE.read_text())
+    assert code == 0
+    assert {d["metadata"]["namespace"] for d in yaml.safe_load_all(out)} == {"serving"}
+
+
+def test_crd_and_rules_commands() -> None:
+    code, out = run("crd")
+    assert code == 0 and (REPO / "crds" / "dsv4.io_dsv4deployments.yaml").read_text() == out
+    code, out = run("rules", "-o", "json")
+    rules = json.loads(out)
+    assert code == 0 and all(re.fullmatch(r"DSV4-R\d{3}", r["id"]) for r in rules)
+    assert {"id", "severity", "acknowledgeable", "reference", "fixedBy"} <= set(rules[0])

@@ -1,0 +1,103 @@
+"""The committed CRD is generated from the models, structural, and explains itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from dsv4_operator.api.crd import crd_yaml, custom_resource_definition
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+
+from .conftest import REPO
+
+CRD_FILE = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
+
+
+def _walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, sub in node.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if "items" in node:
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def _version() -> dict[str, Any]:
+    version: dict[str, Any] = custom_resource_definition()["spec"]["versions"][0]
+    return version
+
+
+def test_committed_crd_matches_models() -> None:
+    assert CRD_FILE.read_text() == crd_yaml(), (
+        "crds/ drifted: run `dsv4 crd > " + str(CRD_FILE.relative_to(REPO)) + "`"
+    )
+
+
+def test_schema_is_structural() -> None:
+    schema = _version()["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        for banned in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "title"):
+            assert banned not in node, f"{path} has {banned}"
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        if node.get("additionalProperties") is False:
+            raise AssertionError(f"{path}: additionalProperties false is not structural")
+
+
+def test_every_spec_field_has_a_description() -> None:
+    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    missing = [
+        p
+        for p, node in _walk(spec)
+        if p and not p.endswith(("[]", "{}")) and not node.get("description")
+    ]
+    assert missing == []
+
+
+def test_names_subresource_and_printer_columns() -> None:
+    crd = custom_resource_definition()
+    names = crd["spec"]["names"]
+    assert names["shortNames"] == ["dsv4"] and names["plural"] == "dsv4deployments"
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert _version()["subresources"] == {"status": {}}
+    columns = [c["name"] for c in _version()["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Prefill", "Decode", "Revision", "Leak", "Age"]
+
+
+def test_cel_rules_present() -> None:
+    schema = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [r["rule"] for r in schema["x-kubernetes-validations"]]
+    rules += [
+        r["rule"]
+        for r in schema["properties"]["model"]["properties"]["cache"]["x-kubernetes-validations"]
+    ]
+    assert "has(self.pvc) != has(self.hostPath)" in rules
+    assert "self.workload.contextTokens <= self.engine.contextLength" in rules
+
+
+def test_crd_defaults_equal_model_defaults() -> None:
+    """Defaults the API server fills in are the ones pydantic applies (one source)."""
+    spec_schema = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    minimal = {
+        "model": {"name": "m", "cache": {"hostPath": {"path": "/m"}}},
+        "engine": {"image": "i"},
+    }
+    wire = DSV4DeploymentSpec.model_validate(minimal).to_wire()
+
+    def check(node: dict[str, Any], value: Any, path: str) -> None:
+        if "default" in node and node["default"] != {}:
+            assert node["default"] == value, path
+        for name, sub in node.get("properties", {}).items():
+            if isinstance(value, dict) and name in value:
+                check(sub, value[name], f"{path}.{name}")
+
+    check(spec_schema, wire, "spec")
+
+
+def test_example_validates_against_crd_types() -> None:
+    doc = yaml.safe_load((REPO / "examples" / "dsv4.yaml").read_text())
+    assert (
+        DSV4DeploymentSpec.model_validate(doc["spec"]).to_wire()["engine"]["indexKDtype"] == "fp8"
+    )

@@ -1,0 +1,159 @@
+"""Planner: SGLang's DSV4 pool arithmetic with the real index-K size (reference 3.4, seeds)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.engine.planner import (
+    GIB,
+    PlanningError,
+    _c128_state_fixed_bytes,
+    indexer_bytes_per_token,
+    plan,
+)
+from dsv4_operator.engine.profiles import model_profiles
+
+V4 = "deepseek-v4-flash"
+
+
+def _plan(spec: dict[str, Any]) -> Any:
+    return plan(DSV4DeploymentSpec.model_validate(spec))
+
+
+def test_indexer_bytes_per_dtype() -> None:
+    assert indexer_bytes_per_token("fp8", 128) == 132
+    assert indexer_bytes_per_token("bf16", 128) == 256
+    assert indexer_bytes_per_token("fp4", 128) == 68
+
+
+def test_v4_flash_worked_example_pool_by_pool(example_spec: DSV4DeploymentSpec) -> None:
+    pools = plan(example_spec).roles["decode"].pool_bytes
+    # reference 3.4: 2511 + 3066 + 91 + 693 + 1075 + 269 ~= 7705 B per full token
+    assert pools["swa"] == pytest.approx(0.1 * 584 * 43)
+    assert pools["c4"] == pytest.approx(584 * 21 / 4)
+    assert pools["c128"] == pytest.approx(584 * 20 / 128)
+    assert pools["indexer"] == pytest.approx(0.25 * 132 * 21)
+    assert pools["c4State"] == pytest.approx(0.1 * 8 / 128 * 8192 * 21)
+    assert pools["c4IndexerState"] == pytest.approx(0.1 * 8 / 128 * 2048 * 21)
+    assert pools["total"] == pytest.approx(7705.45, abs=0.01)
+
+
+def test_bf16_index_k_adds_651_bytes_and_1_1_gb_at_1_7m_tokens(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    fp8 = _plan(variant({})).roles["decode"]
+    bf16 = _plan(variant({"engine.indexKDtype": "bf16", "engine.capabilities": []})).roles["decode"]
+    extra = bf16.bytes_per_full_token - fp8.bytes_per_full_token
+    assert extra == pytest.approx(0.25 * (256 - 132) * 21)  # 651 B
+    assert round(extra) == 651
+    # The seeds' figure: ~1.1 GB per rank at ~1.7 M full tokens.
+    assert 1.7e6 * extra / 1e9 == pytest.approx(1.1, abs=0.02)
+    # Without poolSizingFix the engine estimates with 132 B; the over-commit is that gap.
+    assert bf16.engine_bytes_per_full_token == pytest.approx(fp8.bytes_per_full_token)
+    assert bf16.unpatched_overcommit_bytes > 0
+    # The pinned token count uses the true size, so it is lower.
+    assert bf16.max_total_tokens < fp8.max_total_tokens
+
+
+def test_pool_sizing_fix_means_no_overcommit(variant: Callable[..., dict[str, Any]]) -> None:
+    spec = variant(
+        {"engine.indexKDtype": "bf16", "engine.capabilities": ["bf16IndexK", "poolSizingFix"]}
+    )
+    p = _plan(spec).roles["decode"]
+    assert p.engine_bytes_per_full_token == p.bytes_per_full_token
+    assert p.unpatched_overcommit_bytes == 0
+
+
+def test_fp4_over_reserves_safely(variant: Callable[..., dict[str, Any]]) -> None:
+    p = _plan(variant({"engine.indexKDtype": "fp4", "engine.capabilities": []})).roles["decode"]
+    assert p.indexer_bytes_per_token == 68
+    assert p.bytes_per_full_token < p.engine_bytes_per_full_token
+    assert p.unpatched_overcommit_bytes == 0
+
+
+def test_max_total_tokens_from_budget(example_spec: DSV4DeploymentSpec) -> None:
+    p = plan(example_spec).roles["decode"]
+    assert p.static_budget_bytes == int(0.85 * 96 * GIB)
+    assert p.weights_bytes == int(145 * GIB / 4)
+    assert p.kv_pool_bytes == p.static_budget_bytes - p.weights_bytes - p.reserve_bytes
+    assert p.max_total_tokens % 256 == 0
+    assert p.max_total_tokens <= p.kv_pool_bytes / p.bytes_per_full_token
+    assert p.max_total_tokens > p.kv_pool_bytes / p.bytes_per_full_token - 256
+    assert p.sessions_capacity == p.max_total_tokens // 80000
+
+
+def test_c128_state_fixed_matches_engine_formula() -> None:
+    model = model_profiles()[V4]
+    # 65 slots (64 running + 1): rows = ceil((65*128 + 128 + 1) / 128) * 128 = 8576
+    assert _c128_state_fixed_bytes(model, 65, 4, False) == 8576 * 2 * 512 * 4 * 20
+
+
+def test_speculative_inflates_by_draft_layer(variant: Callable[..., dict[str, Any]]) -> None:
+    base = _plan(variant({})).roles["decode"].bytes_per_full_token
+    spec = _plan(variant({"engine.extraArgs": ["--speculative-algorithm", "EAGLE"]}))
+    # ring 16 doubles the c4 state; then (43 + 1) / 43 for the draft layer
+    pools = spec.roles["decode"].pool_bytes
+    assert pools["c4State"] == pytest.approx(0.1 * 16 / 128 * 8192 * 21 * 44 / 43)
+    assert spec.roles["decode"].bytes_per_full_token > base
+
+
+def test_bf16_compress_state_halves_state_pools(variant: Callable[..., dict[str, Any]]) -> None:
+    env = [{"name": "SGLANG_DSV4_COMPRESS_STATE_DTYPE", "value": "bfloat16"}]
+    pools = _plan(variant({"engine.env": env})).roles["decode"].pool_bytes
+    assert pools["c4State"] == pytest.approx(0.1 * 8 / 128 * 8192 * 21 / 2)
+
+
+def test_overrides_of_gpu_memory_and_weights(variant: Callable[..., dict[str, Any]]) -> None:
+    base = _plan(variant({})).roles["decode"]
+    bigger = _plan(variant({"gpu.memoryGiB": 141})).roles["decode"]
+    lighter = _plan(variant({"model.weightsGiB": 100})).roles["decode"]
+    assert bigger.max_total_tokens > base.max_total_tokens
+    assert lighter.weights_bytes == int(100 * GIB / 4)
+    assert lighter.max_total_tokens > base.max_total_tokens
+
+
+def test_role_override_of_mem_fraction(variant: Callable[..., dict[str, Any]]) -> None:
+    p = _plan(variant({"decode.overrides": {"memFractionStatic": 0.8}}))
+    assert p.roles["decode"].max_total_tokens < p.roles["prefill"].max_total_tokens
+
+
+def test_v32_cell_size_and_does_not_fit_on_four_rtx(variant: Callable[..., dict[str, Any]]) -> None:
+    spec = variant({"model.profile": "deepseek-v3.2", "model.checkpoint": "fp8"})
+    p = _plan(spec).roles["decode"]
+    assert p.bytes_per_full_token == (656 + 132) * 61
+    assert not p.fits
+    roomy = variant(
+        {
+            "model.profile": "deepseek-v3.2",
+            "model.checkpoint": "fp8",
+            "gpu.product": "NVIDIA-B200",
+            "decode.tensorParallel": 8,
+            "prefill.tensorParallel": 8,
+        }
+    )
+    assert _plan(roomy).roles["decode"].fits
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model.profile": "llama"}, "spec.model.profile"),
+        ({"gpu.product": "NVIDIA-A100"}, "spec.gpu.product"),
+        ({"model.checkpoint": "int4"}, "spec.model.checkpoint"),
+    ],
+)
+def test_unknown_profiles_name_the_field(
+    variant: Callable[..., dict[str, Any]], change: dict[str, str], field: str
+) -> None:
+    with pytest.raises(PlanningError) as info:
+        _plan(variant(change))
+    assert info.value.field == field
+
+
+def test_unknown_gpu_with_memory_is_planned(variant: Callable[..., dict[str, Any]]) -> None:
+    p = _plan(variant({"gpu.product": "NVIDIA-A100", "gpu.memoryGiB": 80}))
+    assert p.roles["decode"].gpu_memory_bytes == 80 * GIB

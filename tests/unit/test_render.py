@@ -1,0 +1,179 @@
+"""Rendered children: valid Kubernetes 1.37 objects, deterministic, wired as the design says."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.engine.effective import parse_args
+from dsv4_operator.render.children import render_spec
+from dsv4_operator.render.context import OwnerRef, build_context
+
+from .conftest import REPO
+
+K8S_VERSION = "1.37"
+GOLDEN = REPO / "tests" / "unit" / "golden" / "dsv4-children.yaml"
+OWNER = OwnerRef("dsv4.io/v1alpha1", "DSV4Deployment", "dsv4-flash", "0000-uid")
+
+
+def _render(spec: dict[str, Any], owner: OwnerRef | None = None) -> list[dict[str, Any]]:
+    return render_spec("dsv4-flash", "default", DSV4DeploymentSpec.model_validate(spec), owner)
+
+
+def _by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "example": {},
+    "hostpath-hicache-bf16": {
+        "model.cache": {"hostPath": {"path": "/models"}},
+        "engine.indexKDtype": "bf16",
+        "engine.capabilities": ["bf16IndexK", "indexKHiCacheGate", "poolSizingFix"],
+        "engine.hicache": {"enabled": True, "sizeGB": 200},
+    },
+    "fp4-b200-overrides": {
+        "engine.indexKDtype": "fp4",
+        "gpu.product": "NVIDIA-B200",
+        "decode.replicas": 2,
+        "decode.tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "decode.resources": {"requests": {"cpu": "32", "memory": "256Gi"}},
+        "decode.nodeSelector": {"pool": "decode"},
+        "decode.overrides": {"maxRunningRequests": 48, "extraArgs": ["--enable-dp-attention"]},
+        "transfer.ibDevices": "mlx5_0,mlx5_1",
+        "monitoring.serviceMonitor": {"enabled": True},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_builtin_child_validates_against_kubernetes_schema(
+    name: str, variant: Callable[..., dict[str, Any]]
+) -> None:
+    objs = _render(variant(VARIANTS[name]), OWNER)
+    builtin = [o for o in objs if o["apiVersion"] != "monitoring.coreos.com/v1"]
+    assert len(builtin) >= 9
+    for obj in builtin:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_catches_a_broken_object(example_spec: DSV4DeploymentSpec) -> None:
+    """The validator is not a no-op: a misspelled field is rejected."""
+    sts = copy.deepcopy(render_spec("x", "default", example_spec)[1])
+    sts["spec"]["replica"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(sts, K8S_VERSION, strict=True)
+
+
+def test_golden_example(example_spec: DSV4DeploymentSpec) -> None:
+    rendered = yaml.safe_dump_all(
+        render_spec("dsv4-flash", "default", example_spec, OWNER), sort_keys=True, width=100
+    )
+    assert GOLDEN.read_text() == rendered, (
+        "rendered children changed; if intended, regenerate with "
+        "`python -m tests.unit.test_render` and review the diff"
+    )
+
+
+def test_names_labels_and_owner(example_spec: DSV4DeploymentSpec) -> None:
+    objs = render_spec("dsv4-flash", "default", example_spec, OWNER)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert ("StatefulSet", "dsv4-flash-prefill") in names
+    assert ("StatefulSet", "dsv4-flash-decode") in names
+    assert ("Deployment", "dsv4-flash-router") in names
+    for obj in objs:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "0000-uid"
+        assert obj["metadata"]["labels"]["dsv4.io/deployment"] == "dsv4-flash"
+    assert all(
+        "ownerReferences" not in o["metadata"]
+        for o in render_spec("dsv4-flash", "default", example_spec)
+    )
+
+
+def test_gpu_requests_node_selector_and_probes(variant: Callable[..., dict[str, Any]]) -> None:
+    objs = _render(variant(VARIANTS["fp4-b200-overrides"]))
+    decode = _by(objs, "StatefulSet", "dsv4-flash-decode")
+    pod = decode["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert container["resources"]["requests"]["cpu"] == "32"
+    assert pod["nodeSelector"] == {"pool": "decode", "nvidia.com/gpu.product": "NVIDIA-B200"}
+    assert decode["spec"]["replicas"] == 2
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60 * 60
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_router_targets_every_pod_with_bootstrap_port(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    spec = variant({"prefill.replicas": 2, "decode.replicas": 3, "transfer.bootstrapPort": 9001})
+    objs = _render(spec)
+    command = _by(objs, "Deployment", "dsv4-flash-router")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["command"]
+    prefills = [command[i + 1 : i + 3] for i, a in enumerate(command) if a == "--prefill"]
+    decodes = [command[i + 1] for i, a in enumerate(command) if a == "--decode"]
+    assert prefills == [
+        [f"http://dsv4-flash-prefill-{i}.dsv4-flash-prefill.default.svc:30000", "9001"]
+        for i in range(2)
+    ]
+    assert len(decodes) == 3 and "--pd-disaggregation" in command
+    prefill = _by(objs, "StatefulSet", "dsv4-flash-prefill")["spec"]["template"]["spec"]
+    flags = parse_args(prefill["containers"][0]["command"])
+    assert flags["--disaggregation-bootstrap-port"][1] == "9001"
+    ports = {p["name"]: p["containerPort"] for p in prefill["containers"][0]["ports"]}
+    assert ports["bootstrap"] == 9001
+
+
+def test_engine_flags_and_env(variant: Callable[..., dict[str, Any]]) -> None:
+    objs = _render(variant(VARIANTS["hostpath-hicache-bf16"]))
+    ctx_plan = build_context(
+        "dsv4-flash",
+        "default",
+        DSV4DeploymentSpec.model_validate(variant(VARIANTS["hostpath-hicache-bf16"])),
+    ).plan
+    for role in ("prefill", "decode"):
+        container = _by(objs, "StatefulSet", f"dsv4-flash-{role}")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+        flags = parse_args(container["command"])
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert flags["--disaggregation-mode"][1] == role
+        assert flags["--max-total-tokens"][1] == str(ctx_plan.roles[role].max_total_tokens)
+        assert "--disable-overlap-schedule" in flags
+        assert flags["--hicache-size"][1] == "200"
+        assert env["SGLANG_DSV4_BF16_INDEX_K"] == "1"
+        assert env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] == "0"
+
+
+def test_revision_changes_only_with_engine_config(variant: Callable[..., dict[str, Any]]) -> None:
+    def ctx(changes: dict[str, Any]) -> Any:
+        return build_context("x", "ns", DSV4DeploymentSpec.model_validate(variant(changes)))
+
+    base = ctx({})
+    assert ctx({"decode.replicas": 3}).revision == base.revision
+    assert ctx({"guard.canary.sessions": 16}).revision == base.revision
+    assert ctx({"engine.maxRunningRequests": 32}).revision != base.revision
+    # maxRunningRequests is role-safe: the transfer format stays; index-K dtype changes it.
+    assert ctx({"engine.maxRunningRequests": 32}).transfer_format == base.transfer_format
+    bf16 = {"engine.indexKDtype": "bf16"}
+    assert ctx(bf16).transfer_format != base.transfer_format
+    assert ctx({"engine.extraArgs": ["--page-size", "512"]}).transfer_format != base.transfer_format
+
+
+if __name__ == "__main__":  # regenerate the golden file
+    doc = yaml.safe_load((REPO / "examples" / "dsv4.yaml").read_text())
+    spec = DSV4DeploymentSpec.model_validate(doc["spec"])
+    GOLDEN.write_text(
+        yaml.safe_dump_all(
+            render_spec("dsv4-flash", "default", spec, OWNER), sort_keys=True, width=100
+        )
+    )
