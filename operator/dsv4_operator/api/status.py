@@ -37,17 +37,6 @@ class Finding(ApiModel):
     message: str = Field(description="What breaks and what to do.")
 
 
-class PoolBytes(ApiModel):
-    """Bytes per full token by pool, one role."""
-
-    swa: float = Field(description="Sliding-window KV.")
-    c4: float = Field(description="C4 compressed KV.")
-    c128: float = Field(description="C128 compressed KV.")
-    indexer: float = Field(description="C4 lightning-indexer keys.")
-    c4_state: float = Field(description="C4 compress state (KV and indexer).")
-    total: float = Field(description="Sum.")
-
-
 class RoleNumbers(ApiModel):
     """An int per role."""
 
@@ -58,8 +47,9 @@ class RoleNumbers(ApiModel):
 class PlanStatus(ApiModel):
     """The memory plan the engines were launched with."""
 
-    bytes_per_token: dict[str, PoolBytes] = Field(
-        default_factory=dict, description="Bytes per full token by pool, per role."
+    bytes_per_token: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Bytes per full token by pool (swa, c4, c128, indexer, ..., total), per role.",
     )
     max_total_tokens: RoleNumbers | None = Field(
         default=None, description="--max-total-tokens per rank, per role."
