@@ -10,9 +10,24 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec, Role
 T = TypeVar("T")
 
 
+# sglang's argparse aliases (reference 1.2), compared in their canonical form.
+FLAG_ALIASES = {
+    "--tp": "--tp-size",
+    "--tensor-parallel-size": "--tp-size",
+    "--dp": "--dp-size",
+    "--data-parallel-size": "--dp-size",
+    "--pipeline-parallel-size": "--pp-size",
+    "--ep": "--ep-size",
+    "--expert-parallel-size": "--ep-size",
+    "--model": "--model-path",
+    "--nccl-init-addr": "--dist-init-addr",
+}
+
+
 def normalize_flag(flag: str) -> str:
-    """`--tp_size` and `--tp-size` are the same sglang flag; compare them in one form."""
-    return "--" + flag.lstrip("-").replace("_", "-")
+    """`--tp_size`, `--tp` and `--tp-size` are the same sglang flag; compare them in one form."""
+    name = "--" + flag.lstrip("-").replace("_", "-")
+    return FLAG_ALIASES.get(name, name)
 
 
 def parse_args(args: tuple[str, ...] | list[str]) -> dict[str, tuple[int, str | None]]:
