@@ -402,7 +402,17 @@ class MonitoringSpec(ApiModel):
     )
 
 
+_TP_FITS_NODE: list[JsonDict] = [
+    {
+        "rule": f"self.{role}.tensorParallel <= self.gpu.perNode",
+        "message": f"spec.{role}.tensorParallel must not exceed spec.gpu.perNode: a replica "
+        "cannot span nodes (DSV4-R007)",
+        "fieldPath": f".{role}.tensorParallel",
+    }
+    for role in ROLES
+]
 _SPEC_RULES: list[JsonDict] = [
+    *_TP_FITS_NODE,
     {
         "rule": "self.workload.contextTokens <= self.engine.contextLength",
         "message": "spec.workload.contextTokens must not exceed spec.engine.contextLength",
