@@ -199,3 +199,24 @@ def rules(output: str) -> None:
         ack = "" if r.acknowledgeable else " (never acknowledgeable)"
         fixed = f"; retired by capability {r.fixed_by.value}" if r.fixed_by else ""
         click.echo(f"{r.id}  {r.severity:7}  {r.title}{ack}\n           ref: {r.reference}{fixed}")
+
+
+@main.command()
+def run() -> None:
+    """Start the operator (configured by DSV4_* environment variables; see the README)."""
+    from dsv4_operator.handlers.registration import run as run_operator
+    from dsv4_operator.settings import OperatorSettings
+
+    run_operator(OperatorSettings())
+
+
+@main.command()
+def demo() -> None:
+    """The main job locally: a real control plane, the operator, the example, and its children."""
+    from dsv4_operator.demo import main as demo_main
+
+    sys.exit(demo_main())
+
+
+if __name__ == "__main__":
+    main()

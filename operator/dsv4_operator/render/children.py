@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
+from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
 from dsv4_operator.render import engine, router
 from dsv4_operator.render.context import (
     LABEL_PREFIX,
@@ -33,16 +33,35 @@ def service_monitor(ctx: RenderContext) -> Manifest:
     }
 
 
+def render_role(ctx: RenderContext, role: Role) -> list[Manifest]:
+    """One engine role of ctx's pair: headless Service, StatefulSet, PodDisruptionBudget."""
+    return [
+        engine.headless_service(ctx, role),
+        engine.statefulset(ctx, role),
+        engine.disruption_budget(ctx, role),
+    ]
+
+
+def render_router(ctx: RenderContext) -> list[Manifest]:
+    """The router (targeting ctx's pair), its Service and PodDisruptionBudget."""
+    return [
+        router.service(ctx),
+        router.deployment(ctx),
+        engine.disruption_budget(ctx, router.ROUTER),
+    ]
+
+
+def render_shared(ctx: RenderContext) -> list[Manifest]:
+    """Objects that are not per pair or router: the ServiceMonitor when enabled."""
+    return [service_monitor(ctx)] if ctx.spec.monitoring.service_monitor.enabled else []
+
+
 def render(ctx: RenderContext) -> list[Manifest]:
-    """Every child manifest: engines (decode first, the roll order), router, PDBs, monitor."""
+    """Every child manifest: engines (decode first, the roll order), router, monitor."""
     out: list[Manifest] = []
     for role in reversed(ROLES):
-        out += [engine.headless_service(ctx, role), engine.statefulset(ctx, role)]
-    out += [router.service(ctx), router.deployment(ctx)]
-    out += [engine.disruption_budget(ctx, component) for component in (*ROLES, router.ROUTER)]
-    if ctx.spec.monitoring.service_monitor.enabled:
-        out.append(service_monitor(ctx))
-    return out
+        out += render_role(ctx, role)
+    return out + render_router(ctx) + render_shared(ctx)
 
 
 def render_spec(

@@ -14,7 +14,13 @@ from dsv4_operator.revisions.hashing import config_hash, transfer_format_key
 
 Manifest = dict[str, Any]
 LABEL_PREFIX = "dsv4.io"
+PAIR_LABEL = f"{LABEL_PREFIX}/pair"
+REVISION_LABEL = f"{LABEL_PREFIX}/revision"
+FORMAT_LABEL = f"{LABEL_PREFIX}/transfer-format"
+DEPLOYMENT_LABEL = f"{LABEL_PREFIX}/deployment"
+ROLE_LABEL = f"{LABEL_PREFIX}/role"
 MANAGED_BY = "dsv4-operator"
+MAIN_PAIR = "main"
 
 
 @dataclass(frozen=True)
@@ -50,9 +56,15 @@ class RenderContext:
     revision: str
     transfer_format: str
     owner: OwnerRef | None = None
+    # Which prefill/decode pair the engine objects belong to: "main" (plain names) or, for a
+    # BlueGreen switch, the revision hash (names suffixed with it).
+    pair: str = MAIN_PAIR
 
     def role_name(self, role: Role | str) -> str:
-        return f"{self.name}-{role}"
+        """Engine objects carry the pair suffix; the router is one per deployment."""
+        if self.pair == MAIN_PAIR or role not in ROLES:
+            return f"{self.name}-{role}"
+        return f"{self.name}-{role}-{self.pair}"
 
     def engine_urls(self, role: Role) -> list[str]:
         """Stable per-pod DNS names of a StatefulSet behind its headless Service."""
@@ -89,7 +101,11 @@ class RenderContext:
 
 
 def build_context(
-    name: str, namespace: str, spec: DSV4DeploymentSpec, owner: OwnerRef | None = None
+    name: str,
+    namespace: str,
+    spec: DSV4DeploymentSpec,
+    owner: OwnerRef | None = None,
+    pair: str = MAIN_PAIR,
 ) -> RenderContext:
     """Plan and launch lines for a spec (assumed validated: profiles resolve)."""
     the_plan = plan(spec)
@@ -106,6 +122,7 @@ def build_context(
         revision=config_hash(spec.engine.image, dict(launches), dict(gpus)),
         transfer_format=transfer_format_key(spec),
         owner=owner,
+        pair=pair,
     )
 
 

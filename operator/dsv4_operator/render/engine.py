@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dsv4_operator.api.spec import ENGINE_PORT, Role
 from dsv4_operator.engine.flags import MODEL_MOUNT
-from dsv4_operator.render.context import LABEL_PREFIX, Manifest, RenderContext
+from dsv4_operator.render.context import (
+    FORMAT_LABEL,
+    LABEL_PREFIX,
+    PAIR_LABEL,
+    REVISION_LABEL,
+    Manifest,
+    RenderContext,
+)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -67,8 +74,9 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
     tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     labels = {
         **ctx.labels(role),
-        f"{LABEL_PREFIX}/revision": ctx.revision,
-        f"{LABEL_PREFIX}/transfer-format": ctx.transfer_format,
+        PAIR_LABEL: ctx.pair,
+        REVISION_LABEL: ctx.revision,
+        FORMAT_LABEL: ctx.transfer_format,
     }
     return {
         "metadata": {"labels": labels},
@@ -111,9 +119,9 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
 def statefulset(ctx: RenderContext, role: Role) -> Manifest:
     """The engine pods of one role, pinned to GPU nodes of the requested product."""
     meta = ctx.metadata(ctx.role_name(role), role)
-    meta["labels"][f"{LABEL_PREFIX}/revision"] = ctx.revision
+    meta["labels"][REVISION_LABEL] = ctx.revision
     meta["annotations"] = {
-        f"{LABEL_PREFIX}/transfer-format": ctx.transfer_format,
+        FORMAT_LABEL: ctx.transfer_format,
         f"{LABEL_PREFIX}/max-total-tokens": str(ctx.plan.roles[role].max_total_tokens),
     }
     return {
@@ -154,7 +162,7 @@ def headless_service(ctx: RenderContext, role: Role) -> Manifest:
     }
 
 
-def disruption_budget(ctx: RenderContext, component: str) -> Manifest:
+def disruption_budget(ctx: RenderContext, component: Role | str) -> Manifest:
     """At most one pod of a component down for voluntary disruptions (drains)."""
     return {
         "apiVersion": "policy/v1",

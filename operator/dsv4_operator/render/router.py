@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from dsv4_operator.api.spec import ROUTER_METRICS_PORT
-from dsv4_operator.render.context import LABEL_PREFIX, Manifest, RenderContext, router_command
+from dsv4_operator.render.context import (
+    FORMAT_LABEL,
+    LABEL_PREFIX,
+    Manifest,
+    RenderContext,
+    router_command,
+)
+
+# Annotation on the router Deployment naming the prefill/decode pair its arguments target.
+TARGET_PAIR_ANNOTATION = f"{LABEL_PREFIX}/target-pair"
 
 ROUTER = "router"
 
@@ -11,11 +20,14 @@ ROUTER = "router"
 def deployment(ctx: RenderContext) -> Manifest:
     """sgl-model-gateway with --pd-disaggregation, pointed at this revision's engines."""
     launch = router_command(ctx)
-    labels = {**ctx.labels(ROUTER), f"{LABEL_PREFIX}/revision": ctx.revision}
+    # The format key (not the revision) is on the pods: a compatible change keeps the router.
+    labels = {**ctx.labels(ROUTER), FORMAT_LABEL: ctx.transfer_format}
+    meta = ctx.metadata(ctx.role_name(ROUTER), ROUTER)
+    meta["annotations"] = {TARGET_PAIR_ANNOTATION: ctx.pair, FORMAT_LABEL: ctx.transfer_format}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": ctx.metadata(ctx.role_name(ROUTER), ROUTER),
+        "metadata": meta,
         "spec": {
             "replicas": ctx.spec.router.replicas,
             "selector": {"matchLabels": ctx.selector(ROUTER)},

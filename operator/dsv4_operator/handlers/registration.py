@@ -1,0 +1,153 @@
+"""kopf registration: watch events enqueue keys; the work queue runs the reconciles."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from dsv4_operator import metrics
+from dsv4_operator.handlers import admission
+from dsv4_operator.handlers.queue import WorkQueue
+from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.reconcile.decide import Settings
+from dsv4_operator.reconcile.service import Reconciler
+from dsv4_operator.render.context import DEPLOYMENT_LABEL, MANAGED_BY
+from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.webhook_certs import self_signed
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# Children whose changes move a rollout forward (ready replicas, deletions).
+WATCHED_CHILDREN = (
+    ("apps", "v1", "statefulsets"),
+    ("apps", "v1", "deployments"),
+    ("", "v1", "pods"),
+)
+
+
+class _Counted(Reconciler):
+    async def __call__(self, key: tuple[str, str]) -> float | None:
+        before = self.client.writes
+        with metrics.RECONCILE_SECONDS.time():
+            try:
+                again = await super().__call__(key)
+            except Exception:
+                metrics.RECONCILES.labels("error").inc()
+                raise
+            finally:
+                metrics.WRITES.inc(self.client.writes - before)
+        metrics.RECONCILES.labels("ok").inc()
+        return again
+
+
+def _webhook_server(op: OperatorSettings) -> kopf.WebhookServer:
+    cert_dir = op.webhook_cert_dir
+    if cert_dir is None:  # local runs: a self-signed cert for the address the API server dials
+        cert_dir = Path(tempfile.mkdtemp(prefix="dsv4-webhook-"))
+        self_signed(cert_dir, [op.webhook_url_host or "localhost", "127.0.0.1"])
+    crt, key = cert_dir / "tls.crt", cert_dir / "tls.key"
+    return kopf.WebhookServer(
+        addr=op.webhook_host,
+        port=op.webhook_port,
+        host=op.webhook_url_host,
+        certfile=crt,
+        pkeyfile=key,
+        cafile=crt,
+    )
+
+
+def configure(settings: kopf.OperatorSettings, op: OperatorSettings) -> None:
+    settings.peering.standalone = True
+    settings.persistence.finalizer = f"{op.prefix}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=op.prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=op.prefix)
+    settings.posting.level = logging.WARNING
+    if op.webhook:
+        settings.admission.server = _webhook_server(op)
+        if op.webhook_url_host:  # local: kopf keeps the ValidatingWebhookConfiguration
+            settings.admission.managed = f"{op.prefix}.validation"
+
+
+def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
+    """All handlers of the operator, on a registry of their own."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In-cluster service account or KUBECONFIG, the same sources as KubeClient.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure(settings, op)
+        client = KubeClient.from_environment(field_manager=op.field_manager)
+        reconciler = _Counted(client, Settings(revision_history_limit=op.revision_history_limit))
+        queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
+        memo.client, memo.queue = client, queue
+        memo.task = asyncio.create_task(queue.run())
+        if op.metrics_port:
+            metrics.serve(op.metrics_port)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        memo.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await memo.task
+        await memo.client.close()
+
+    @kopf.on.event("dsv4.io", "v1alpha1", "dsv4deployments", registry=registry)
+    def owner_changed(
+        event: kopf.RawEvent,
+        name: str,
+        namespace: str | None,
+        meta: kopf.Meta,
+        memo: Any,
+        **_: Any,
+    ) -> None:
+        key = (namespace or "", name)
+        if event["type"] == "DELETED":
+            memo.queue.forget(key)
+        else:
+            memo.queue.add(key, meta.get("generation"))
+
+    def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+        owner = labels.get(DEPLOYMENT_LABEL)
+        if owner and namespace:
+            memo.queue.add((namespace, owner))
+
+    for group, version, plural in WATCHED_CHILDREN:
+        kopf.on.event(
+            group,
+            version,
+            plural,
+            registry=registry,
+            labels={MANAGED_BY_LABEL: MANAGED_BY, DEPLOYMENT_LABEL: kopf.PRESENT},
+            id=f"child-{plural}",
+        )(child_changed)
+
+    if op.webhook:
+        admission.register(registry)
+    return registry
+
+
+def run(op: OperatorSettings) -> None:
+    """Start the operator and block until it stops."""
+    kopf.configure(
+        verbose=op.log_level == "DEBUG",
+        log_format=kopf.LogFormat.JSON if op.log_format == "json" else kopf.LogFormat.FULL,
+    )
+    logging.getLogger().setLevel(op.log_level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    namespaces = op.namespace_list
+    kopf.run(
+        registry=build_registry(op),
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{op.health_port}/healthz" if op.health_port else None,
+    )

@@ -1,0 +1,1 @@
+"""The Kubernetes API seam: a small async REST client over httpx, and its errors."""

@@ -1,0 +1,55 @@
+"""The API types the operator touches, and their REST paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One API type: where it lives in the REST tree."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = (
+            f"/api/{self.api_version}"
+            if "/" not in self.api_version
+            else f"/apis/{self.api_version}"
+        )
+        if namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        return f"{base}/{name}" if name is not None else base
+
+
+DSV4 = Resource("dsv4.io/v1alpha1", "DSV4Deployment", "dsv4deployments")
+STATEFULSET = Resource("apps/v1", "StatefulSet", "statefulsets")
+DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
+CONTROLLER_REVISION = Resource("apps/v1", "ControllerRevision", "controllerrevisions")
+SERVICE = Resource("v1", "Service", "services")
+POD = Resource("v1", "Pod", "pods")
+EVENT = Resource("v1", "Event", "events")
+PDB = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+SERVICE_MONITOR = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
+
+BY_KIND: dict[tuple[str, str], Resource] = {
+    (r.api_version, r.kind): r
+    for r in (
+        DSV4,
+        STATEFULSET,
+        DEPLOYMENT,
+        CONTROLLER_REVISION,
+        SERVICE,
+        POD,
+        EVENT,
+        PDB,
+        SERVICE_MONITOR,
+    )
+}
+
+
+def resource_of(obj: dict[str, object]) -> Resource:
+    return BY_KIND[(str(obj["apiVersion"]), str(obj["kind"]))]

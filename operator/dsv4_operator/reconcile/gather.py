@@ -1,0 +1,62 @@
+"""gather(): read the owner and everything it owns from the API server into a World."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.resources import (
+    CONTROLLER_REVISION,
+    DEPLOYMENT,
+    DSV4,
+    PDB,
+    POD,
+    SERVICE,
+    SERVICE_MONITOR,
+    STATEFULSET,
+)
+from dsv4_operator.reconcile.world import Obj, World
+from dsv4_operator.render.context import DEPLOYMENT_LABEL
+
+
+def _owned(items: list[Obj], uid: str) -> list[Obj]:
+    """Only children whose controller is this very object (not a namesake's leftovers)."""
+    return [
+        o
+        for o in items
+        if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", []))
+    ]
+
+
+async def gather(client: KubeClient, namespace: str, name: str, now: datetime) -> World | None:
+    """The world of one DSV4Deployment, or None when it no longer exists."""
+    owner = await client.get(DSV4, namespace, name)
+    if owner is None or owner["metadata"].get("deletionTimestamp"):
+        return None
+    uid = owner["metadata"]["uid"]
+    selector = {DEPLOYMENT_LABEL: name}
+    spec_raw = owner.get("spec") or {}
+
+    async def owned(res: object) -> list[Obj]:
+        return _owned(await client.list(res, namespace, selector), uid)  # type: ignore[arg-type]
+
+    monitors: list[Obj] = []
+    if (spec_raw.get("monitoring") or {}).get("serviceMonitor", {}).get("enabled"):
+        monitors = await owned(SERVICE_MONITOR)
+    return World(
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        generation=int(owner["metadata"].get("generation", 0)),
+        spec_raw=spec_raw,
+        status_raw=owner.get("status") or {},
+        now=now,
+        statefulsets=await owned(STATEFULSET),
+        deployments=await owned(DEPLOYMENT),
+        services=await owned(SERVICE),
+        pdbs=await owned(PDB),
+        service_monitors=monitors,
+        revisions=await owned(CONTROLLER_REVISION),
+        # Pods are owned by StatefulSets, not by us: select by label only.
+        pods=await client.list(POD, namespace, selector),
+    )

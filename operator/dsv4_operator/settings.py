@@ -1,0 +1,45 @@
+"""Operator settings from the environment (DSV4_*), with defaults for an in-cluster install."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorSettings(BaseSettings):
+    """Every knob of `dsv4 run`; see the README's settings table."""
+
+    model_config = SettingsConfigDict(env_prefix="DSV4_", extra="ignore")
+
+    namespaces: str = Field(
+        default="", description="Comma-separated namespaces to watch; empty watches all."
+    )
+    prefix: str = Field(
+        default="dsv4.io", description="Prefix of kopf's finalizer and annotations."
+    )
+    log_format: Literal["text", "json"] = Field(default="text", description="Log format.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
+    metrics_port: int = Field(default=8080, description="Prometheus /metrics port (0: off).")
+    health_port: int = Field(default=8081, description="kopf liveness /healthz port (0: off).")
+    webhook: bool = Field(default=False, description="Serve the validating admission webhook.")
+    webhook_host: str = Field(default="0.0.0.0", description="Address the webhook server binds.")
+    webhook_port: int = Field(default=9443, description="Webhook HTTPS port.")
+    webhook_cert_dir: Path | None = Field(
+        default=None, description="Directory with tls.crt and tls.key (cert-manager or Helm)."
+    )
+    webhook_url_host: str | None = Field(
+        default=None,
+        description="Host the API server dials when kopf manages the webhook configuration "
+        "(local runs); unset in-cluster, where the chart owns the configuration.",
+    )
+    resync_seconds: float = Field(default=30.0, gt=0, description="Full resync period.")
+    workers: int = Field(default=4, ge=1, description="Concurrent reconciles.")
+    revision_history_limit: int = Field(default=10, ge=1, description="ControllerRevisions kept.")
+    field_manager: str = Field(default="dsv4-operator", description="Server-side apply manager.")
+
+    @property
+    def namespace_list(self) -> list[str]:
+        return [n.strip() for n in self.namespaces.split(",") if n.strip()]
