@@ -142,7 +142,9 @@ def run(op: OperatorSettings) -> None:
         log_format=kopf.LogFormat.JSON if op.log_format == "json" else kopf.LogFormat.FULL,
     )
     logging.getLogger().setLevel(op.log_level)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    # One line per request or per watch event is noise; reconcile decisions are logged.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespaces = op.namespace_list
     kopf.run(
         registry=build_registry(op),

@@ -189,10 +189,13 @@ def _rollout(plan: _Plan, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progr
     pairs = world.pairs()
     active_id = world.active_pair_id()
     if active_id is None:
-        leftovers = world.engine_pods()
+        # No pair: a router could only point at stale names; it goes first. Its pods too
+        # must be gone, since a terminating router still holds DNS names the new pair reuses.
+        plan.remove(DEPLOYMENT, ctx.role_name(ROUTER))
+        leftovers = world.pods
         if leftovers:
             plan.wait()
-            return Progress("Recreating", f"waiting for {len(leftovers)} old engine pod(s) to stop")
+            return Progress("Recreating", f"waiting for {len(leftovers)} old pod(s) to stop")
         fresh = not plan.ensure(
             [o for role in reversed(ROLES) for o in render_role(ctx, role)]
             + render_router(ctx)

@@ -34,12 +34,18 @@ class Reconciler:
             return None
         decision = decide(world, self.settings)
         if decision.writes or decision.events:
+            progressing = next(
+                (c for c in decision.status.get("conditions", []) if c["type"] == "Progressing"),
+                {},
+            )
             log.info(
-                "%s/%s: %d apply, %d delete, %d create; %s",
+                "%s/%s: phase %s (%s); apply %s; delete %s; create %d; events: %s",
                 namespace,
                 name,
-                len(decision.apply),
-                len(decision.delete),
+                decision.status.get("phase"),
+                progressing.get("message"),
+                [o["metadata"]["name"] for o in decision.apply] or "-",
+                [n for _, n in decision.delete] or "-",
                 len(decision.create),
                 "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
             )

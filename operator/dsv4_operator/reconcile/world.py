@@ -130,11 +130,3 @@ class World:
         if len(pairs) == 1:
             return next(iter(pairs))
         return MAIN_PAIR if MAIN_PAIR in pairs else None
-
-    def engine_pods(self, pair: str | None = None) -> list[Obj]:
-        return [
-            p
-            for p in self.pods
-            if labels_of(p).get(ROLE_LABEL) in ROLES
-            and (pair is None or labels_of(p).get(PAIR_LABEL) == pair)
-        ]

@@ -87,14 +87,16 @@ class RenderContext:
         return labels
 
     def selector(self, component: str) -> dict[str, str]:
-        return {f"{LABEL_PREFIX}/deployment": self.name, f"{LABEL_PREFIX}/role": component}
+        selector = {DEPLOYMENT_LABEL: self.name, ROLE_LABEL: component}
+        if component in ROLES:  # pairs must never select each other's pods
+            selector[PAIR_LABEL] = self.pair
+        return selector
 
     def metadata(self, name: str, component: str | None = None) -> Manifest:
-        meta: Manifest = {
-            "name": name,
-            "namespace": self.namespace,
-            "labels": self.labels(component),
-        }
+        labels = self.labels(component)
+        if component in ROLES:
+            labels[PAIR_LABEL] = self.pair
+        meta: Manifest = {"name": name, "namespace": self.namespace, "labels": labels}
         if self.owner is not None:
             meta["ownerReferences"] = [self.owner.as_dict()]
         return meta

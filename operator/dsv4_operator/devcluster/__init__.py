@@ -1,0 +1,56 @@
+"""A real, throwaway Kubernetes control plane on loopback, for integration tests and demos.
+
+It runs the genuine binaries (built from the Kubernetes Go modules by ``tools/build-k8s.sh``,
+or taken from ``$KUBEBUILDER_ASSETS``): etcd, kube-apiserver, kube-controller-manager and,
+optionally, kube-scheduler plus kwok for fake GPU nodes. No mock API server is involved.
+
+Public API::
+
+    from dsv4_operator.devcluster import ControlPlane
+
+    with ControlPlane(with_scheduler=True, with_kwok=True) as cp:
+        cp.kubeconfig_path          # admin kubeconfig (Path)
+        cp.server_url               # "https://127.0.0.1:<port>"
+        cp.api_client()             # kubernetes.client.ApiClient
+        cp.dynamic_client()         # kubernetes.dynamic.DynamicClient
+        cp.add_gpu_node("gpu-a", gpus=8, product="NVIDIA-H100-80GB-HBM3")
+
+    report_container_terminated(dyn, ns, pod, container)   # kubelet-style OOMKilled report
+    wait_for("what", lambda: value_or_none(), timeout=60)    # poll; returns the truthy value
+
+Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificates and keys),
+:mod:`.process` (child processes, teardown), :mod:`.controlplane` (start/stop order, flags),
+:mod:`.nodes` (fake GPU Node objects), :mod:`.kubelet` (pod status reports),
+``python -m dsv4_operator.devcluster`` (run one locally until Ctrl-C).
+"""
+
+from dsv4_operator.devcluster.binaries import (
+    K8S_VERSION,
+    Binaries,
+    BinariesUnavailable,
+    locate,
+)
+from dsv4_operator.devcluster.controlplane import ControlPlane, DevClusterError
+from dsv4_operator.devcluster.kubelet import (
+    MANUAL_STATUS_ANNOTATION,
+    report_container_terminated,
+    wait_pod_running,
+)
+from dsv4_operator.devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_node_manifest
+from dsv4_operator.devcluster.process import wait_for
+
+__all__ = [
+    "GPU_PRODUCT_LABEL",
+    "GPU_RESOURCE",
+    "K8S_VERSION",
+    "MANUAL_STATUS_ANNOTATION",
+    "Binaries",
+    "BinariesUnavailable",
+    "ControlPlane",
+    "DevClusterError",
+    "gpu_node_manifest",
+    "locate",
+    "report_container_terminated",
+    "wait_for",
+    "wait_pod_running",
+]

@@ -1,0 +1,553 @@
+"""ControlPlane: real etcd, kube-apiserver, controller-manager (+ scheduler, kwok) on loopback.
+
+Usage::
+
+    with ControlPlane(with_scheduler=True, with_kwok=True) as cp:
+        api = cp.api_client()                    # kubernetes.client.ApiClient, admin rights
+        cp.add_gpu_node("gpu-a", gpus=8, product="NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition")
+        print(cp.kubeconfig_path, cp.server_url)
+
+What ``start()`` does, in order: locate (or build) the binaries; make a temporary data dir;
+generate a CA, the API server's serving cert, an admin client cert (``system:masters``) and
+the service-account signing key pair; start etcd, then kube-apiserver (both on 127.0.0.1,
+free ports) and wait for ``/readyz``; write ``<data dir>/kubeconfig``; install the CRDs
+given as ``crds=[...]`` (see :meth:`ControlPlane.install_crds` for why before); start
+kube-controller-manager (all default controllers: garbage collector, Deployment,
+ReplicaSet, StatefulSet, service accounts, node lifecycle, ...) and wait until it has
+created the ``default`` ServiceAccount; optionally start kube-scheduler and kwok (kwok
+manages Nodes annotated ``kwok.x-k8s.io/node=fake``, which :meth:`add_gpu_node` creates).
+
+``stop()`` (also run by ``__exit__``, by an ``atexit`` hook and on SIGTERM when nobody else
+handles it) terminates the process groups newest first and deletes the data dir, unless
+``keep_data_dir`` is set or ``DSV4_DEVCLUSTER_KEEP=1``, in which case the component logs
+(``<data dir>/logs/*.log``) stay for inspection.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import os
+import shutil
+import signal
+import ssl
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import yaml
+
+from dsv4_operator.devcluster import binaries as _binaries
+from dsv4_operator.devcluster import kwok as _kwok
+from dsv4_operator.devcluster import nodes as _nodes
+from dsv4_operator.devcluster import pki as _pki
+from dsv4_operator.devcluster.process import ManagedProcess, free_port, wait_for
+
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+DATA_DIR_PREFIX = "dsv4-devcluster-"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+_RUNNING: set[ControlPlane] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+class DevClusterError(RuntimeError):
+    """A component failed to start or become ready; the message carries its log tail."""
+
+
+class ControlPlane:
+    """A throwaway Kubernetes control plane; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        with_scheduler: bool = False,
+        with_kwok: bool = False,
+        binaries: _binaries.Binaries | None = None,
+        keep_data_dir: bool | None = None,
+        start_timeout: float = 180.0,
+        extra_apiserver_args: Mapping[str, str] | None = None,
+        crds: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
+        self.with_scheduler = with_scheduler
+        self.with_kwok = with_kwok
+        self._binaries = binaries
+        if keep_data_dir is None:
+            keep_data_dir = os.environ.get("DSV4_DEVCLUSTER_KEEP", "") not in ("", "0")
+        self.keep_data_dir = keep_data_dir
+        self.start_timeout = start_timeout
+        self.extra_apiserver_args = dict(extra_apiserver_args or {})
+        self.crds = [Path(p) for p in crds]
+        self._procs: list[ManagedProcess] = []
+        self._data_dir: Path | None = None
+        self._pki: _pki.Pki | None = None
+        self._server_url: str | None = None
+        self._prev_sigterm: Any = None
+        self.startup_seconds: float | None = None
+
+    # --- public surface ------------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        """Temporary directory with PKI, kubeconfig, etcd data and ``logs/``."""
+        if self._data_dir is None:
+            raise DevClusterError("control plane not started")
+        return self._data_dir
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """Admin kubeconfig (``system:masters`` client cert, CA embedded)."""
+        return self.data_dir / "kubeconfig"
+
+    @property
+    def server_url(self) -> str:
+        """``https://127.0.0.1:<port>`` of the API server."""
+        if self._server_url is None:
+            raise DevClusterError("control plane not started")
+        return self._server_url
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """The running components, in start order."""
+        return list(self._procs)
+
+    def api_client(self) -> Any:
+        """A new ``kubernetes.client.ApiClient`` with admin credentials (close it when done)."""
+        from kubernetes import client
+
+        pki = self._require_pki()
+        cfg = client.Configuration()
+        cfg.host = self.server_url
+        cfg.ssl_ca_cert = str(pki.ca_cert)
+        cfg.cert_file = str(pki.admin_cert)
+        cfg.key_file = str(pki.admin_key)
+        cfg.verify_ssl = True
+        return client.ApiClient(cfg)
+
+    def dynamic_client(self) -> Any:
+        """A ``kubernetes.dynamic.DynamicClient`` (dict in, dict out; discovery cached in the
+        data dir). Prefer it for CRDs and patches: in kubernetes==37 the typed ``*Api``
+        classes default PATCH to ``application/json-patch+json`` unless ``_content_type``
+        is passed."""
+        from kubernetes import dynamic
+
+        cache = str(self.data_dir / "discovery-cache.json")
+        return dynamic.DynamicClient(self.api_client(), cache_file=cache)  # type: ignore[no-untyped-call]
+
+    def add_gpu_node(
+        self,
+        name: str,
+        gpus: int,
+        product: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+    ) -> dict[str, Any]:
+        """Register a kwok-managed Node with ``gpus`` x ``nvidia.com/gpu`` of ``product``.
+
+        Waits until the node is Ready and carries no ``node.kubernetes.io/*`` taint, so the
+        scheduler can place pods on it. Requires ``with_kwok=True`` (kwok keeps its lease
+        and Ready condition fresh; without it the node lifecycle controller would mark it
+        NotReady after the grace period).
+        """
+        if not self.with_kwok:
+            raise DevClusterError("add_gpu_node needs ControlPlane(with_kwok=True)")
+        dyn = self.dynamic_client()
+        try:
+            return _nodes.create_gpu_node(dyn, name, gpus, product, labels=labels, timeout=timeout)
+        finally:
+            dyn.client.close()
+
+    def install_crds(self, paths: Sequence[str | os.PathLike[str]], timeout: float = 60.0) -> None:
+        """Server-side apply every CRD in the YAML files ``paths``; wait until Established.
+
+        CRDs passed as ``ControlPlane(crds=...)`` are installed before kube-controller-manager
+        starts, so its garbage collector watches them from the beginning. A CRD installed
+        later is picked up by the garbage collector's periodic discovery (about 30 s), so
+        owner-reference cleanup of its objects starts only then.
+        """
+        dyn = self.dynamic_client()
+        try:
+            resource = dyn.resources.get(
+                api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition"
+            )
+            names = []
+            for path in paths:
+                for doc in yaml.safe_load_all(Path(path).read_text()):
+                    if not doc:
+                        continue
+                    name = doc["metadata"]["name"]
+                    resource.server_side_apply(
+                        body=doc, name=name, field_manager="dsv4-devcluster", force_conflicts=True
+                    )
+                    names.append(name)
+
+            def established() -> bool:
+                for name in names:
+                    status = resource.get(name=name).to_dict().get("status", {})
+                    ok = any(
+                        c.get("type") == "Established" and c.get("status") == "True"
+                        for c in status.get("conditions", [])
+                    )
+                    if not ok:
+                        return False
+                return True
+
+            wait_for(f"CRDs {names} Established", established, timeout, interval=0.25)
+        finally:
+            dyn.client.close()
+
+    def start(self) -> ControlPlane:
+        """Start every component and wait until each is ready; idempotent per instance.
+
+        Raises :class:`~.binaries.BinariesUnavailable` if the executables are neither
+        present nor buildable, :class:`DevClusterError` (with the failing component's log
+        tail) if a component does not come up; everything started so far is stopped.
+        """
+        if self._procs:
+            return self
+        t0 = time.monotonic()
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
+        self._install_sigterm_handler()
+        try:
+            self._start()
+        except _binaries.BinariesUnavailable:
+            self.stop()
+            raise
+        except Exception as exc:
+            self.stop()
+            raise DevClusterError(f"dev control plane failed to start: {exc}") from exc
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Terminate the components (newest first) and remove the data dir; safe to repeat."""
+        try:
+            for proc in reversed(self._procs):
+                proc.stop()
+            self._procs.clear()
+            if self._data_dir is not None:
+                if self.keep_data_dir:
+                    (self._data_dir / "owner.pid").unlink(missing_ok=True)
+                else:
+                    shutil.rmtree(self._data_dir, ignore_errors=True)
+        finally:
+            self._restore_sigterm_handler()
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # --- start-up ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        needed: tuple[str, ...] = _binaries.CONTROL_PLANE_BINARIES
+        if self.with_scheduler:
+            needed += ("kube-scheduler",)
+        if self.with_kwok:
+            needed += ("kwok",)
+        bins = self._binaries or _binaries.locate(needed)
+        bins.require(needed)
+
+        _sweep_stale_data_dirs()
+        self._data_dir = Path(tempfile.mkdtemp(prefix=DATA_DIR_PREFIX))
+        (self._data_dir / "owner.pid").write_text(str(os.getpid()))
+        logs = self._data_dir / "logs"
+        logs.mkdir()
+        self._pki = pki = _pki.generate(self._data_dir / "pki")
+        deadline = time.monotonic() + self.start_timeout
+
+        def remaining() -> float:
+            return max(5.0, deadline - time.monotonic())
+
+        # etcd
+        etcd_client, etcd_peer = free_port(), free_port()
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(bins.path("etcd")),
+                "--name=devcluster",
+                f"--data-dir={self._data_dir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=devcluster=http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster-state=new",
+                "--unsafe-no-fsync",  # throwaway data: skip fsync, much faster on shared disks
+                "--log-level=warn",
+            ],
+        )
+        wait_for(
+            "etcd /health",
+            lambda: b'"health":"true"' in _http_get(f"http://127.0.0.1:{etcd_client}/health"),
+            remaining(),
+            process=etcd,
+        )
+
+        # kube-apiserver
+        api_port = free_port()
+        self._server_url = f"https://127.0.0.1:{api_port}"
+        api_args = {
+            "etcd-servers": f"http://127.0.0.1:{etcd_client}",
+            "bind-address": "127.0.0.1",
+            "advertise-address": "127.0.0.1",
+            # The endpoint reconciler refuses a loopback advertise address; nothing in-cluster
+            # needs the `kubernetes` Service endpoints here.
+            "endpoint-reconciler-type": "none",
+            "secure-port": str(api_port),
+            "cert-dir": str(self._data_dir / "apiserver"),
+            "tls-cert-file": str(pki.serving_cert),
+            "tls-private-key-file": str(pki.serving_key),
+            "client-ca-file": str(pki.ca_cert),
+            "service-account-issuer": SERVICE_ACCOUNT_ISSUER,
+            "service-account-key-file": str(pki.sa_pub),
+            "service-account-signing-key-file": str(pki.sa_key),
+            "service-cluster-ip-range": SERVICE_CLUSTER_IP_RANGE,
+            "authorization-mode": "RBAC",
+            "allow-privileged": "true",
+        }
+        api_args.update(self.extra_apiserver_args)
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [str(bins.path("kube-apiserver")), *(f"--{k}={v}" for k, v in api_args.items())],
+        )
+        ctx = self._client_ssl_context()
+        wait_for(
+            "kube-apiserver /readyz",
+            lambda: _http_get(f"{self._server_url}/readyz", ctx) == b"ok",
+            remaining(),
+            interval=0.5,
+            process=apiserver,
+        )
+        self._write_kubeconfig()
+        if self.crds:
+            self.install_crds(self.crds, timeout=remaining())
+
+        # kube-controller-manager
+        kcm_port = free_port()
+        kcm = self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins.path("kube-controller-manager")),
+                f"--kubeconfig={self.kubeconfig_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={self._data_dir / 'kube-controller-manager'}",
+                "--leader-elect=false",
+                "--controllers=*",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                "--use-service-account-credentials=false",
+                "--cluster-name=dsv4-devcluster",
+            ],
+        )
+        insecure = _insecure_ssl_context()  # components serve self-signed certs on loopback
+        wait_for(
+            "kube-controller-manager /healthz",
+            lambda: _http_get(f"https://127.0.0.1:{kcm_port}/healthz", insecure) == b"ok",
+            remaining(),
+            interval=0.5,
+            process=kcm,
+        )
+        wait_for(
+            "the default ServiceAccount (created by kube-controller-manager)",
+            lambda: _http_get(
+                f"{self._server_url}/api/v1/namespaces/default/serviceaccounts/default", ctx
+            ),
+            remaining(),
+            interval=0.5,
+            process=kcm,
+        )
+
+        if self.with_scheduler:
+            sched_port = free_port()
+            sched = self._spawn(
+                "kube-scheduler",
+                [
+                    str(bins.path("kube-scheduler")),
+                    f"--kubeconfig={self.kubeconfig_path}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={sched_port}",
+                    f"--cert-dir={self._data_dir / 'kube-scheduler'}",
+                    "--leader-elect=false",
+                ],
+            )
+            wait_for(
+                "kube-scheduler /healthz",
+                lambda: _http_get(f"https://127.0.0.1:{sched_port}/healthz", insecure) == b"ok",
+                remaining(),
+                interval=0.5,
+                process=sched,
+            )
+
+        if self.with_kwok:
+            kwok_port = free_port()
+            kwok_config = self._data_dir / "kwok.yaml"
+            kwok_config.write_text(_kwok.config_yaml(f"127.0.0.1:{kwok_port}"))
+            kwok = self._spawn(
+                "kwok",
+                [
+                    str(bins.path("kwok")),
+                    f"--config={kwok_config}",
+                    f"--kubeconfig={self.kubeconfig_path}",
+                ],
+                env={**os.environ, "HOME": str(self._data_dir)},
+            )
+            wait_for(
+                "kwok /healthz",
+                lambda: _http_get(f"http://127.0.0.1:{kwok_port}/healthz") == b"ok",
+                remaining(),
+                interval=0.5,
+                process=kwok,
+            )
+
+    def _spawn(
+        self, name: str, argv: list[str], env: Mapping[str, str] | None = None
+    ) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.data_dir / "logs" / f"{name}.log", env=env)
+        self._procs.append(proc)
+        return proc
+
+    def _require_pki(self) -> _pki.Pki:
+        if self._pki is None:
+            raise DevClusterError("control plane not started")
+        return self._pki
+
+    def _client_ssl_context(self) -> ssl.SSLContext:
+        pki = self._require_pki()
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        return ctx
+
+    def _write_kubeconfig(self) -> None:
+        pki = self._require_pki()
+
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "dsv4-devcluster",
+                    "cluster": {
+                        "server": self.server_url,
+                        "certificate-authority-data": b64(pki.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "dsv4-admin",
+                    "user": {
+                        "client-certificate-data": b64(pki.admin_cert),
+                        "client-key-data": b64(pki.admin_key),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "dsv4-devcluster",
+                    "context": {"cluster": "dsv4-devcluster", "user": "dsv4-admin"},
+                }
+            ],
+            "current-context": "dsv4-devcluster",
+            "preferences": {},
+        }
+        self.kubeconfig_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig_path.chmod(0o600)
+
+    # --- signals -------------------------------------------------------------------------
+
+    def _install_sigterm_handler(self) -> None:
+        """Turn SIGTERM into KeyboardInterrupt (so cleanup runs) if nobody else handles it."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._prev_sigterm = signal.SIG_DFL
+            signal.signal(signal.SIGTERM, _sigterm_to_exit)
+
+    def _restore_sigterm_handler(self) -> None:
+        if self._prev_sigterm is None:
+            return
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is _sigterm_to_exit
+        ):
+            signal.signal(signal.SIGTERM, self._prev_sigterm)
+        self._prev_sigterm = None
+
+
+def _sigterm_to_exit(signum: int, frame: FrameType | None) -> None:
+    # KeyboardInterrupt, not SystemExit: pytest would record SystemExit as one failed test
+    # and carry on, while it stops the session (tearing fixtures down) on KeyboardInterrupt.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _sweep_stale_data_dirs() -> None:
+    """Remove data dirs left by a harness process that was SIGKILLed (its owner is gone).
+
+    Its children died with it (``PR_SET_PDEATHSIG``); only the directory can remain.
+    Directories kept on purpose (``keep_data_dir``) carry no ``owner.pid`` after stop.
+    """
+    for path in Path(tempfile.gettempdir()).glob(f"{DATA_DIR_PREFIX}*"):
+        try:
+            pid = int((path / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _http_get(url: str, ctx: ssl.SSLContext | None = None) -> bytes:
+    with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+        body: bytes = resp.read()
+        return body.strip()
+
+
+def _insecure_ssl_context() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _stop_running() -> None:
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for cp in running:
+        cp.stop()
+
+
+# Registered after process.stop_all (imported above), so it runs before it at exit.
+atexit.register(_stop_running)

@@ -1,0 +1,154 @@
+"""Child processes of the dev cluster: start in their own process group, stop by PID, reap at exit.
+
+Every process is started with ``start_new_session=True`` (its PID is its process-group id)
+and logs to a file. :meth:`ManagedProcess.stop` sends SIGTERM to the group, then SIGKILL
+after a grace period. Live processes are kept in a module-level registry that an ``atexit``
+hook drains, so an interpreter exit (test failure, Ctrl-C, ``sys.exit``) leaves nothing
+behind. When started from the main thread, children also get ``PR_SET_PDEATHSIG=SIGKILL``
+(via util-linux ``setpriv``) so that even a SIGKILL of the Python process takes them down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_LIVE: set[ManagedProcess] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class ManagedProcess:
+    """One running binary (etcd, kube-apiserver, ...) with its log file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        prefix: list[str] = []
+        setpriv = shutil.which("setpriv")
+        if setpriv and threading.current_thread() is threading.main_thread():
+            prefix = [setpriv, "--pdeathsig", "KILL", "--"]
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                prefix + self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=dict(env) if env is not None else None,
+            )
+        self.pid = self.popen.pid
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    def alive(self) -> bool:
+        """True while the process has not exited."""
+        return self.popen.poll() is None
+
+    def stop(self, grace_seconds: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace_seconds``, and reap it."""
+        try:
+            if self.alive():
+                _signal_group(self.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=grace_seconds)
+            # Kill stragglers in the group even if the leader already exited.
+            _signal_group(self.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace_seconds)
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """Last ``lines`` lines of the process's combined stdout/stderr."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __repr__(self) -> str:
+        return f"ManagedProcess({self.name!r}, pid={self.pid})"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def live_processes() -> list[ManagedProcess]:
+    """Processes started here and not yet stopped (for diagnostics and tests)."""
+    with _LIVE_LOCK:
+        return list(_LIVE)
+
+
+def stop_all(grace_seconds: float = 5.0) -> None:
+    """Stop every live process, newest first (the ``atexit`` hook)."""
+    for proc in sorted(live_processes(), key=lambda p: p.pid, reverse=True):
+        proc.stop(grace_seconds)
+
+
+atexit.register(stop_all)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], T | None],
+    timeout: float,
+    *,
+    interval: float = 0.2,
+    process: ManagedProcess | None = None,
+) -> T:
+    """Poll ``check()`` until it returns truthy and return that value; fail early if
+    ``process`` dies.
+
+    Raises :class:`TimeoutError` (or :class:`RuntimeError` if the process exited) with the
+    tail of the process log in the message.
+    """
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # the component is still coming up
+            last_error = f"{type(exc).__name__}: {exc}"
+        if process is not None and not process.alive():
+            raise RuntimeError(
+                f"{process.name} exited with code {process.popen.returncode} while waiting for"
+                f" {what}; log {process.log_path}:\n{process.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            tail = f"\nlog {process.log_path}:\n{process.log_tail()}" if process else ""
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what}: {last_error}{tail}"
+            )
+        time.sleep(interval)

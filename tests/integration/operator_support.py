@@ -1,0 +1,274 @@
+"""Helpers for the operator's integration tests: the operator as a real process, and probes."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dsv4_operator.devcluster import wait_for
+from dsv4_operator.engine.effective import parse_args
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "dsv4.yaml"
+POOL_LABEL = "dsv4-test-pool"
+POOL = "operator"
+RTX = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    """`dsv4 run` as a subprocess watching one namespace; logs go to a file."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, **env: str) -> None:
+        self.kubeconfig, self.namespace = kubeconfig, namespace
+        self.metrics_port = free_port()
+        self.log_path = log_dir / f"operator-{namespace}-{time.monotonic_ns()}.log"
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "DSV4_NAMESPACES": namespace,
+            "DSV4_RESYNC_SECONDS": "2",
+            "DSV4_METRICS_PORT": str(self.metrics_port),
+            "DSV4_HEALTH_PORT": "0",
+            **env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dsv4_operator.cli", "run"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(
+            "operator metrics endpoint",
+            lambda: self.metric("dsv4_reconciles_total") is not None or self.alive_or_raise(),
+            timeout=60,
+        )
+        return self
+
+    def alive_or_raise(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+        return False
+
+    def metric(self, name: str) -> float | None:
+        """Sum of a counter's samples, or None when the endpoint is not up."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+            ) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, the way a node loss or OOM kill ends it."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def example(namespace: str, name: str = "dsv4-flash", **changes: Any) -> dict[str, Any]:
+    """The example DSV4Deployment in `namespace`, pinned to the test node pool."""
+    doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["nodeSelector"] = {POOL_LABEL: POOL}
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = doc["spec"]
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return doc
+
+
+def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> None:
+    """A pre-bound hostPath PV + PVC standing in for the model cache."""
+    dyn.resources.get(api_version="v1", kind="PersistentVolume").create(
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{namespace}-{claim}"},
+            "spec": {
+                "capacity": {"storage": "200Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "hostPath": {"path": "/models"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        }
+    )
+    dyn.resources.get(api_version="v1", kind="PersistentVolumeClaim").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": f"{namespace}-{claim}",
+                "resources": {"requests": {"storage": "200Gi"}},
+            },
+        },
+    )
+
+
+class Cluster:
+    """Thin, typed-enough access to what the tests read and write."""
+
+    def __init__(self, dyn: Any, namespace: str) -> None:
+        self.dyn, self.namespace = dyn, namespace
+        self.dsv4 = dyn.resources.get(api_version="dsv4.io/v1alpha1", kind="DSV4Deployment")
+
+    def apply(self, doc: dict[str, Any]) -> None:
+        self.dsv4.server_side_apply(
+            body=doc, namespace=self.namespace, field_manager="tests", force_conflicts=True
+        )
+
+    def get(self, name: str = "dsv4-flash") -> dict[str, Any]:
+        obj: dict[str, Any] = self.dsv4.get(name=name, namespace=self.namespace).to_dict()
+        return obj
+
+    def items(
+        self, api_version: str, kind: str, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        res = self.dyn.resources.get(api_version=api_version, kind=kind)
+        items: list[dict[str, Any]] = res.get(
+            namespace=self.namespace, label_selector=selector
+        ).to_dict()["items"]
+        return items
+
+    def children(self, name: str = "dsv4-flash") -> dict[tuple[str, str], dict[str, Any]]:
+        selector = f"dsv4.io/deployment={name}"
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for api_version, kind in (
+            ("apps/v1", "StatefulSet"),
+            ("apps/v1", "Deployment"),
+            ("v1", "Service"),
+            ("policy/v1", "PodDisruptionBudget"),
+        ):
+            for item in self.items(api_version, kind, selector):
+                out[(kind, item["metadata"]["name"])] = item
+        return out
+
+    def revisions(self, name: str = "dsv4-flash") -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.items("apps/v1", "ControllerRevision", f"dsv4.io/deployment={name}")
+            if r["metadata"]["ownerReferences"][0]["kind"] == "DSV4Deployment"
+        ]
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        return self.items("v1", "Pod", selector)
+
+    def events(self, name: str = "dsv4-flash") -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.items("v1", "Event")
+            if e["involvedObject"].get("name") == name
+            and e["involvedObject"].get("kind") == "DSV4Deployment"
+        ]
+
+    def wait_phase(
+        self,
+        phase: str,
+        name: str = "dsv4-flash",
+        timeout: float = 180,
+        revision: str | None = None,
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.get(name)
+            status = obj.get("status", {})
+            ok = (
+                status.get("phase") == phase
+                and status.get("observedGeneration") == obj["metadata"]["generation"]
+            )
+            if revision is not None:
+                ok = ok and status.get("currentRevision") == revision
+            return obj if ok else None
+
+        return wait_for(f"{name} phase {phase}", check, timeout=timeout)  # type: ignore[no-any-return]
+
+    def router_formats(self, name: str = "dsv4-flash") -> list[set[str]]:
+        """For every router pod (terminating ones too), the transfer-format labels of the
+        engine pods its arguments target. A set with two formats means that router could feed
+        old prefill into new decode (or the reverse): the tests assert it never happens.
+        """
+        pods = self.pods(f"dsv4.io/deployment={name}")
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        out = []
+        for router in (p for p in pods if p["metadata"]["labels"].get("dsv4.io/role") == "router"):
+            command = router["spec"]["containers"][0]["command"]
+            targets = [
+                command[i + 1].split("//", 1)[1].split(".", 1)[0]
+                for i, token in enumerate(command)
+                if token in ("--prefill", "--decode")
+            ]
+            out.append(
+                {
+                    by_name[t]["metadata"]["labels"]["dsv4.io/transfer-format"]
+                    for t in targets
+                    if t in by_name
+                }
+            )
+        return out
+
+
+def watch_router(cluster: Cluster, until: Callable[[], bool], timeout: float = 240) -> int:
+    """Poll the router's targets until `until()`; fail on a mixed-format observation."""
+    deadline = time.monotonic() + timeout
+    observations = 0
+    while time.monotonic() < deadline:
+        for formats in cluster.router_formats():
+            observations += 1
+            assert len(formats) <= 1, f"a router targets pods of several formats: {formats}"
+        if until():
+            return observations
+        time.sleep(0.2)
+    raise TimeoutError("condition not reached while watching the router")
+
+
+def engine_flags(sts: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
+    return parse_args(sts["spec"]["template"]["spec"]["containers"][0]["command"])

@@ -1,0 +1,279 @@
+"""The operator against a real API server: create, update (compatible, Recreate, BlueGreen),
+delete, invalid specs, a no-op resync, and a kill in the middle of a rollout.
+
+Each test runs its own `dsv4 run` process watching only the test's namespace; kube-scheduler
+places the engine pods on kwok GPU nodes of the requested product, and kwok marks them Ready.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsv4_operator.devcluster import ControlPlane, wait_for
+
+from .operator_support import (
+    POOL,
+    POOL_LABEL,
+    RTX,
+    Cluster,
+    OperatorProcess,
+    engine_flags,
+    example,
+    watch_router,
+    weights_volume,
+)
+
+pytestmark = pytest.mark.integration
+BF16 = {"engine.indexKDtype": "bf16"}  # the example image declares bf16IndexK + poolSizingFix
+
+
+@pytest.fixture(scope="module")
+def gpu_pool(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    """Four 8-GPU RTX PRO nodes reserved for these tests, and one H100 node as a decoy."""
+    names = [f"op-rtx-{i}" for i in range(4)]
+    for name in names:
+        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: POOL})
+    control_plane.add_gpu_node(
+        "op-h100-0", gpus=8, product="NVIDIA-H100-80GB-HBM3", labels={POOL_LABEL: POOL}
+    )
+    return names
+
+
+@pytest.fixture
+def cluster(dyn: Any, namespace: str, gpu_pool: list[str]) -> Cluster:
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
+    yield op
+    op.stop()
+    # Captured output is shown only when the test fails.
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail()}")
+
+
+def _ready(cluster: Cluster, **changes: Any) -> dict[str, Any]:
+    cluster.apply(example(cluster.namespace, **changes))
+    return cluster.wait_phase("Ready")
+
+
+def test_create_schedules_on_requested_gpus_and_reports_ready(
+    cluster: Cluster, operator: OperatorProcess, gpu_pool: list[str]
+) -> None:
+    obj = _ready(cluster)
+    status = obj["status"]
+    assert status["roles"]["prefill"] == {
+        "revision": status["currentRevision"],
+        "replicas": 1,
+        "ready": 1,
+    }
+    assert status["roles"]["decode"]["ready"] == 1
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Validated"]["status"] == "True"
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Progressing"]["reason"] == "RolloutComplete"
+    assert status["plan"]["maxTotalTokens"]["decode"] > 0
+    children = cluster.children()
+    assert {name for kind, name in children if kind == "StatefulSet"} == {
+        "dsv4-flash-prefill",
+        "dsv4-flash-decode",
+    }
+    for pod in cluster.pods("dsv4.io/deployment=dsv4-flash,dsv4.io/role in (prefill,decode)"):
+        assert pod["spec"]["nodeName"] in gpu_pool  # RTX nodes, never the H100 decoy
+        assert pod["status"]["phase"] == "Running"
+    [revision] = cluster.revisions()
+    assert revision["metadata"]["labels"]["dsv4.io/revision"] == status["currentRevision"]
+    reasons = {e["reason"] for e in cluster.events()}
+    assert {"Creating", "RevisionCreated"} <= reasons
+
+
+def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProcess) -> None:
+    _ready(cluster)
+    time.sleep(3)  # let the last status write land
+
+    def versions() -> dict[Any, str]:
+        objs = {**cluster.children(), ("DSV4Deployment", "dsv4-flash"): cluster.get()}
+        return {key: obj["metadata"]["resourceVersion"] for key, obj in objs.items()}
+
+    before, writes_before = versions(), operator.metric("dsv4_api_writes_total")
+    passes_before = operator.metric("dsv4_reconciles_total")
+    time.sleep(8)  # four resync periods of 2 s
+    assert operator.metric("dsv4_reconciles_total") >= (passes_before or 0) + 3
+    assert versions() == before
+    assert operator.metric("dsv4_api_writes_total") == writes_before
+
+
+def test_compatible_update_rolls_decode_first(cluster: Cluster, operator: OperatorProcess) -> None:
+    first = _ready(cluster)["status"]["currentRevision"]
+    router_uid = cluster.children()[("Deployment", "dsv4-flash-router")]["metadata"]["uid"]
+    router_generation = cluster.children()[("Deployment", "dsv4-flash-router")]["metadata"][
+        "generation"
+    ]
+    cluster.apply(example(cluster.namespace, **{"engine.maxRunningRequests": 48}))
+    seen_prefill_before_decode = False
+
+    def settled() -> bool:
+        nonlocal seen_prefill_before_decode
+        sts = cluster.children()
+        pre = sts[("StatefulSet", "dsv4-flash-prefill")]["metadata"]["labels"]["dsv4.io/revision"]
+        dec = sts[("StatefulSet", "dsv4-flash-decode")]["metadata"]["labels"]["dsv4.io/revision"]
+        if pre != first and dec == first:
+            seen_prefill_before_decode = True
+        status = cluster.get().get("status", {})
+        return status.get("phase") == "Ready" and status.get("currentRevision") not in (None, first)
+
+    watch_router(cluster, settled, timeout=180)
+    assert not seen_prefill_before_decode
+    children = cluster.children()
+    for role in ("prefill", "decode"):
+        assert (
+            engine_flags(children[("StatefulSet", f"dsv4-flash-{role}")])["--max-running-requests"][
+                1
+            ]
+            == "48"
+        )
+    router = children[("Deployment", "dsv4-flash-router")]
+    assert router["metadata"]["uid"] == router_uid  # same format: the router is untouched
+    assert router["metadata"]["generation"] == router_generation
+    assert len(cluster.revisions()) == 2
+
+
+@pytest.mark.parametrize("strategy", ["Recreate", "BlueGreen"])
+def test_incompatible_update_never_mixes_formats(
+    cluster: Cluster, operator: OperatorProcess, strategy: str
+) -> None:
+    old = _ready(cluster, **{"rollout.strategy": strategy})["status"]["currentRevision"]
+    old_format = cluster.pods("dsv4.io/role=decode")[0]["metadata"]["labels"][
+        "dsv4.io/transfer-format"
+    ]
+    cluster.apply(example(cluster.namespace, **{"rollout.strategy": strategy, **BF16}))
+
+    def switched() -> bool:
+        status = cluster.get().get("status", {})
+        engines = cluster.pods("dsv4.io/role in (prefill,decode)")
+        return (
+            status.get("phase") == "Ready"
+            and status.get("currentRevision") != old
+            and status.get("observedGeneration") == 2
+            and all(
+                p["metadata"]["labels"]["dsv4.io/transfer-format"] != old_format for p in engines
+            )
+        )
+
+    observations = watch_router(cluster, switched, timeout=240)
+    assert observations > 0
+    sts = {name for kind, name in cluster.children() if kind == "StatefulSet"}
+    new = cluster.get()["status"]["currentRevision"]
+    if strategy == "BlueGreen":
+        assert sts == {f"dsv4-flash-prefill-{new}", f"dsv4-flash-decode-{new}"}
+        reasons = {e["reason"] for e in cluster.events()}
+        assert {"BlueGreenStarted", "RouterSwitched", "OldPairDeleted"} <= reasons
+    else:
+        assert sts == {"dsv4-flash-prefill", "dsv4-flash-decode"}
+        assert "Recreate" in {e["reason"] for e in cluster.events()}
+    for name in sts:
+        env = {
+            e["name"]: e["value"]
+            for e in cluster.children()[("StatefulSet", name)]["spec"]["template"]["spec"][
+                "containers"
+            ][0]["env"]
+        }
+        assert env["SGLANG_DSV4_BF16_INDEX_K"] == "1"
+
+
+def test_delete_garbage_collects_children(cluster: Cluster, operator: OperatorProcess) -> None:
+    _ready(cluster)
+    assert cluster.children() and cluster.revisions()
+    cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
+    wait_for(
+        "children garbage-collected",
+        lambda: not cluster.children() and not cluster.revisions(),
+        timeout=120,
+    )
+
+
+def test_invalid_update_changes_nothing(cluster: Cluster, operator: OperatorProcess) -> None:
+    _ready(cluster)
+    before = {k: v["metadata"]["resourceVersion"] for k, v in cluster.children().items()}
+    pods_before = {p["metadata"]["uid"] for p in cluster.pods("dsv4.io/deployment=dsv4-flash")}
+    cluster.apply(example(cluster.namespace, **{**BF16, "engine.overlap": {"multiStream": True}}))
+    obj = cluster.wait_phase("Invalid")
+    validated = next(c for c in obj["status"]["conditions"] if c["type"] == "Validated")
+    assert validated["status"] == "False" and "DSV4-R002" in validated["message"]
+    assert any(f["rule"] == "DSV4-R002" for f in obj["status"]["findings"])
+    wait_for(
+        "an Invalid event naming DSV4-R002",
+        lambda: any(
+            e["reason"] == "Invalid" and "DSV4-R002" in e["message"] for e in cluster.events()
+        ),
+        timeout=30,
+    )
+    time.sleep(6)  # three resyncs: still nothing rolled out, no event storm
+    after = {k: v["metadata"]["resourceVersion"] for k, v in cluster.children().items()}
+    assert after == before
+    assert {p["metadata"]["uid"] for p in cluster.pods("dsv4.io/deployment=dsv4-flash")} == (
+        pods_before
+    )
+    assert sum(e.get("count", 1) for e in cluster.events() if e["reason"] == "Invalid") == 1
+    operator.alive_or_raise()
+    cluster.apply(example(cluster.namespace))  # fixing the spec recovers
+    cluster.wait_phase("Ready")
+
+
+def test_operator_killed_mid_rollout_converges(
+    control_plane: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    _ready(cluster, **{"rollout.strategy": "BlueGreen"})
+    cluster.apply(example(cluster.namespace, **{"rollout.strategy": "BlueGreen", **BF16}))
+    wait_for(
+        "the new pair to exist",
+        lambda: any(
+            name.startswith("dsv4-flash-decode-")
+            for kind, name in cluster.children()
+            if kind == "StatefulSet"
+        ),
+        timeout=120,
+    )
+    operator.kill()
+    restarted = OperatorProcess(control_plane.kubeconfig_path, cluster.namespace, tmp_path).start()
+    try:
+        new = None
+
+        def converged() -> bool:
+            nonlocal new
+            status = cluster.get().get("status", {})
+            new = status.get("currentRevision")
+            return (
+                status.get("phase") == "Ready"
+                and status.get("observedGeneration") == 2
+                and (
+                    {n for k, n in cluster.children() if k == "StatefulSet"}
+                    == {f"dsv4-flash-prefill-{new}", f"dsv4-flash-decode-{new}"}
+                )
+            )
+
+        watch_router(cluster, converged, timeout=240)
+        children = set(cluster.children())
+        assert children == {
+            ("StatefulSet", f"dsv4-flash-prefill-{new}"),
+            ("StatefulSet", f"dsv4-flash-decode-{new}"),
+            ("Service", f"dsv4-flash-prefill-{new}"),
+            ("Service", f"dsv4-flash-decode-{new}"),
+            ("PodDisruptionBudget", f"dsv4-flash-prefill-{new}"),
+            ("PodDisruptionBudget", f"dsv4-flash-decode-{new}"),
+            ("Deployment", "dsv4-flash-router"),
+            ("Service", "dsv4-flash-router"),
+            ("PodDisruptionBudget", "dsv4-flash-router"),
+        }
+        assert len(cluster.revisions()) == 2
+    finally:
+        restarted.stop()
