@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.reconcile.act import act
@@ -34,7 +35,7 @@ class Reconciler:
             return None
         decision = decide(world, self.settings)
         if decision.writes or decision.events:
-            progressing = next(
+            progressing: dict[str, Any] = next(
                 (c for c in decision.status.get("conditions", []) if c["type"] == "Progressing"),
                 {},
             )
