@@ -24,6 +24,7 @@ from .operator_support import (
     OperatorProcess,
     engine_flags,
     example,
+    free_port,
     watch_router,
     weights_volume,
 )
@@ -277,3 +278,57 @@ def test_operator_killed_mid_rollout_converges(
         assert len(cluster.revisions()) == 2
     finally:
         restarted.stop()
+
+
+def test_admission_webhook_refuses_unsafe_specs(
+    control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
+) -> None:
+    """kopf serves the webhook on loopback with a self-signed cert and keeps the
+    ValidatingWebhookConfiguration; the API server itself then refuses the unsafe spec."""
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    configs = cluster.dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingWebhookConfiguration"
+    )
+    webhook = OperatorProcess(
+        control_plane.kubeconfig_path,
+        cluster.namespace,
+        tmp_path,
+        DSV4_WEBHOOK="1",
+        DSV4_WEBHOOK_HOST="127.0.0.1",
+        DSV4_WEBHOOK_PORT=str(free_port()),
+        DSV4_WEBHOOK_URL_HOST="127.0.0.1",
+    ).start()
+    try:
+        wait_for(
+            "the managed ValidatingWebhookConfiguration",
+            lambda: any(
+                c["metadata"]["name"] == "dsv4.io.validation" and c.get("webhooks")
+                for c in configs.get().to_dict()["items"]
+            ),
+            timeout=60,
+        )
+        unsafe = example(
+            cluster.namespace,
+            **{**BF16, "engine.hicache": {"enabled": True}, "engine.capabilities": ["bf16IndexK"]},
+        )
+
+        def refused() -> str | None:
+            try:
+                cluster.apply(unsafe)
+            except DynamicApiError as error:
+                return str(error.body)
+            cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
+            return None  # the webhook was not wired yet; try again
+
+        message = wait_for("the API server to refuse the unsafe spec", refused, timeout=60)
+        assert "DSV4-R001" in message and "spec.engine.hicache.enabled" in message
+        assert "DSV4-R010" not in message  # warnings do not block admission
+        cluster.apply(example(cluster.namespace))  # a sound spec is admitted
+        assert cluster.get()["spec"]["engine"]["indexKDtype"] == "fp8"
+    finally:
+        webhook.stop()
+        print(f"--- webhook operator log ---\n{webhook.log_tail()}")
+        for config in configs.get().to_dict()["items"]:
+            if config["metadata"]["name"] == "dsv4.io.validation":
+                configs.delete(name="dsv4.io.validation")
