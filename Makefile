@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install lint k8s-binaries unit
+.PHONY: demo test install lint k8s-binaries unit bench
 
 $(BIN)/dsv4: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,9 +14,10 @@ $(BIN)/dsv4: pyproject.toml
 
 install: $(BIN)/dsv4
 
-demo: install
+demo: install k8s-binaries
 	$(BIN)/dsv4 validate -f examples/dsv4.yaml
 	$(BIN)/dsv4 plan -f examples/dsv4.yaml
+	$(BIN)/dsv4 demo
 
 lint: install
 	$(BIN)/ruff check operator tests
@@ -32,3 +33,6 @@ unit: install
 # pytest exits 5 when it collected nothing; make treats any non-zero exit as failure.
 test: install lint k8s-binaries
 	$(BIN)/python -m pytest
+
+bench: install k8s-binaries
+	$(BIN)/python bench/apply_to_children.py

@@ -44,11 +44,16 @@ class WorkQueue:
         self._timers: dict[Key, asyncio.TimerHandle] = {}
 
     def add(self, key: Key, generation: int | None = None) -> None:
-        """Reconcile `key` soon; a new generation resets its backoff (the spec changed)."""
+        """Reconcile `key` soon; a failing key waits for its backoff unless its spec changed."""
         self._known.add(key)
         if generation is not None and self._generation.get(key) != generation:
             self._generation[key] = generation
             self._failures.pop(key, None)
+        if key in self._failures:
+            return  # its backoff timer brings it back
+        self._enqueue(key)
+
+    def _enqueue(self, key: Key) -> None:
         if key in self._running:
             self._again.add(key)
         elif key not in self._queued:
@@ -67,7 +72,7 @@ class WorkQueue:
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
         if key in self._known:
-            self.add(key)
+            self._enqueue(key)
 
     def forget(self, key: Key) -> None:
         """The object is gone: stop resyncing and retrying it."""
@@ -105,7 +110,7 @@ class WorkQueue:
                 self._running.discard(key)
                 if key in self._again:
                     self._again.discard(key)
-                    self.add(key)
+                    self._enqueue(key)
 
     async def _resync_loop(self) -> None:
         while True:
