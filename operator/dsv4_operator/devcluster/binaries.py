@@ -56,9 +56,10 @@ class Binaries:
 
 
 def cache_dir() -> Path:
-    """Directory where ``tools/build-k8s.sh`` puts binaries for :data:`K8S_VERSION`."""
+    """Directory where ``tools/build-k8s.sh`` puts binaries for :data:`K8S_VERSION`
+    (or ``$DSV4_K8S_VERSION``, the script's override)."""
     root = os.environ.get("DSV4_K8S_CACHE") or str(Path.home() / ".cache/dsv4-operator/k8s")
-    return Path(root) / K8S_VERSION
+    return Path(root) / (os.environ.get("DSV4_K8S_VERSION") or K8S_VERSION)
 
 
 def find_build_script() -> Path | None:

@@ -107,3 +107,15 @@ def effective_role(spec: DSV4DeploymentSpec, role: Role) -> EffectiveRole:
 
 def _pick(override: T | None, default: T) -> T:
     return default if override is None else override
+
+
+def gpus_needed(eff: EffectiveRole) -> int:
+    """GPUs one replica of a role needs: tp x pp x (dp unless DP attention shares the TP GPUs)."""
+    flags = eff.flags
+
+    def _int(name: str) -> int:
+        value = flags.get(name, (0, None))[1]
+        return int(value) if value is not None and value.isdigit() else 1
+
+    dp = 1 if "--enable-dp-attention" in flags else _int("--dp-size")
+    return eff.tensor_parallel * _int("--pp-size") * dp

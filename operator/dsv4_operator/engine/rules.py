@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from dsv4_operator.api.spec import ROLES, Capability, DSV4DeploymentSpec, Role
 from dsv4_operator.api.status import Severity
-from dsv4_operator.engine.effective import EffectiveRole, effective_role, parse_args
+from dsv4_operator.engine.effective import EffectiveRole, effective_role, gpus_needed, parse_args
 from dsv4_operator.engine.ownership import (
     OWNED_ENV,
     OWNED_FLAGS,
@@ -152,18 +152,6 @@ def _r006(ctx: RuleContext) -> Iterator[Hit]:
             'path (sglang:cuda_graph_passes_total{mode="decode_none"}). Raise cudaGraphMaxBs '
             "or lower maxRunningRequests.",
         )
-
-
-def gpus_needed(eff: EffectiveRole) -> int:
-    """GPUs one replica of a role needs: tp x pp x (dp unless DP attention shares the TP GPUs)."""
-    flags = eff.flags
-
-    def _int(name: str) -> int:
-        value = flags.get(name, (0, None))[1]
-        return int(value) if value is not None and value.isdigit() else 1
-
-    dp = 1 if "--enable-dp-attention" in flags else _int("--dp-size")
-    return eff.tensor_parallel * _int("--pp-size") * dp
 
 
 def _r007(ctx: RuleContext) -> Iterator[Hit]:

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4_operator.api.spec import ENGINE_PORT, ROLES, DSV4DeploymentSpec, Role
-from dsv4_operator.engine.effective import effective_role
+from dsv4_operator.engine.effective import effective_role, gpus_needed
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
 from dsv4_operator.engine.planner import Plan, plan
-from dsv4_operator.engine.rules import gpus_needed
 from dsv4_operator.revisions.hashing import config_hash, transfer_format_key
 
 Manifest = dict[str, Any]
