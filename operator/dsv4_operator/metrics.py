@@ -1,15 +1,104 @@
-"""Operator metrics (prometheus-client), served on DSV4_METRICS_PORT."""
+"""Operator metrics (prometheus-client), served on DSV4_METRICS_PORT.
+
+The `deployment` label is `namespace/name` of the DSV4Deployment.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECONCILES = Counter("dsv4_reconciles_total", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("dsv4_reconcile_duration_seconds", "Duration of one reconcile pass.")
 WRITES = Counter(
-    "dsv4_api_writes_total", "API write requests made by reconciles (0 growth when idle)."
+    "dsv4_api_writes_total", "API write requests made by reconciles (no growth when idle)."
 )
+LEAK_RATE = Gauge(
+    "dsv4_leak_rate",
+    "Canary tool-call leak rate in the current window.",
+    ["deployment", "revision"],
+)
+CANARY_RESPONSES = Counter(
+    "dsv4_canary_responses",
+    "Canary responses by DSML-detector verdict.",
+    ["deployment", "revision", "verdict"],
+)
+CANARY_LAST_RUN = Gauge(
+    "dsv4_canary_last_run_timestamp_seconds",
+    "Unix time of the last completed canary run.",
+    ["deployment"],
+)
+ROLLBACKS = Counter("dsv4_rollbacks", "Automatic rollbacks by reason.", ["deployment", "reason"])
+OOM_EVENTS = Counter(
+    "dsv4_oom_events", "Engine OOM events by role and kind.", ["deployment", "role", "kind"]
+)
+GUARD_OUTCOME = Gauge(
+    "dsv4_guard_outcome", "1 for the guard's current outcome.", ["deployment", "outcome"]
+)
+GUARD_BLIND = Gauge(
+    "dsv4_guard_blind", "1 while the guard cannot see (GuardBlind).", ["deployment"]
+)
+QUARANTINED = Gauge("dsv4_quarantined_configs", "Quarantined config hashes.", ["deployment"])
+REVISION_INFO = Gauge(
+    "dsv4_revision_info",
+    "1 for the revision being served.",
+    ["deployment", "revision", "hash", "index_k_dtype", "hicache", "multi_stream"],
+)
+OUTCOMES = ("Pass", "Fail", "NoData", "Error")
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
     start_http_server(port, addr=addr)
+
+
+class GuardMetrics:
+    """Sets the guard gauges from a status and counts new rollbacks and OOM events once."""
+
+    def __init__(self) -> None:
+        self._seen_ooms: set[str] = set()
+        self._served: dict[str, tuple[str, ...]] = {}
+
+    def observe(
+        self,
+        deployment: str,
+        spec: dict[str, Any],
+        status: dict[str, Any],
+        rollbacks: list[str],
+        ooms: list[tuple[str, str, str]],
+    ) -> None:
+        guard = status.get("guard") or {}
+        revision = guard.get("revision")
+        if revision and guard.get("leakRate") is not None:
+            LEAK_RATE.labels(deployment, revision).set(float(guard["leakRate"]))
+        verdict = guard.get("lastVerdict")
+        for outcome in OUTCOMES:
+            GUARD_OUTCOME.labels(deployment, outcome).set(1.0 if outcome == verdict else 0.0)
+        blind = any(
+            c.get("type") == "GuardBlind" and c.get("status") == "True"
+            for c in status.get("conditions", [])
+        )
+        GUARD_BLIND.labels(deployment).set(1.0 if blind else 0.0)
+        QUARANTINED.labels(deployment).set(len(status.get("quarantine") or []))
+        for reason in rollbacks:
+            ROLLBACKS.labels(deployment, reason).inc()
+        for key, role, kind in ooms:
+            if key not in self._seen_ooms:
+                self._seen_ooms.add(key)
+                OOM_EVENTS.labels(deployment, role, kind).inc()
+        current = status.get("currentRevision")
+        if current:
+            engine = spec.get("engine", {})
+            labels = (
+                deployment,
+                f"{deployment.split('/')[-1]}-{current}",
+                current,
+                str(engine.get("indexKDtype", "fp8")),
+                str(bool((engine.get("hicache") or {}).get("enabled"))).lower(),
+                str(bool((engine.get("overlap") or {}).get("multiStream"))).lower(),
+            )
+            previous = self._served.get(deployment)
+            if previous is not None and previous != labels:
+                REVISION_INFO.remove(*previous)
+            REVISION_INFO.labels(*labels).set(1.0)
+            self._served[deployment] = labels

@@ -78,11 +78,20 @@ class RolesStatus(ApiModel):
 class GuardStatus(ApiModel):
     """What the guard saw last."""
 
+    revision: str | None = Field(default=None, description="Revision the window belongs to.")
+    since: str | None = Field(default=None, description="When that revision went live.")
     leak_rate: float | None = Field(default=None, description="Observed leak rate.")
     samples: int = Field(default=0, description="Canary responses in the current window.")
+    leaks: int = Field(default=0, description="Leaked responses in the current window.")
     last_verdict: str | None = Field(default=None, description="Pass, Fail, NoData or Error.")
+    last_reason: str | None = Field(default=None, description="Reason of the last verdict.")
+    last_message: str | None = Field(default=None, description="Evidence of the last verdict.")
     last_sample_time: str | None = Field(default=None, description="RFC 3339 time.")
     oom_events: int = Field(default=0, description="OOM events in the window.")
+    consecutive_errors: int = Field(default=0, description="Source errors in a row.")
+    passing_since: str | None = Field(
+        default=None, description="Start of the current run of Pass verdicts (baking)."
+    )
 
 
 class QuarantineEntry(ApiModel):

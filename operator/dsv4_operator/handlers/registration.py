@@ -12,6 +12,8 @@ from typing import Any
 import kopf
 
 from dsv4_operator import metrics
+from dsv4_operator.guard.daemon import GuardSupervisor
+from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.client import KubeClient
@@ -86,15 +88,22 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings, op)
         client = KubeClient.from_environment(field_manager=op.field_manager)
-        reconciler = _Counted(client, Settings(revision_history_limit=op.revision_history_limit))
+        observations = Observations()
+        reconciler = _Counted(
+            client,
+            Settings(revision_history_limit=op.revision_history_limit),
+            observations=observations,
+        )
         queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
         memo.client, memo.queue = client, queue
+        memo.guards = GuardSupervisor(client, observations, wake=queue.add)
         memo.task = asyncio.create_task(queue.run())
         if op.metrics_port:
             metrics.serve(op.metrics_port)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        await memo.guards.close()
         memo.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await memo.task
@@ -112,8 +121,10 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         key = (namespace or "", name)
         if event["type"] == "DELETED":
             memo.queue.forget(key)
+            memo.guards.stop(key)
         else:
             memo.queue.add(key, meta.get("generation"))
+            memo.guards.ensure(key, dict(event["object"].get("spec") or {}))
 
     def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
         owner = labels.get(DEPLOYMENT_LABEL)

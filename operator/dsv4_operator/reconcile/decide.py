@@ -16,6 +16,8 @@ from typing import Any
 
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
 from dsv4_operator.engine.validation import Validation, validate_spec
+from dsv4_operator.guard.oom import OomEvent
+from dsv4_operator.guard.step import guard_step, stamp
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -25,7 +27,7 @@ from dsv4_operator.kube.resources import (
     Resource,
 )
 from dsv4_operator.reconcile.diff import in_place, stamped
-from dsv4_operator.reconcile.status import Progress, build_status
+from dsv4_operator.reconcile.status import GuardView, Progress, build_status
 from dsv4_operator.reconcile.world import Obj, Pair, World, deployment_rolled
 from dsv4_operator.render.children import render_role, render_router, render_shared
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
@@ -34,6 +36,7 @@ from dsv4_operator.revisions.store import controller_revision, next_number, to_p
 
 API_VERSION, KIND = "dsv4.io/v1alpha1", "DSV4Deployment"
 WAIT_SECONDS = 5.0  # requeue while a rollout step waits on pods
+CLEAR_QUARANTINE_ANNOTATION = "dsv4.io/clear-quarantine"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Decision:
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Note] = field(default_factory=list)
     requeue_after: float | None = None
+    ooms: list[OomEvent] = field(default_factory=list)
+    rollbacks: list[str] = field(default_factory=list)
+    cleared: bool = False  # a quarantine entry was released: the guard's window restarts
 
     @property
     def writes(self) -> int:
@@ -220,12 +226,19 @@ def _rollout(plan: _Plan, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progr
     return _recreate(plan, ctx, active, old_format)
 
 
-def _revisions(plan: _Plan, ctx: RenderContext, settings: Settings, keep: set[str]) -> None:
+def _revisions(
+    plan: _Plan, contexts: list[RenderContext], settings: Settings, keep: set[str]
+) -> None:
+    """Store each context's config once; prune the oldest beyond the history limit."""
     world = plan.world
-    if world.live("ControllerRevision", f"{ctx.name}-{ctx.revision}") is None:
-        plan.decision.create.append(controller_revision(ctx, next_number(world.revisions)))
-        plan.note("Normal", "RevisionCreated", f"stored engine config revision {ctx.revision}")
-    for name in to_prune(world.revisions, settings.revision_history_limit, keep | {ctx.revision}):
+    number = next_number(world.revisions)
+    for ctx in {c.revision: c for c in contexts}.values():
+        if world.live("ControllerRevision", f"{ctx.name}-{ctx.revision}") is None:
+            plan.decision.create.append(controller_revision(ctx, number))
+            number += 1
+            plan.note("Normal", "RevisionCreated", f"stored engine config revision {ctx.revision}")
+    keep = keep | {c.revision for c in contexts}
+    for name in to_prune(world.revisions, settings.revision_history_limit, keep):
         plan.decision.delete.append((CONTROLLER_REVISION, name))
 
 
@@ -247,6 +260,120 @@ def _invalid_message(validation: Validation) -> str:
     )
 
 
+def _stored_context(world: World, revision: str | None, owner: OwnerRef) -> RenderContext | None:
+    """The render context of a stored ControllerRevision (the rollback target)."""
+    if not revision:
+        return None
+    stored = world.live("ControllerRevision", f"{world.name}-{revision}")
+    if stored is None:
+        return None
+    spec = DSV4DeploymentSpec.model_validate(stored.get("data", {}).get("spec", {}))
+    return build_context(world.name, world.namespace, spec, owner)
+
+
+def _settled(world: World, revision: str) -> bool:
+    active = world.pairs().get(world.active_pair_id() or "")
+    return active is not None and all(
+        active.revision(role) == revision and active.rolled(role) for role in ROLES
+    )
+
+
+def _was(world: World, type_: str, status: str) -> bool:
+    return any(
+        c.get("type") == type_ and c.get("status") == status
+        for c in world.status_raw.get("conditions", [])
+    )
+
+
+def _guard(
+    plan: _Plan, spec: DSV4DeploymentSpec, user: RenderContext, owner: OwnerRef
+) -> tuple[RenderContext | None, GuardView]:
+    """Quarantine, guard verdict, rollback and bake: which context to roll out, and why."""
+    world, previous = plan.world, plan.world.status_raw
+    cleared = world.annotations.get(CLEAR_QUARANTINE_ANNOTATION)
+    quarantine = [q for q in previous.get("quarantine", []) if q.get("hash") != cleared]
+    previous_guard: dict[str, Any] = previous.get("guard") or {}
+    snapshot = world.canary
+    if len(quarantine) != len(previous.get("quarantine", [])):
+        plan.note("Normal", "QuarantineCleared", f"revision {cleared} released from quarantine")
+        plan.decision.cleared = True
+        # Its old evidence must not quarantine it again at once: a fresh window.
+        if previous_guard.get("revision") == cleared:
+            previous_guard = {}
+        if snapshot is not None and snapshot.revision == cleared:
+            snapshot = None
+    lkg = previous.get("lastKnownGoodRevision")
+    lkg_ctx = _stored_context(world, lkg, owner)
+    rolled_back = next((q for q in quarantine if q.get("hash") == user.revision), None)
+    target: RenderContext | None = user
+    no_known_good: str | None = None
+    if rolled_back is not None:
+        target = lkg_ctx
+        if target is None:
+            no_known_good = (
+                f"revision {user.revision} is quarantined and no known-good revision exists"
+            )
+    guard_status: dict[str, Any] | None = previous.get("guard")
+    blind = False
+    if spec.guard.enabled and target is not None:
+        result = guard_step(
+            spec.guard,
+            previous_guard,
+            snapshot,
+            world.pods,
+            target.revision,
+            baked=lkg == target.revision,
+            settled=_settled(world, target.revision),
+            now=world.now,
+        )
+        guard_status, blind = result.status, result.blind
+        plan.decision.ooms = result.ooms
+        if result.rollback and rolled_back is None:
+            entry = {
+                "hash": target.revision,
+                "revision": f"{world.name}-{target.revision}",
+                "reason": result.rollback,
+                "message": result.verdict.message,
+                "at": stamp(world.now),
+            }
+            if lkg_ctx is not None and lkg != target.revision:
+                quarantine.append(entry)
+                rolled_back = entry
+                plan.decision.rollbacks.append(result.rollback)
+                plan.note(
+                    "Warning",
+                    "RolledBack",
+                    f"{result.rollback}: {result.verdict.message}; rolling back from "
+                    f"{target.revision} to last known good {lkg}; {target.revision} is "
+                    "quarantined until the spec changes",
+                )
+                target = lkg_ctx
+            else:
+                no_known_good = (
+                    f"{result.verdict.message}; no known-good revision to roll "
+                    "back to, keeping the current one"
+                )
+        elif result.promote and lkg != target.revision:
+            lkg = target.revision
+            plan.note(
+                "Normal",
+                "Baked",
+                f"revision {lkg} passed bakeTime {spec.guard.bake_time} "
+                "and is now the last known good revision",
+            )
+        if blind and not _was(world, "GuardBlind", "True"):
+            plan.note(
+                "Warning",
+                "GuardBlind",
+                f"{result.verdict.message} "
+                f"({result.status['consecutiveErrors']} source errors in a row)",
+            )
+    if no_known_good and not _was(world, "Degraded", "True"):
+        plan.note("Warning", "NoKnownGood", no_known_good)
+    view = GuardView(guard_status, lkg, quarantine, rolled_back, blind, no_known_good)
+    return target, view
+
+
 def decide(world: World, settings: Settings | None = None) -> Decision:
     """One reconcile pass."""
     settings = settings or Settings()
@@ -260,12 +387,17 @@ def decide(world: World, settings: Settings | None = None) -> Decision:
         return plan.decision
     spec = validation.spec
     owner = OwnerRef(API_VERSION, KIND, world.name, world.uid)
-    ctx = build_context(world.name, world.namespace, spec, owner)
-    progress = _rollout(plan, ctx, spec)
+    user = build_context(world.name, world.namespace, spec, owner)
+    target, view = _guard(plan, spec, user, owner)
+    if target is None:
+        progress = Progress("Quarantined", view.no_known_good or "quarantined")
+        target = user
+    else:
+        progress = _rollout(plan, target, target.spec)
     keep = {p.revision(r) or "" for p in world.pairs().values() for r in ROLES}
-    keep.add(str(world.status_raw.get("lastKnownGoodRevision") or ""))
-    _revisions(plan, ctx, settings, keep)
-    plan.decision.status = build_status(world, validation, ctx, progress, None)
+    keep |= {str(view.last_known_good or ""), user.revision}
+    _revisions(plan, [target, user], settings, keep)
+    plan.decision.status = build_status(world, validation, target, progress, None, view)
     return plan.decision
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
@@ -28,7 +29,13 @@ def _owned(items: list[Obj], uid: str) -> list[Obj]:
     ]
 
 
-async def gather(client: KubeClient, namespace: str, name: str, now: datetime) -> World | None:
+async def gather(
+    client: KubeClient,
+    namespace: str,
+    name: str,
+    now: datetime,
+    observations: Observations | None = None,
+) -> World | None:
     """The world of one DSV4Deployment, or None when it no longer exists."""
     owner = await client.get(DSV4, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -59,4 +66,6 @@ async def gather(client: KubeClient, namespace: str, name: str, now: datetime) -
         revisions=await owned(CONTROLLER_REVISION),
         # Pods are owned by StatefulSets, not by us: select by label only.
         pods=await client.list(POD, namespace, selector),
+        annotations=dict(owner["metadata"].get("annotations") or {}),
+        canary=observations.snapshot((namespace, name)) if observations else None,
     )

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
 from dsv4_operator.reconcile.decide import Settings, decide
 from dsv4_operator.reconcile.gather import gather
@@ -23,16 +25,33 @@ def utc_now() -> datetime:
 class Reconciler:
     """Binds the client, settings and clock; called by the work queue with a key."""
 
-    def __init__(self, client: KubeClient, settings: Settings, clock: Clock = utc_now) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: Settings,
+        clock: Clock = utc_now,
+        observations: Observations | None = None,
+    ) -> None:
         self.client = client
         self.settings = settings
         self.clock = clock
+        self.observations = observations or Observations()
+        self.guard_metrics = GuardMetrics()
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
-        world = await gather(self.client, namespace, name, self.clock())
+        world = await gather(self.client, namespace, name, self.clock(), self.observations)
         if world is None:
+            self.observations.forget(key)
             return None
+        previous = world.status_raw.get("guard") or {}
+        if world.canary is None and previous.get("revision"):  # resume after a restart
+            self.observations.resume(
+                key,
+                previous["revision"],
+                int(previous.get("samples", 0)),
+                int(previous.get("leaks", 0)),
+            )
         decision = decide(world, self.settings)
         if decision.writes or decision.events:
             progressing: dict[str, Any] = next(
@@ -51,4 +70,13 @@ class Reconciler:
                 "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
             )
         await act(self.client, world, decision)
+        if decision.cleared or decision.rollbacks:
+            self.observations.forget(key)  # the next window starts from nothing
+        self.guard_metrics.observe(
+            f"{namespace}/{name}",
+            world.spec_raw,
+            decision.status,
+            decision.rollbacks,
+            [(e.key, e.role, e.kind) for e in decision.ooms],
+        )
         return decision.requeue_after

@@ -17,6 +17,18 @@ DURABLE_FIELDS = ("lastKnownGoodRevision", "quarantine", "guard")
 
 
 @dataclass(frozen=True)
+class GuardView:
+    """The guard's durable memory after this pass, and what it means for conditions."""
+
+    guard: dict[str, Any] | None
+    last_known_good: str | None
+    quarantine: list[dict[str, Any]]
+    rolled_back: dict[str, Any] | None
+    blind: bool
+    no_known_good: str | None
+
+
+@dataclass(frozen=True)
 class Progress:
     """Where the rollout stands after this pass."""
 
@@ -93,6 +105,7 @@ def build_status(
     ctx: RenderContext | None,
     progress: Progress | None,
     invalid_message: str | None,
+    view: GuardView | None = None,
 ) -> dict[str, Any]:
     """The whole status object, in wire form (validated by the status model)."""
     previous = world.status_raw
@@ -138,15 +151,45 @@ def build_status(
             "all roles and the router are ready" if ready else "; ".join(missing),
         )
     )
-    conditions.append(
-        _condition(
-            world,
-            "Degraded",
-            settled and not ready,
-            "ReplicasUnavailable" if settled and not ready else "AsExpected",
-            "; ".join(missing) if settled and not ready else "",
+    if view is not None and view.no_known_good:
+        conditions.append(_condition(world, "Degraded", True, "NoKnownGood", view.no_known_good))
+    else:
+        conditions.append(
+            _condition(
+                world,
+                "Degraded",
+                settled and not ready,
+                "ReplicasUnavailable" if settled and not ready else "AsExpected",
+                "; ".join(missing) if settled and not ready else "",
+            )
         )
-    )
+    if view is not None:
+        back = view.rolled_back
+        conditions.append(
+            _condition(
+                world,
+                "RolledBack",
+                back is not None,
+                str(back["reason"]) if back else "NotRolledBack",
+                f"serving last known good {view.last_known_good}; revision {back['hash']} is "
+                f"quarantined: {back['message']}"
+                if back
+                else "",
+            )
+        )
+        conditions.append(
+            _condition(
+                world,
+                "GuardBlind",
+                view.blind,
+                "SourceErrors" if view.blind else "Seeing",
+                str((view.guard or {}).get("lastMessage", "")) if view.blind else "",
+            )
+        )
+        if phase == "Ready" and back is not None:
+            phase = "RolledBack"
+        if view.no_known_good and phase == "Ready":
+            phase = "Degraded"
     revisions = {r.get("revision") for r in roles.values()}
     current: str | None
     if settled and ctx is not None:
@@ -167,9 +210,14 @@ def build_status(
         status["plan"] = _plan(ctx)
     elif "plan" in previous:
         status["plan"] = previous["plan"]
-    for key in DURABLE_FIELDS:
-        if key in previous:
-            status[key] = previous[key]
+    if view is not None:
+        status["lastKnownGoodRevision"] = view.last_known_good
+        status["quarantine"] = view.quarantine
+        status["guard"] = view.guard
+    else:
+        for key in DURABLE_FIELDS:
+            if key in previous:
+                status[key] = previous[key]
     return DSV4DeploymentStatus.model_validate(
         {k: v for k, v in status.items() if v is not None}
     ).to_wire()

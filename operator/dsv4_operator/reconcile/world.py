@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from dsv4_operator.api.spec import ROLES, Role
+from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.render.context import (
     FORMAT_LABEL,
     MAIN_PAIR,
@@ -98,6 +99,8 @@ class World:
     service_monitors: list[Obj] = field(default_factory=list)
     revisions: list[Obj] = field(default_factory=list)
     pods: list[Obj] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    canary: Snapshot | None = None
 
     def live(self, kind: str, name: str) -> Obj | None:
         pools = {

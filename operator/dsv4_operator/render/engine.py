@@ -92,6 +92,9 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
                     "command": list(launch.command),
                     "env": [{"name": k, "value": v} for k, v in launch.env],
                     "ports": ports,
+                    # The kubelet copies the log tail of a failed container here: the guard
+                    # reads CUDA OOM signatures from it (reference 4.4).
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                     "resources": _resources(ctx, role),
                     "volumeMounts": [
                         {"name": "models", "mountPath": MODEL_MOUNT, "readOnly": read_only},

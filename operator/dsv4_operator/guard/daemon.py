@@ -1,0 +1,149 @@
+"""Per-deployment guard loops (I/O): run the canary and Prometheus queries on an interval.
+
+Results go into Observations; the reconcile pass (the only status writer) turns them into
+verdicts. The canary only runs while the deployment serves one settled revision, so every
+sample is attributed to exactly that revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from dsv4_operator import metrics
+from dsv4_operator.api.base import parse_duration
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.guard.observations import Key, Observations
+from dsv4_operator.guard.prometheus import PrometheusError, instant_value
+from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.resources import DSV4
+
+log = logging.getLogger(__name__)
+SETTLED_PHASES = ("Ready", "RolledBack", "Degraded")
+LEAK_VERDICTS = ("leaked_markup", "malformed_call", "missing_call", "degenerate")
+
+# (endpoint, served model, spec) -> verdict counts of one canary run
+CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[dict[str, int]]]
+
+
+def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str:
+    return f"http://{name}-router.{namespace}.svc:{spec.router.port}"
+
+
+async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> dict[str, int]:
+    """The real canary: multi-turn tool-calling sessions classified by the DSML detector."""
+    from dsv4_operator.probe.canary import run_canary
+
+    canary = spec.guard.canary
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        report = await run_canary(
+            client, endpoint, model=model, sessions=canary.sessions, rounds=canary.rounds
+        )
+    return {str(k): int(v) for k, v in report.counts.items()}
+
+
+class GuardSupervisor:
+    """One asyncio task per guarded deployment; restarted when its guard settings change."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        observations: Observations,
+        wake: Callable[[Key], None],
+        runner: CanaryRunner = probe_runner,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.client, self.observations, self.wake, self.runner = client, observations, wake, runner
+        self.http = http or httpx.AsyncClient(timeout=10.0)
+        self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
+
+    def ensure(self, key: Key, spec_raw: dict[str, Any]) -> None:
+        """Start, restart or stop the loop of `key` for its current spec."""
+        try:
+            spec = DSV4DeploymentSpec.model_validate(spec_raw)
+        except ValueError:
+            self.stop(key)  # an invalid spec is reported by reconcile; nothing to probe
+            return
+        guard = spec.guard
+        wanted = guard.enabled and (guard.canary.enabled or bool(guard.prometheus.url))
+        fingerprint = (
+            guard.model_dump_json() + spec.router.model_dump_json() + (spec.model.served_name or "")
+        )
+        current = self._tasks.get(key)
+        if current is not None and (not wanted or current[0] != fingerprint):
+            self.stop(key)
+            current = None
+        if wanted and current is None:
+            task = asyncio.create_task(self._loop(key, spec), name=f"guard-{key[0]}/{key[1]}")
+            self._tasks[key] = (fingerprint, task)
+
+    def stop(self, key: Key) -> None:
+        entry = self._tasks.pop(key, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    async def close(self) -> None:
+        for key in list(self._tasks):
+            self.stop(key)
+        await self.http.aclose()
+
+    async def _loop(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        interval = parse_duration(spec.guard.canary.interval).total_seconds()
+        while True:
+            with contextlib.suppress(Exception):  # one bad round must not end the loop
+                await self._round(key, spec)
+            await asyncio.sleep(interval)
+
+    async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        namespace, name = key
+        owner = await self.client.get(DSV4, namespace, name)
+        status = (owner or {}).get("status") or {}
+        revision = status.get("currentRevision")
+        label = f"{namespace}/{name}"
+        if spec.guard.prometheus.url:
+            await self._prometheus(key, spec)
+        if spec.guard.canary.enabled and revision and status.get("phase") in SETTLED_PHASES:
+            endpoint = spec.guard.canary.endpoint or default_endpoint(name, namespace, spec)
+            model = spec.model.served_name or spec.model.profile
+            now = datetime.now(UTC)
+            try:
+                counts = await self.runner(endpoint, model, spec)
+            except Exception as error:  # the canary itself failed: count toward errorLimit
+                log.warning("%s: canary against %s failed: %s", label, endpoint, error)
+                self.observations.record_error(key, f"canary: {type(error).__name__}: {error}", now)
+            else:
+                leaks = sum(counts.get(v, 0) for v in LEAK_VERDICTS)
+                answered = sum(c for v, c in counts.items() if v != "error")
+                if answered == 0:
+                    self.observations.record_error(
+                        key, f"canary: all {counts.get('error', 0)} requests failed", now
+                    )
+                else:
+                    self.observations.record(key, revision, counts, leaks, now)
+                for verdict, count in counts.items():
+                    metrics.CANARY_RESPONSES.labels(label, revision, verdict).inc(count)
+                metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
+        self.wake(key)
+
+    async def _prometheus(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        prom = spec.guard.prometheus
+        assert prom.url is not None
+        try:
+            leak = (
+                await instant_value(self.http, prom.url, prom.leak_rate_query)
+                if prom.leak_rate_query
+                else None
+            )
+            oom = (
+                await instant_value(self.http, prom.url, prom.oom_query) if prom.oom_query else None
+            )
+        except PrometheusError as error:
+            self.observations.record_error(key, f"prometheus: {error}", datetime.now(UTC))
+            return
+        self.observations.record_prometheus(key, leak, oom)

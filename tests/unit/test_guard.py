@@ -1,0 +1,262 @@
+"""Guard policy, OOM signals, and rollback decisions (pure)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.guard.observations import Snapshot
+from dsv4_operator.guard.oom import oom_events
+from dsv4_operator.guard.policy import Evidence, Outcome, evaluate
+from dsv4_operator.guard.stats import wilson_interval
+from dsv4_operator.reconcile.decide import decide
+
+from .test_decide import NOW, _as_live, _world
+
+GUARD = GuardSpec()
+
+
+def test_wilson_interval_known_values() -> None:
+    low, high = wilson_interval(5, 100, 0.95)
+    assert low == pytest.approx(0.0215, abs=1e-3) and high == pytest.approx(0.1118, abs=1e-3)
+    assert wilson_interval(0, 0, 0.95) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "outcome", "reason"),
+    [
+        (Evidence(samples=10, leaks=5), Outcome.NO_DATA, "TooFewSamples"),
+        (Evidence(samples=32, leaks=6), Outcome.FAIL, "LeakRate"),  # ~17%: the seeds' bug
+        (Evidence(samples=300, leaks=0), Outcome.PASS, "LeakRate"),
+        (Evidence(samples=40, leaks=1), Outcome.NO_DATA, "Inconclusive"),
+        (Evidence(samples=300, leaks=0, oom_events=1), Outcome.FAIL, "OOMBeforeBake"),
+        (Evidence(samples=300, leaks=0, oom_events=1, baked=True), Outcome.FAIL, "OOMEvents"),
+        (Evidence(source_error="timeout"), Outcome.ERROR, "SourceError"),
+        (Evidence(prometheus_leak_rate=0.2), Outcome.FAIL, "PrometheusLeakRate"),
+        (Evidence(prometheus_leak_rate=0.001), Outcome.PASS, "PrometheusLeakRate"),
+    ],
+)
+def test_policy_chain(evidence: Evidence, outcome: Outcome, reason: str) -> None:
+    verdict = evaluate(evidence, GUARD)
+    assert (verdict.outcome, verdict.reason) == (outcome, reason)
+    assert verdict.message
+
+
+def test_rollback_reasons() -> None:
+    assert evaluate(Evidence(samples=32, leaks=6), GUARD).rollback_reason == "LeakRate"
+    assert evaluate(Evidence(oom_events=1), GUARD).rollback_reason == "OOM"
+    assert evaluate(Evidence(source_error="x"), GUARD).rollback_reason is None
+
+
+def _pod(revision: str, terminated: dict[str, Any], state: str = "lastState") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "x-decode-0",
+            "uid": "p1",
+            "labels": {"dsv4.io/role": "decode", "dsv4.io/revision": revision},
+        },
+        "status": {
+            "containerStatuses": [
+                {"name": "engine", "restartCount": 1, state: {"terminated": terminated}}
+            ]
+        },
+    }
+
+
+def test_oom_signatures() -> None:
+    at = "2026-11-29T11:59:00Z"
+    pods = [
+        _pod("r1", {"reason": "OOMKilled", "exitCode": 137, "finishedAt": at}),
+        _pod(
+            "r1",
+            {
+                "reason": "Error",
+                "exitCode": 1,
+                "finishedAt": "2026-11-29T11:58:00Z",
+                "message": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+            },
+        ),
+        _pod(
+            "r1",
+            {
+                "reason": "Error",
+                "exitCode": 1,
+                "finishedAt": "2026-11-29T11:57:00Z",
+                "message": "ValueError: something else",
+            },
+        ),
+    ]
+    events = oom_events(pods)
+    assert sorted(e.kind for e in events) == ["CudaOOM", "OOMKilled"]
+    assert all(e.revision == "r1" and e.role == "decode" for e in events)
+
+
+def _served(
+    variant: Callable[..., dict[str, Any]], changes: dict[str, Any]
+) -> tuple[dict[str, Any], Any]:
+    spec = variant(changes)
+    first = decide(_world(spec))
+    return spec, first
+
+
+def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    _, good = _served(variant, {})
+    good_rev = good.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    bad_spec = variant(
+        {"engine.indexKDtype": "bf16", "engine.hicache": {"enabled": True}, "safety.policy": "Warn"}
+    )
+    bad_first = decide(
+        _world(
+            bad_spec,
+            generation=2,
+            revisions=good.create,
+            status_raw={"lastKnownGoodRevision": good_rev},
+        )
+    )
+    bad_rev = bad_first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    # The bad revision is served (rolled out and ready) and the canary saw 6/32 leaks.
+    served = decide(_world(bad_spec, generation=2, revisions=good.create))
+    live = _as_live([o for o in served.apply])
+    status = {"lastKnownGoodRevision": good_rev, "currentRevision": bad_rev}
+    world = _world(
+        bad_spec,
+        generation=2,
+        status_raw=status,
+        revisions=good.create + bad_first.create,
+        canary=Snapshot(revision=bad_rev, samples=32, leaks=6),
+        **live,
+    )
+    decision = decide(world)
+    assert decision.rollbacks == ["LeakRate"]
+    [entry] = decision.status["quarantine"]
+    assert entry["hash"] == bad_rev and entry["reason"] == "LeakRate"
+    conditions = {c["type"]: c for c in decision.status["conditions"]}
+    assert conditions["RolledBack"]["status"] == "True"
+    assert conditions["RolledBack"]["reason"] == "LeakRate"
+    assert any(n.reason == "RolledBack" for n in decision.events)
+    # The rollout now targets the good revision (a format change: Recreate deletes first).
+    assert any(r.kind == "StatefulSet" for r, _ in decision.delete)
+    # Next passes keep the quarantine: the user's spec is not rolled out again.
+    later = decide(
+        _world(
+            bad_spec,
+            generation=2,
+            status_raw=decision.status,
+            revisions=good.create + bad_first.create,
+        )
+    )
+    assert all(
+        o["metadata"]["labels"].get("dsv4.io/revision", good_rev) == good_rev
+        for o in later.apply
+        if o["kind"] == "StatefulSet"
+    )
+    assert later.status["quarantine"] == decision.status["quarantine"]
+    # The clear annotation releases it.
+    cleared = decide(
+        _world(
+            bad_spec,
+            generation=2,
+            status_raw=decision.status,
+            revisions=good.create + bad_first.create,
+            annotations={"dsv4.io/clear-quarantine": bad_rev},
+        )
+    )
+    assert cleared.status["quarantine"] == []
+    assert any(n.reason == "QuarantineCleared" for n in cleared.events)
+
+
+def test_no_known_good_degrades_without_revert(variant: Callable[..., dict[str, Any]]) -> None:
+    spec, first = _served(variant, {})
+    rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    world = _world(
+        spec,
+        revisions=first.create,
+        canary=Snapshot(revision=rev, samples=32, leaks=6),
+        **_as_live(first.apply),
+    )
+    decision = decide(world)
+    assert decision.rollbacks == [] and decision.delete == [] and decision.apply == []
+    conditions = {c["type"]: c for c in decision.status["conditions"]}
+    assert conditions["Degraded"]["status"] == "True"
+    assert conditions["Degraded"]["reason"] == "NoKnownGood"
+    assert decision.status["phase"] == "Degraded"
+    assert any(n.reason == "NoKnownGood" for n in decision.events)
+
+
+def test_bake_promotes_last_known_good(variant: Callable[..., dict[str, Any]]) -> None:
+    spec, first = _served(variant, {"guard.bakeTime": "10m"})
+    rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    live = _as_live(first.apply)
+    passing = Snapshot(revision=rev, samples=400, leaks=0)
+    started = decide(_world(spec, revisions=first.create, canary=passing, **live))
+    assert started.status.get("lastKnownGoodRevision") is None
+    assert started.status["guard"]["passingSince"] == "2026-11-29T12:00:00Z"
+    later = _world(
+        spec,
+        revisions=first.create,
+        canary=passing,
+        status_raw=started.status,
+        now=NOW + timedelta(minutes=11),
+        **live,
+    )
+    baked = decide(later)
+    assert baked.status["lastKnownGoodRevision"] == rev
+    assert any(n.reason == "Baked" for n in baked.events)
+
+
+def test_errors_make_the_guard_blind_without_rollback(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    spec, first = _served(variant, {"guard.errorLimit": 3})
+    rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    blind = Snapshot(revision=rev, consecutive_errors=3, last_error="prometheus: ConnectError")
+    decision = decide(
+        _world(
+            spec,
+            revisions=first.create,
+            canary=blind,
+            status_raw={"lastKnownGoodRevision": "elsewhere"},
+            **_as_live(first.apply),
+        )
+    )
+    conditions = {c["type"]: c for c in decision.status["conditions"]}
+    assert conditions["GuardBlind"]["status"] == "True"
+    assert decision.status["guard"]["lastVerdict"] == "Error"
+    assert decision.rollbacks == [] and decision.delete == []
+
+
+def test_oom_on_unbaked_revision_rolls_back(variant: Callable[..., dict[str, Any]]) -> None:
+    _, good = _served(variant, {})
+    good_rev = good.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    new_spec = variant({"engine.maxRunningRequests": 48})
+    new = decide(_world(new_spec, generation=2, revisions=good.create))
+    new_rev = new.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    live = _as_live(new.apply)
+    pod = copy.deepcopy(
+        _pod(
+            new_rev, {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T11:59:30Z"}
+        )
+    )
+    world = _world(
+        new_spec,
+        generation=2,
+        revisions=good.create + new.create,
+        pods=[pod],
+        status_raw={"lastKnownGoodRevision": good_rev},
+        **live,
+    )
+    decision = decide(world)
+    assert decision.rollbacks == ["OOM"]
+    assert decision.status["quarantine"][0]["hash"] == new_rev
+    assert [e.kind for e in decision.ooms] == ["OOMKilled"]
+
+
+def test_now_is_injected() -> None:
+    assert NOW.tzinfo is UTC and isinstance(NOW, datetime)
