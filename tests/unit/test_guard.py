@@ -32,7 +32,8 @@ def test_wilson_interval_known_values() -> None:
     [
         (Evidence(samples=10, leaks=5), Outcome.NO_DATA, "TooFewSamples"),
         (Evidence(samples=32, leaks=6), Outcome.FAIL, "LeakRate"),  # ~17%: the seeds' bug
-        (Evidence(samples=300, leaks=0), Outcome.PASS, "LeakRate"),
+        (Evidence(samples=600, leaks=0), Outcome.PASS, "LeakRate"),
+        (Evidence(samples=300, leaks=0), Outcome.NO_DATA, "Inconclusive"),
         (Evidence(samples=40, leaks=1), Outcome.NO_DATA, "Inconclusive"),
         (Evidence(samples=300, leaks=0, oom_events=1), Outcome.FAIL, "OOMBeforeBake"),
         (Evidence(samples=300, leaks=0, oom_events=1, baked=True), Outcome.FAIL, "OOMEvents"),
@@ -194,7 +195,7 @@ def test_bake_promotes_last_known_good(variant: Callable[..., dict[str, Any]]) -
     spec, first = _served(variant, {"guard.bakeTime": "10m"})
     rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
     live = _as_live(first.apply)
-    passing = Snapshot(revision=rev, samples=400, leaks=0)
+    passing = Snapshot(revision=rev, samples=1000, leaks=0)
     started = decide(_world(spec, revisions=first.create, canary=passing, **live))
     assert started.status.get("lastKnownGoodRevision") is None
     assert started.status["guard"]["passingSince"] == "2026-11-29T12:00:00Z"
