@@ -109,8 +109,10 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
             await memo.task
         await memo.client.close()
 
+    # Async handlers: they run on the operator's event loop, where the queue and the guard
+    # tasks live (kopf runs sync handlers in a thread pool).
     @kopf.on.event("dsv4.io", "v1alpha1", "dsv4deployments", registry=registry)
-    def owner_changed(
+    async def owner_changed(
         event: kopf.RawEvent,
         name: str,
         namespace: str | None,
@@ -126,7 +128,9 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
             memo.queue.add(key, meta.get("generation"))
             memo.guards.ensure(key, dict(event["object"].get("spec") or {}))
 
-    def child_changed(namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any) -> None:
+    async def child_changed(
+        namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
+    ) -> None:
         owner = labels.get(DEPLOYMENT_LABEL)
         if owner and namespace:
             memo.queue.add((namespace, owner))

@@ -1,0 +1,167 @@
+"""End-to-end guard helpers: run the engine double the way a kubelet would, and load it.
+
+`EngineKubelet` watches the decode StatefulSet that the operator renders and (re)starts the
+engine double (tests/engine_double, the only test double in this project: there is no GPU
+here) with that StatefulSet's argv and env whenever the template changes, so a rollout or a
+rollback really changes what answers the canary. `Load` keeps a second client's requests in
+flight, because the seeds' corruption only shows under concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .operator_support import REPO, Cluster
+
+ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
+
+
+def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
+    out = list(args)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+class EngineKubelet:
+    """Runs the double for `x-decode` on 127.0.0.1:`port`; restarts it on template changes."""
+
+    def __init__(self, cluster: Cluster, port: int, log_dir: Path, name: str = "dsv4-flash"):
+        self.cluster, self.port, self.log_dir, self.name = cluster, port, log_dir, name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.running: tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None = None
+        self.starts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> EngineKubelet:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._kill()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.running[1]) if self.running else {}
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def _desired(self) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None:
+        sts = self.cluster.children(self.name).get(("StatefulSet", f"{self.name}-decode"))
+        if sts is None:
+            return None
+        container = sts["spec"]["template"]["spec"]["containers"][0]
+        revision = sts["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"]
+        stored = next(
+            (
+                r
+                for r in self.cluster.revisions(self.name)
+                if r["metadata"]["labels"]["dsv4.io/revision"] == revision
+            ),
+            None,
+        )
+        if stored is None:
+            return None
+        capabilities = stored["data"]["spec"]["engine"].get("capabilities", [])
+        env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+        env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(capabilities)
+        env["DSV4_DOUBLE_LATENCY_MS"] = "60"
+        return tuple(container["command"]), tuple(sorted(env.items()))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                desired = self._desired()
+            except Exception:  # the API server is busy; look again
+                desired = self.running
+            if desired != self.running or (desired and self.proc and self.proc.poll() is not None):
+                self._kill()
+                if desired is not None:
+                    self._launch(desired)
+                self.running = desired
+            time.sleep(0.3)
+
+    def _launch(self, desired: tuple[tuple[str, ...], tuple[tuple[str, str], ...]]) -> None:
+        command, env = desired
+        args = list(command[ENTRYPOINT_LENGTH:])
+        args = _replace_flag(args, "--host", "127.0.0.1")
+        args = _replace_flag(args, "--port", str(self.port))
+        log = (self.log_dir / f"engine-double-{self.starts}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.engine_double", *args],
+            cwd=REPO,
+            env={**os.environ, **dict(env)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.starts += 1
+
+
+class Load:
+    """`workers` concurrent tool-calling requests kept in flight against the double."""
+
+    def __init__(self, url: str, model: str, workers: int = 60) -> None:
+        self.url, self.model, self.workers = url, model, workers
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self.sent = 0
+
+    def start(self) -> Load:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=20)
+
+    async def _main(self) -> None:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            await asyncio.gather(*(self._worker(client, i) for i in range(self.workers)))
+
+    async def _worker(self, client: httpx.AsyncClient, i: int) -> None:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": f"background load {i}: weather in Paris?"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "description": "Weather for a city.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                        },
+                    },
+                }
+            ],
+        }
+        while not self._stop.is_set():
+            try:
+                await client.post(f"{self.url}/v1/chat/completions", json=body)
+                self.sent += 1
+            except httpx.HTTPError:
+                await asyncio.sleep(0.2)  # the double is restarting

@@ -1,0 +1,216 @@
+"""The guard end to end: real API server, the operator, the engine double as the canary's
+endpoint (restarted with each rendered StatefulSet, as a kubelet would), background load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsv4_operator.devcluster import ControlPlane, report_container_terminated, wait_for
+
+from .guard_support import EngineKubelet, Load
+from .operator_support import Cluster, OperatorProcess, example, free_port, weights_volume
+
+pytestmark = pytest.mark.integration
+
+
+def _guarded(namespace: str, endpoint: str, **changes: Any) -> dict[str, Any]:
+    guard = {
+        "enabled": True,
+        "canary": {
+            "enabled": True,
+            "sessions": 32,
+            "rounds": 4,
+            "interval": "2s",
+            "endpoint": endpoint,
+        },
+        "leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99},
+        "bakeTime": "5s",
+        "errorLimit": 4,
+    }
+    return example(namespace, **{"guard": guard, **changes})
+
+
+@pytest.fixture
+def cluster(dyn: Any, namespace: str, gpu_pool_e2e: list[str]) -> Cluster:
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+@pytest.fixture(scope="module")
+def gpu_pool_e2e(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    from .operator_support import POOL, POOL_LABEL, RTX
+
+    names = [f"guard-rtx-{i}" for i in range(3)]
+    for name in names:
+        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: POOL})
+    return names
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
+    yield op
+    op.stop()
+    print(f"--- operator log ---\n{op.log_tail(80)}")
+
+
+@pytest.fixture
+def engine(cluster: Cluster, tmp_path: Path) -> Iterator[EngineKubelet]:
+    kubelet = EngineKubelet(cluster, free_port(), tmp_path).start()
+    yield kubelet
+    kubelet.stop()
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def _baked(cluster: Cluster, timeout: float = 180) -> str:
+    def lkg() -> str | None:
+        status = cluster.get().get("status", {})
+        good = status.get("lastKnownGoodRevision")
+        return good if good and good == status.get("currentRevision") else None
+
+    return str(wait_for("a last known good revision", lkg, timeout=timeout))
+
+
+def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
+    cluster: Cluster, operator: OperatorProcess, engine: EngineKubelet
+) -> None:
+    url = f"http://127.0.0.1:{engine.port}"
+    cluster.apply(_guarded(cluster.namespace, url))
+    good = _baked(cluster)
+    load = Load(url, "deepseek-v4-flash").start()
+    try:
+        bad_spec = _guarded(
+            cluster.namespace,
+            url,
+            **{
+                "engine.indexKDtype": "bf16",
+                "engine.hicache": {"enabled": True},
+                "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+                "safety.policy": "Warn",
+            },
+        )
+        cluster.apply(bad_spec)
+        wait_for(
+            "the bad revision to be served",
+            lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "1",
+            timeout=120,
+        )
+
+        def rolled_back() -> dict[str, Any] | None:
+            obj = cluster.get()
+            return obj if _condition(obj, "RolledBack").get("status") == "True" else None
+
+        obj = wait_for("the leak to be detected and rolled back", rolled_back, timeout=180)
+    finally:
+        load.stop()
+    status = obj["status"]
+    assert _condition(obj, "RolledBack")["reason"] == "LeakRate"
+    [entry] = status["quarantine"]
+    assert entry["reason"] == "LeakRate" and entry["hash"] != good
+    bad = entry["hash"]
+    assert obj["spec"]["engine"]["indexKDtype"] == "bf16"  # the user's spec is never modified
+    wait_for(
+        "the last known good revision to be served again",
+        lambda: (
+            cluster.get()["status"].get("currentRevision") == good
+            and engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0"
+        ),
+        timeout=180,
+    )
+    assert operator.metric("dsv4_rollbacks_total") >= 1
+    # Later resyncs do not re-apply the quarantined config.
+    wait_for(
+        "two more resyncs", lambda: cluster.get()["status"]["phase"] == "RolledBack", timeout=60
+    )
+    decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
+    assert decode["metadata"]["labels"]["dsv4.io/revision"] == good
+    assert [q["hash"] for q in cluster.get()["status"]["quarantine"]] == [bad]
+    assert sum(1 for e in cluster.events() if e["reason"] == "RolledBack") == 1
+
+
+def test_prometheus_unreachable_holds_then_guard_blind_without_rollback(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    closed = free_port()
+    doc = example(
+        cluster.namespace,
+        guard={
+            "enabled": True,
+            "canary": {"enabled": False, "interval": "1s"},
+            "prometheus": {"url": f"http://127.0.0.1:{closed}", "leakRateQuery": "sum(x)"},
+            "errorLimit": 3,
+            "noData": "Hold",
+        },
+    )
+    cluster.apply(doc)
+
+    def blind() -> dict[str, Any] | None:
+        obj = cluster.get()
+        return obj if _condition(obj, "GuardBlind").get("status") == "True" else None
+
+    obj = wait_for("GuardBlind after errorLimit source errors", blind, timeout=120)
+    guard = obj["status"]["guard"]
+    assert guard["lastVerdict"] == "Error" and guard["consecutiveErrors"] >= 3
+    assert "prometheus" in guard["lastMessage"]
+    assert obj["status"].get("quarantine", []) == []
+    assert _condition(obj, "RolledBack").get("status") == "False"
+    assert obj["status"]["phase"] == "Ready"
+    assert any(e["reason"] == "GuardBlind" for e in cluster.events())
+
+
+def test_oom_on_new_revision_rolls_back(
+    control_plane: ControlPlane,
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+) -> None:
+    url = f"http://127.0.0.1:{engine.port}"
+    cluster.apply(_guarded(cluster.namespace, url))
+    good = _baked(cluster)
+    cluster.apply(_guarded(cluster.namespace, url, **{"engine.maxRunningRequests": 48}))
+
+    def new_revision_ready() -> str | None:
+        status = cluster.get().get("status", {})
+        current = status.get("currentRevision")
+        return current if status.get("phase") == "Ready" and current != good else None
+
+    new = wait_for("the new revision to be served", new_revision_ready, timeout=120)
+    dyn = cluster.dyn
+    report_container_terminated(
+        dyn,
+        cluster.namespace,
+        "dsv4-flash-decode-0",
+        "engine",
+        reason="OOMKilled",
+        exit_code=137,
+        message="torch.OutOfMemoryError: CUDA out of memory.",
+    )
+
+    def rolled_back() -> dict[str, Any] | None:
+        obj = cluster.get()
+        return obj if _condition(obj, "RolledBack").get("status") == "True" else None
+
+    obj = wait_for("the OOM rollback", rolled_back, timeout=120)
+    assert _condition(obj, "RolledBack")["reason"] == "OOM"
+    assert [q["hash"] for q in obj["status"]["quarantine"]] == [new]
+    wait_for(
+        "the last known good revision on decode again",
+        lambda: (
+            cluster.children()[("StatefulSet", "dsv4-flash-decode")]["metadata"]["labels"][
+                "dsv4.io/revision"
+            ]
+            == good
+        ),
+        timeout=120,
+    )
+    assert operator.metric("dsv4_oom_events_total") >= 1
