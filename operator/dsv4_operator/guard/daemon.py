@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -42,8 +43,14 @@ async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> d
 
     canary = spec.guard.canary
     async with httpx.AsyncClient(timeout=120.0) as client:
+        # A new seed each run: fresh prompts, so runs are independent samples.
         report = await run_canary(
-            client, endpoint, model=model, sessions=canary.sessions, rounds=canary.rounds
+            client,
+            endpoint,
+            model=model,
+            sessions=canary.sessions,
+            rounds=canary.rounds,
+            seed=random.randrange(1 << 30),
         )
     return {str(k): int(v) for k, v in report.counts.items()}
 
