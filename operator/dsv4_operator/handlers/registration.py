@@ -17,7 +17,7 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.reconcile.decide import Settings
+from dsv4_operator.reconcile.plan import Settings
 from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.render.context import DEPLOYMENT_LABEL, MANAGED_BY
 from dsv4_operator.settings import OperatorSettings

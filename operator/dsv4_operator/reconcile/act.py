@@ -8,7 +8,7 @@ from datetime import datetime
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.kube.resources import DSV4
-from dsv4_operator.reconcile.decide import Decision, Note
+from dsv4_operator.reconcile.plan import Decision, Note
 from dsv4_operator.reconcile.world import World
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,9 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
-from dsv4_operator.reconcile.decide import Settings, decide
+from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
+from dsv4_operator.reconcile.plan import Settings
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]

@@ -1,0 +1,76 @@
+"""What one reconcile pass decided (Decision), and the accumulator decide() fills (Plan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dsv4_operator.guard.oom import OomEvent
+from dsv4_operator.kube.resources import Resource
+from dsv4_operator.reconcile.diff import in_place, stamped
+from dsv4_operator.reconcile.world import Obj, World
+
+WAIT_SECONDS = 5.0  # requeue while a rollout step waits on pods
+
+
+@dataclass(frozen=True)
+class Note:
+    """A Kubernetes Event to post about the owner."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    """What act() does: apply, delete, revisions, status, events; and when to look again."""
+
+    apply: list[Obj] = field(default_factory=list)
+    delete: list[tuple[Resource, str]] = field(default_factory=list)
+    create: list[Obj] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[Note] = field(default_factory=list)
+    requeue_after: float | None = None
+    ooms: list[OomEvent] = field(default_factory=list)
+    rollbacks: list[str] = field(default_factory=list)
+    cleared: bool = False  # a quarantine entry was released: the guard's window restarts
+
+    @property
+    def writes(self) -> int:
+        return len(self.apply) + len(self.delete) + len(self.create)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Knobs decide() needs from the operator settings."""
+
+    revision_history_limit: int = 10
+
+
+class Plan:
+    """Accumulates the actions of one pass, skipping objects already in place."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.decision = Decision()
+
+    def ensure(self, objs: list[Obj]) -> bool:
+        """Queue objects that differ from the world; True when all were already in place."""
+        done = True
+        for obj in objs:
+            desired = stamped(obj)
+            if not in_place(desired, self.world.live(obj["kind"], obj["metadata"]["name"])):
+                self.decision.apply.append(desired)
+                done = False
+        return done
+
+    def remove(self, res: Resource, name: str) -> None:
+        if self.world.live(res.kind, name) is not None:
+            self.decision.delete.append((res, name))
+
+    def note(self, type_: str, reason: str, message: str) -> None:
+        self.decision.events.append(Note(type_, reason, message))
+
+    def wait(self) -> None:
+        self.decision.requeue_after = WAIT_SECONDS
