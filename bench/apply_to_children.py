@@ -28,9 +28,9 @@ from tests.integration.operator_support import (  # noqa: E402
     Cluster,
     OperatorProcess,
     example,
-    weights_volume,
 )
 
+from dsv4_operator.demo import weights_volume  # noqa: E402
 from dsv4_operator.devcluster import ControlPlane  # noqa: E402
 
 EXPECTED = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets

@@ -143,7 +143,7 @@ def show(dyn: Any, namespace: str, name: str) -> None:
     print(_table(rows))
 
 
-def weights_volume(dyn: Any, namespace: str, claim: str) -> None:
+def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> None:
     """A pre-bound hostPath PV + PVC standing in for the model cache (no storage here)."""
     dyn.resources.get(api_version="v1", kind="PersistentVolume").create(
         body={

@@ -126,3 +126,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(
             f"devcluster: control plane (with scheduler + kwok) started in {seconds:.1f}s"
         )
+
+
+@pytest.fixture
+def operator(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Any]:
+    """`dsv4 run` as a subprocess watching only the test's namespace (see operator_support)."""
+    from .operator_support import OperatorProcess
+
+    op = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
+    yield op
+    op.stop()
+    # Captured output is shown only when the test fails.
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")

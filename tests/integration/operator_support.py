@@ -123,38 +123,6 @@ def example(namespace: str, name: str = "dsv4-flash", **changes: Any) -> dict[st
     return doc
 
 
-def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> None:
-    """A pre-bound hostPath PV + PVC standing in for the model cache."""
-    dyn.resources.get(api_version="v1", kind="PersistentVolume").create(
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"{namespace}-{claim}"},
-            "spec": {
-                "capacity": {"storage": "200Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "hostPath": {"path": "/models"},
-                "claimRef": {"namespace": namespace, "name": claim},
-            },
-        }
-    )
-    dyn.resources.get(api_version="v1", kind="PersistentVolumeClaim").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": f"{namespace}-{claim}",
-                "resources": {"requests": {"storage": "200Gi"}},
-            },
-        },
-    )
-
-
 class Cluster:
     """Thin, typed-enough access to what the tests read and write."""
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from dsv4_operator.demo import weights_volume
 from dsv4_operator.devcluster import ControlPlane, report_container_terminated, wait_for
 
 from .guard_support import EngineKubelet, Load
-from .operator_support import Cluster, OperatorProcess, example, free_port, weights_volume
+from .operator_support import Cluster, OperatorProcess, example, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -49,16 +50,6 @@ def gpu_pool_e2e(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[
     for name in names:
         control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: POOL})
     return names
-
-
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
-    yield op
-    op.stop()
-    print(f"--- operator log ---\n{op.log_tail(80)}")
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ places the engine pods on kwok GPU nodes of the requested product, and kwok mark
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dsv4_operator.demo import weights_volume
 from dsv4_operator.devcluster import ControlPlane, wait_for
 
 from .operator_support import (
@@ -26,7 +26,6 @@ from .operator_support import (
     example,
     free_port,
     watch_router,
-    weights_volume,
 )
 
 pytestmark = pytest.mark.integration
@@ -49,17 +48,6 @@ def gpu_pool(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]
 def cluster(dyn: Any, namespace: str, gpu_pool: list[str]) -> Cluster:
     weights_volume(dyn, namespace)
     return Cluster(dyn, namespace)
-
-
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
-    yield op
-    op.stop()
-    # Captured output is shown only when the test fails.
-    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail()}")
 
 
 def _ready(cluster: Cluster, **changes: Any) -> dict[str, Any]:
