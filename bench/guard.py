@@ -85,12 +85,16 @@ def main() -> int:
         f"{lr.confidence}, canary {guard.canary.sessions}x{guard.canary.rounds} every "
         f"{guard.canary.interval}"
     )
-    responses, seconds = detection(guard, 0.17, args.trials, rng)
-    print(
-        f"17% leak rate: responses to rollback decision median {statistics.median(responses):.0f}"
-        f", p95 {p95([float(r) for r in responses]):.0f}; seconds from onset median "
-        f"{statistics.median(seconds):.0f}, p95 {p95(seconds):.0f} ({args.trials} trials)"
-    )
+    # 17%: the figure; 4.55%: the engine double's per-response plateau, which is
+    # what makes 17% of 4-round sessions leak (tests/engine_double/config.py).
+    for rate in (0.17, 0.0455):
+        responses, seconds = detection(guard, rate, args.trials, rng)
+        print(
+            f"{rate:.2%} leak rate: responses to rollback decision median "
+            f"{statistics.median(responses):.0f}, p95 {p95([float(r) for r in responses]):.0f}; "
+            f"seconds from onset median {statistics.median(seconds):.0f}, p95 {p95(seconds):.0f}"
+            f" ({args.trials} trials)"
+        )
     cases = (
         (args.runs_per_revision, f"{args.runs_per_revision} runs per revision"),
         (1, "worst case, every decision on a fresh one-run window"),

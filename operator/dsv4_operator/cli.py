@@ -16,6 +16,7 @@ from dsv4_operator.api.crd import crd_yaml
 from dsv4_operator.engine.planner import GIB, Plan, RolePlan
 from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
+from dsv4_operator.probe.cli import probe_command
 from dsv4_operator.render.children import render_spec
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
@@ -70,6 +71,9 @@ def _finding_dicts(validation: Validation) -> list[dict[str, Any]]:
 @click.version_option(package_name="dsv4-operator")
 def main() -> None:
     """dsv4: validate, plan and render DeepSeek-V4 PD deployments on SGLang."""
+
+
+main.add_command(probe_command)
 
 
 FILE_OPTION = click.option(

@@ -13,7 +13,7 @@ from dsv4_operator.api.spec import GuardSpec
 from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.guard.oom import oom_events
 from dsv4_operator.guard.policy import Evidence, Outcome, evaluate
-from dsv4_operator.guard.stats import wilson_interval
+from dsv4_operator.probe.stats import wilson_interval
 from dsv4_operator.reconcile.decide import decide
 
 from .test_decide import NOW, _as_live, _world

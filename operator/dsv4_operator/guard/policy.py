@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from dsv4_operator.api.spec import GuardSpec
-from dsv4_operator.guard.stats import wilson_interval
+from dsv4_operator.probe.stats import wilson_interval
 
 
 class Outcome(StrEnum):

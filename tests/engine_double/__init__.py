@@ -1,0 +1,25 @@
+"""Engine test double: a small stand-in for an SGLang DeepSeek-V4 engine. It is NOT SGLang.
+
+There is no GPU here, so tests run this OpenAI-compatible aiohttp server instead of
+`python3 -m sglang.launch_server`. It accepts the same argv and env the operator renders for an
+engine container (unknown flags are tolerated), answers tool-calling conversations the way a
+DSML-parsing SGLang does (`tool_calls` with JSON arguments, `finish_reason: "tool_calls"`),
+streams SSE, serves `/health`, `/health_generate`, `/v1/models`, `/get_server_info` and
+`/metrics` with real `sglang:*` names, and reproduces the seeds' faults:
+
+- bf16 index-K + HiCache on an image without `indexKHiCacheGate` corrupts responses with a
+  probability that grows with the number of requests in flight (0 at 1, about 17% of 4-round
+  sessions at 60 concurrent);
+- bf16 index-K + `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP` without `multiStreamIndexKFix` degrades
+  linearly with load ("loses the plot");
+- everything else (fp8, fp4, the gated/fixed images) never corrupts;
+- `DSV4_DOUBLE_OOM_AFTER=N` crashes the process with SGLang's CUDA OOM log lines.
+
+Run:  python -m tests.engine_double --model-path M --served-model-name S --host 127.0.0.1
+--port 0 [any other sglang flags]   (port 0 picks a free port; the log line
+`Uvicorn running on http://HOST:PORT` says which). The knobs are documented in `config.py`.
+"""
+
+from tests.engine_double.config import DoubleConfig, corruption_probability, parse_config
+
+__all__ = ["DoubleConfig", "corruption_probability", "parse_config"]

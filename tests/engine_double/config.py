@@ -1,0 +1,227 @@
+"""The engine double's configuration: sglang argv + env in, active faults and corruption curve out.
+
+Argv: the operator's engine command line after the entrypoint (`--model-path`,
+`--served-model-name`, `--host`, `--port`, `--tp-size`, `--disaggregation-mode`, `--kv-cache-dtype`,
+`--max-running-requests`, `--cuda-graph-max-bs`, `--context-length`, `--max-total-tokens`,
+`--tool-call-parser`, `--reasoning-parser`, `--enable-metrics`, `--disable-overlap-schedule`,
+`--enable-hierarchical-cache`, `--hicache-*`, `--enable-deepseek-v4-fp4-indexer`, ...). Unknown
+flags are kept in `unknown_args` and echoed by `/get_server_info`.
+
+Engine env (as rendered by the operator):
+- `SGLANG_DSV4_BF16_INDEX_K=1`: bf16 index-K, honoured only when the image has `bf16IndexK`
+  (as the patched fork: upstream ignores the variable).
+- `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP`: unset means on (upstream's CUDA default).
+
+Double-only knobs:
+- `DSV4_DOUBLE_CAPABILITIES`: comma list of the image's capabilities (`bf16IndexK`,
+  `indexKHiCacheGate`, `poolSizingFix`, `multiStreamIndexKFix`). Unset means `bf16IndexK`
+  (the seeds' patched fork without any fix); set it to the spec's `engine.capabilities`.
+- `DSV4_DOUBLE_SEED` (default 0): seeds every draw. A draw is a hash of the seed and the
+  conversation, so the same prompts at the same load get the same answers and corruptions.
+- `DSV4_DOUBLE_LATENCY_MS` (default 200): simulated time per chat request (x0.75..1.25). Long
+  enough that a 60-session canary's requests overlap at the server as they would on a GPU
+  (a 60x4 run takes about 1.5 s); shorter latencies spread the load and lower the peak.
+- `DSV4_DOUBLE_STARTUP_S` (default 0): `/health*` answer 503 for this long after start.
+- `DSV4_DOUBLE_OOM_AFTER=N`: serve N chat requests, then crash with a CUDA OOM on the next
+  (`0` crashes during startup, as in CUDA-graph capture).
+- `DSV4_DOUBLE_OOM_KIND`: `cuda` (default: `torch.OutOfMemoryError: CUDA out of memory. Tried
+  to allocate ...`) or `pool` (`RuntimeError: Not enough memory. Please try to increase
+  --mem-fraction-static ...` at startup; implies `OOM_AFTER=0`). Either way the log then has
+  `Scheduler hit an exception` and `Received sigquit from a child process...` (reference 4.4)
+  and the process kills itself with SIGKILL (exit 137 in a container, -9 from `subprocess`).
+
+Corruption curve (per response; `c` = the peak number of chat requests running, from all
+clients, while this request was being served; running is capped at `--max-running-requests`):
+- HiCache index-K race (bf16 + HiCache, no `indexKHiCacheGate`):
+  `p = 0.0455 * smoothstep((c - 4) / 36)`: 0 up to 4, full from 40. A 4-round session then
+  sees a corrupted response with probability `1 - (1 - p)^4`: 0 at c=1, 2.3% at 12, 10% at 24,
+  15% at 32, 17% from 40 on (the seeds: 0% at C=1, 12-18% at C>=60). The plateau starts below
+  60 because a 60-session canary does not keep all 60 in flight all the time.
+- Multi-stream aliasing (bf16 + multi-stream overlap, no `multiStreamIndexKFix`):
+  `p = 0.032 * clamp((c - 8) / 72)`: 0 up to 8, linear to 3.2% at 80 (12% of 4-round
+  sessions, the seeds' "bf16 at rounds=4, HiCache off" figure), 2.3% (9%) at 60.
+- Both active: `1 - (1 - p1)(1 - p2)`. fp8 / fp4 index-K, or the fixes: 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HICACHE_RACE = "hicache-index-k-race"
+MULTI_STREAM_ALIASING = "multi-stream-aliasing"
+
+HICACHE_P_MAX, HICACHE_LOW, HICACHE_HIGH = 0.0455, 4.0, 40.0
+MULTI_STREAM_P_MAX, MULTI_STREAM_LOW, MULTI_STREAM_HIGH = 0.032, 8.0, 80.0
+DEFAULT_CAPABILITIES = "bf16IndexK"
+DEFAULT_MAX_TOTAL_TOKENS = 1_000_000
+
+
+@dataclass(frozen=True)
+class DoubleConfig:
+    """Resolved server args (what `/get_server_info` echoes) plus the double's knobs."""
+
+    model_path: str = "deepseek-ai/DeepSeek-V4-Flash"
+    served_model_name: str = ""
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    disaggregation_mode: str = "null"
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_bootstrap_port: int = 8998
+    kv_cache_dtype: str = "auto"
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    cuda_graph_max_bs: int | None = None
+    context_length: int | None = None
+    max_total_tokens: int | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    enable_metrics: bool = False
+    disable_overlap_schedule: bool = False
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: int = 0
+    hicache_write_policy: str = "write_through"
+    enable_deepseek_v4_fp4_indexer: bool = False
+    unknown_args: tuple[str, ...] = ()
+    # env
+    bf16_index_k_requested: bool = False
+    multi_stream_overlap: bool = True
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    seed: int = 0
+    latency_s: float = 0.2
+    startup_s: float = 0.0
+    oom_after: int | None = None
+    oom_kind: str = "cuda"
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def index_k_dtype(self) -> str:
+        if self.enable_deepseek_v4_fp4_indexer:
+            return "fp4"
+        if self.bf16_index_k_requested and "bf16IndexK" in self.capabilities:
+            return "bf16"
+        return "fp8"
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        """The seeds' faults this configuration has."""
+        found: list[str] = []
+        if self.index_k_dtype == "bf16":
+            if self.enable_hierarchical_cache and "indexKHiCacheGate" not in self.capabilities:
+                found.append(HICACHE_RACE)
+            if self.multi_stream_overlap and "multiStreamIndexKFix" not in self.capabilities:
+                found.append(MULTI_STREAM_ALIASING)
+        return tuple(found)
+
+    def server_info(self) -> dict[str, Any]:
+        info = asdict(self)
+        info["capabilities"] = sorted(self.capabilities)
+        info["unknown_args"] = list(self.unknown_args)
+        info["index_k_dtype"] = self.index_k_dtype
+        info["faults"] = list(self.faults)
+        info["max_total_num_tokens"] = self.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+        return info
+
+
+def _smoothstep(x: float) -> float:
+    t = min(1.0, max(0.0, x))
+    return t * t * (3 - 2 * t)
+
+
+def fault_probability(fault: str, running: float) -> float:
+    """Per-response corruption probability of one fault at `running` concurrent requests."""
+    if fault == HICACHE_RACE:
+        return HICACHE_P_MAX * _smoothstep((running - HICACHE_LOW) / (HICACHE_HIGH - HICACHE_LOW))
+    if fault == MULTI_STREAM_ALIASING:
+        share = (running - MULTI_STREAM_LOW) / (MULTI_STREAM_HIGH - MULTI_STREAM_LOW)
+        return MULTI_STREAM_P_MAX * min(1.0, max(0.0, share))
+    raise ValueError(f"unknown fault {fault!r}")
+
+
+def corruption_probability(config: DoubleConfig, running: float) -> float:
+    """Per-response probability that `config` corrupts a response at `running` concurrency."""
+    clean = math.prod(1 - fault_probability(f, running) for f in config.faults)
+    return 1 - clean
+
+
+def session_corruption_probability(config: DoubleConfig, running: float, rounds: int) -> float:
+    """Probability that a session of `rounds` responses sees at least one corruption."""
+    return 1 - (1 - corruption_probability(config, running)) ** rounds
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.engine_double",
+        description="Engine test double standing in for sglang.launch_server (no GPU here).",
+        allow_abbrev=False,
+    )
+    p.add_argument("--model-path", "--model", dest="model_path", default=DoubleConfig.model_path)
+    p.add_argument("--served-model-name", default="")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument(
+        "--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1
+    )
+    p.add_argument("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"])
+    p.add_argument("--disaggregation-transfer-backend", default="mooncake")
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--mem-fraction-static", type=float, default=None)
+    p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--tool-call-parser", default=None)
+    p.add_argument("--reasoning-parser", default=None)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--disable-overlap-schedule", action="store_true")
+    p.add_argument("--enable-hierarchical-cache", action="store_true")
+    p.add_argument("--hicache-ratio", type=float, default=2.0)
+    p.add_argument("--hicache-size", type=int, default=0)
+    p.add_argument("--hicache-write-policy", default="write_through")
+    p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true")
+    return p
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> DoubleConfig:
+    """Resolve argv (sglang flags; unknown ones tolerated) and env into a DoubleConfig."""
+    env = os.environ if env is None else env
+    args, unknown = _parser().parse_known_args(list(argv))
+    caps_raw = env.get("DSV4_DOUBLE_CAPABILITIES")
+    caps_raw = DEFAULT_CAPABILITIES if caps_raw is None else caps_raw
+    capabilities = frozenset(c.strip() for c in caps_raw.split(",") if c.strip())
+    oom_raw = env.get("DSV4_DOUBLE_OOM_AFTER", "").strip()
+    oom_kind = env.get("DSV4_DOUBLE_OOM_KIND", "cuda").strip() or "cuda"
+    if oom_kind not in ("cuda", "pool"):
+        raise SystemExit(f"DSV4_DOUBLE_OOM_KIND must be cuda or pool, got {oom_kind!r}")
+    oom_after = int(oom_raw) if oom_raw else None
+    if oom_kind == "pool":
+        oom_after = 0
+    return DoubleConfig(
+        **{k: v for k, v in vars(args).items()},
+        unknown_args=tuple(unknown),
+        bf16_index_k_requested=_flag(env, "SGLANG_DSV4_BF16_INDEX_K", False),
+        multi_stream_overlap=_flag(env, "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", True),
+        capabilities=capabilities,
+        seed=int(env.get("DSV4_DOUBLE_SEED", "0") or 0),
+        latency_s=float(env.get("DSV4_DOUBLE_LATENCY_MS", "200") or 200) / 1000.0,
+        startup_s=float(env.get("DSV4_DOUBLE_STARTUP_S", "0") or 0),
+        oom_after=oom_after,
+        oom_kind=oom_kind,
+    )

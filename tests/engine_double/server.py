@@ -1,0 +1,539 @@
+"""The engine double's aiohttp server (a test double for SGLang: no GPU, no model).
+
+Endpoints: `POST /v1/chat/completions` (JSON and `stream: true` SSE), `GET /health`,
+`GET /health_generate`, `GET /v1/models`, `GET /get_model_info`, `GET /get_server_info` (and
+`/server_info`), `GET /metrics` (only with `--enable-metrics`, like SGLang), `POST /flush_cache`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tests.engine_double import shapes
+from tests.engine_double.config import (
+    DEFAULT_MAX_TOTAL_TOKENS,
+    HICACHE_RACE,
+    DoubleConfig,
+    corruption_probability,
+    fault_probability,
+    parse_config,
+)
+
+VERSION = "0.5.16-engine-double"
+# SGLang's time_to_first_token buckets (0.1 ... 400 s), with finer ones below for the double.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60,
+                80, 100, 200, 400)  # fmt: skip
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def log(message: str) -> None:
+    """SGLang-style log line on stderr, flushed (the test reads it like a kubelet would)."""
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    sys.stderr.write(f"[{stamp}] {message}\n")
+    sys.stderr.flush()
+
+
+# --- crash ----------------------------------------------------------------------------------
+
+_TRACEBACK = """Traceback (most recent call last):
+  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 3024, in run_scheduler_process
+    scheduler.event_loop_normal_disagg_decode()
+  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1187, in run_batch
+    batch_result = self.model_worker.forward_batch_generation(model_worker_batch)
+  File "/usr/local/lib/python3.12/dist-packages/torch/utils/_contextlib.py", line 120, in decorate_context
+    return func(*args, **kwargs)"""  # noqa: E501
+
+
+def crash(config: DoubleConfig, where: str) -> NoReturn:
+    """Die like SGLang on an OOM: scheduler traceback, SIGQUIT to the parent, kill_process_tree."""
+    tp = "TP0" if config.tp_size > 1 else ""
+    prefix = f" {tp}" if tp else ""
+    log(f"engine double: simulated OOM ({config.oom_kind}) {where}")
+    if config.oom_kind == "pool":
+        error = (
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+            f"Current value: mem_fraction_static={config.mem_fraction_static or 0.85}"
+        )
+    else:
+        error = (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.07 GiB. GPU 0 has a "
+            "total capacity of 94.97 GiB of which 612.31 MiB is free. Including non-PyTorch "
+            "memory, this process has 94.36 GiB memory in use. Of the allocated memory 90.12 GiB "
+            "is allocated by PyTorch, and 2.81 GiB is reserved by PyTorch but unallocated. If "
+            "reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+        )
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    sys.stderr.write(f"[{stamp}{prefix}] Scheduler hit an exception: {_TRACEBACK}\n{error}\n\n")
+    sys.stderr.write(
+        f"[{stamp}] Received sigquit from a child process. It usually means the child failed.\n"
+    )
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise SystemExit(137)  # not reached
+
+
+# --- load -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Slot:
+    """One admitted chat request; `peak` is the most requests running at once during its life."""
+
+    peak: int
+    tokens: int
+
+
+class Load:
+    """Chat requests in flight from all clients: running (capped) and queued."""
+
+    def __init__(self, max_running: int | None) -> None:
+        self._gate = asyncio.Semaphore(max_running or 1_000_000)
+        self._slots: dict[int, Slot] = {}
+        self.running = 0
+        self.queued = 0
+        self.used_tokens = 0
+
+    @contextlib.asynccontextmanager
+    async def admit(self, tokens: int) -> AsyncIterator[Slot]:
+        self.queued += 1
+        try:
+            await self._gate.acquire()
+        finally:
+            self.queued -= 1
+        self.running += 1
+        self.used_tokens += tokens
+        slot = Slot(peak=self.running, tokens=tokens)
+        self._slots[id(slot)] = slot
+        for other in self._slots.values():
+            other.peak = max(other.peak, self.running)
+        try:
+            yield slot
+        finally:
+            del self._slots[id(slot)]
+            self.running -= 1
+            self.used_tokens -= tokens
+            self._gate.release()
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+class Metrics:
+    """Real `sglang:*` names (reference 4.1) in a registry of this server's own."""
+
+    def __init__(self, config: DoubleConfig) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        sched = ["model_name", "engine_type", "tp_rank", "pp_rank"]
+        self.sched = {
+            "model_name": config.name,
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+        }
+        self.model = {"model_name": config.name}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, sched, registry=r)
+
+        self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.queued = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
+        self.token_usage = gauge("sglang:token_usage", "The token usage.")
+        self.max_tokens = gauge("sglang:max_total_num_tokens", "Maximum total number of tokens.")
+        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
+        self.is_cuda_graph = gauge("sglang:is_cuda_graph", "Whether the batch used a CUDA graph.")
+        self.retracted = Counter(
+            "sglang:num_retracted_requests_total", "Retracted requests.", sched, registry=r
+        )
+        self.graph_passes = Counter(
+            "sglang:cuda_graph_passes_total",
+            "Decode passes by mode.",
+            [*sched, "mode"],
+            registry=r,
+        )
+        self.bootstrap_failed = Counter(
+            "sglang:num_bootstrap_failed_reqs_total", "PD bootstrap failures.", sched, registry=r
+        )
+        self.transfer_failed = Counter(
+            "sglang:num_transfer_failed_reqs_total", "PD KV transfer failures.", sched, registry=r
+        )
+        tok = ["model_name"]
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens_total", "Prefill tokens processed.", tok, registry=r
+        )
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens_total", "Generation tokens processed.", tok, registry=r
+        )
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens_total", "Prefix-cache hit tokens.", tok, registry=r
+        )
+        self.requests = Counter("sglang:num_requests_total", "Requests processed.", tok, registry=r)
+        self.aborted = Counter(
+            "sglang:num_aborted_requests_total", "Requests aborted.", tok, registry=r
+        )
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            tok,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of end-to-end request latency in seconds.",
+            tok,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.evicted = self.load_back = None
+        if config.enable_hierarchical_cache:
+            self.evicted = Counter(
+                "sglang:evicted_tokens_total", "HiCache evicted tokens.", tok, registry=r
+            )
+            self.load_back = Counter(
+                "sglang:load_back_tokens_total", "HiCache loaded-back tokens.", tok, registry=r
+            )
+        # Touch every labelled child so the series exist before the first request.
+        self.max_tokens.labels(**self.sched).set(
+            config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+        )
+        self.is_cuda_graph.labels(**self.sched).set(1)
+        for counter in (self.retracted, self.bootstrap_failed, self.transfer_failed):
+            counter.labels(**self.sched)
+        for mode in ("decode_cuda_graph", "decode_none"):
+            self.graph_passes.labels(**self.sched, mode=mode)
+        for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens):
+            metric.labels(**self.model)
+        for metric in (self.requests, self.aborted, self.ttft, self.e2e):
+            metric.labels(**self.model)
+
+    def observe_load(self, load: Load, max_total: int) -> None:
+        self.running.labels(**self.sched).set(load.running)
+        self.queued.labels(**self.sched).set(load.queued)
+        self.used_tokens.labels(**self.sched).set(load.used_tokens)
+        self.token_usage.labels(**self.sched).set(min(1.0, load.used_tokens / max_total))
+
+
+# --- answers --------------------------------------------------------------------------------
+
+
+def conversation_rng(seed: int, body: dict[str, Any]) -> random.Random:
+    """Draws that depend only on the seed and the conversation (messages and tools)."""
+    key = json.dumps(
+        [seed, body.get("messages"), body.get("tools"), body.get("tool_choice")],
+        sort_keys=True,
+        ensure_ascii=False,
+    )
+    return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+
+
+def _tool_choice(body: dict[str, Any], tools: Sequence[dict[str, Any]]) -> str | None:
+    """The tool to call, or None for a plain answer."""
+    choice = body.get("tool_choice", "auto")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name in shapes.tool_names(tools):
+            return str(name)
+    names = shapes.tool_names(tools)
+    messages = body.get("messages") or []
+    done = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool")
+    first_user = next(
+        (
+            str(m.get("content"))
+            for m in messages
+            if isinstance(m, dict) and m.get("role") == "user"
+        ),
+        "",
+    )
+    offset = int(hashlib.sha256(first_user.encode()).hexdigest()[:8], 16)
+    return names[(offset + done) % len(names)]
+
+
+@dataclass
+class Answer:
+    response: dict[str, Any]
+    shape: shapes.Shape | None
+
+
+def answer(
+    config: DoubleConfig, body: dict[str, Any], rng: random.Random, running: int, prompt_tokens: int
+) -> Answer:
+    """What a DSML-parsing SGLang with `config` answers at `running` concurrency."""
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
+    u_corrupt, u_fault = rng.random(), rng.random()
+    name = _tool_choice(body, tools)
+    shape: shapes.Shape | None = None
+    reasoning_on = config.reasoning_parser is not None
+    if name is None:
+        message, finish = shapes.prose_answer(
+            rng, reasoning="Nothing left to call; I will answer." if reasoning_on else None
+        )
+    else:
+        call = shapes.make_call(tools, name, rng)
+        if u_corrupt < corruption_probability(config, running):
+            weights = {f: fault_probability(f, running) for f in config.faults}
+            total = sum(weights.values())
+            fault = config.faults[0]
+            acc = 0.0
+            for candidate, weight in weights.items():
+                acc += weight / total
+                if u_fault < acc:
+                    fault = candidate
+                    break
+            table = shapes.HICACHE_SHAPES if fault == HICACHE_RACE else shapes.MULTI_STREAM_SHAPES
+            shape = shapes.pick_shape(table, rng)
+            message, finish = shapes.corrupted(shape, tools, call, rng)
+        else:
+            reasoning = shapes.reasoning_for(*call, rng) if reasoning_on else None
+            message, finish = shapes.well_formed([call], rng, reasoning=reasoning)
+    response = shapes.completion(
+        message, finish, model=config.name, rng=rng, prompt_tokens=prompt_tokens
+    )
+    return Answer(response, shape)
+
+
+# --- app ------------------------------------------------------------------------------------
+
+
+class EngineDouble:
+    """State of one double: config, load, metrics, request count (for the OOM knob)."""
+
+    def __init__(self, config: DoubleConfig) -> None:
+        self.config = config
+        self.load = Load(config.max_running_requests)
+        self.metrics = Metrics(config)
+        self.started = time.monotonic()
+        self.chat_requests = 0
+        self.corrupted = 0
+
+    @property
+    def max_total(self) -> int:
+        return self.config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+
+    def ready(self) -> bool:
+        return time.monotonic() - self.started >= self.config.startup_s
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready():
+            return web.Response(status=503, text="starting")
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.config.name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": self.config.model_path,
+            "parent": None,
+            "max_model_len": self.config.context_length or 131072,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": self.config.model_path,
+                "tokenizer_path": self.config.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        info = self.config.server_info()
+        info["version"] = VERSION
+        info["engine_double"] = True
+        info["internal_states"] = [
+            {
+                "num_running_reqs": self.load.running,
+                "num_queue_reqs": self.load.queued,
+                "chat_requests": self.chat_requests,
+                "corrupted_responses": self.corrupted,
+            }
+        ]
+        return web.json_response(info)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        if not self.config.enable_metrics:
+            raise web.HTTPNotFound(text="metrics are off (start with --enable-metrics)")
+        self.metrics.observe_load(self.load, self.max_total)
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.load.running:
+            return web.Response(status=400, text="Cache not flushed: requests are running.")
+        return web.Response(text="Cache flushed.")
+
+    @staticmethod
+    def _error(status: int, message: str) -> web.Response:
+        return web.json_response(
+            {"object": "error", "message": message, "type": "BadRequestError", "param": None,
+             "code": status},
+            status=status,
+        )  # fmt: skip
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._error(400, "request body is not JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return self._error(400, "messages must be a list")
+        if not body["messages"]:
+            return self._error(400, "messages must not be empty")
+        self.chat_requests += 1
+        oom_after = self.config.oom_after
+        if oom_after is not None and self.chat_requests > oom_after:
+            crash(self.config, f"at chat request {self.chat_requests}")
+        rng = conversation_rng(self.config.seed, body)
+        latency = self.config.latency_s * (0.75 + 0.5 * rng.random())
+        prompt_tokens = max(1, len(json.dumps(body["messages"], ensure_ascii=False)) // 4)
+        limit = self.config.context_length
+        if limit is not None and prompt_tokens > limit:  # as sglang's tokenizer manager
+            return self._error(
+                400,
+                f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                f"({limit} tokens).",
+            )
+        began = time.monotonic()
+        async with self.load.admit(prompt_tokens) as slot:
+            self.metrics.observe_load(self.load, self.max_total)
+            if body.get("stream"):
+                return await self._stream(request, body, rng, slot, latency, began, prompt_tokens)
+            await asyncio.sleep(latency)
+            result = answer(self.config, body, rng, slot.peak, prompt_tokens)
+            self._account(result, slot, time.monotonic() - began, 0.4 * latency)
+            return web.json_response(result.response)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        rng: random.Random,
+        slot: Slot,
+        latency: float,
+        began: float,
+        prompt_tokens: int,
+    ) -> web.StreamResponse:
+        ttft = 0.4 * latency
+        await asyncio.sleep(ttft)
+        result = answer(self.config, body, rng, slot.peak, prompt_tokens)
+        options = body.get("stream_options") or {}
+        chunks = shapes.stream_chunks(
+            result.response, rng, include_usage=bool(options.get("include_usage"))
+        )
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        gap = (latency - ttft) / max(1, len(chunks))
+        try:
+            for chunk in chunks:
+                await response.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+                await asyncio.sleep(gap)
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.metrics.aborted.labels(**self.metrics.model).inc()
+            raise
+        self._account(result, slot, time.monotonic() - began, ttft)
+        return response
+
+    def _account(self, result: Answer, slot: Slot, seconds: float, ttft: float) -> None:
+        m = self.metrics
+        usage = result.response["usage"]
+        m.requests.labels(**m.model).inc()
+        m.prompt_tokens.labels(**m.model).inc(usage["prompt_tokens"])
+        m.generation_tokens.labels(**m.model).inc(usage["completion_tokens"])
+        m.ttft.labels(**m.model).observe(ttft)
+        m.e2e.labels(**m.model).observe(seconds)
+        graph = self.config.cuda_graph_max_bs is None or slot.peak <= self.config.cuda_graph_max_bs
+        mode = "decode_cuda_graph" if graph else "decode_none"
+        m.graph_passes.labels(**m.sched, mode=mode).inc(usage["completion_tokens"])
+        m.gen_throughput.labels(**m.sched).set(usage["completion_tokens"] / max(seconds, 1e-6))
+        if m.load_back is not None:
+            m.load_back.labels(**m.model).inc(usage["prompt_tokens"] // 2)
+        if result.shape is not None:
+            self.corrupted += 1
+
+
+def build_app(config: DoubleConfig) -> web.Application:
+    """The aiohttp application of one engine double."""
+    double = EngineDouble(config)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app["double"] = double
+    app.router.add_get("/health", double.health)
+    app.router.add_get("/health_generate", double.health)
+    app.router.add_get("/v1/models", double.models)
+    app.router.add_get("/get_model_info", double.model_info)
+    app.router.add_get("/get_server_info", double.server_info)
+    app.router.add_get("/server_info", double.server_info)
+    app.router.add_get("/metrics", double.metrics_endpoint)
+    app.router.add_route("*", "/flush_cache", double.flush_cache)
+    app.router.add_post("/v1/chat/completions", double.chat)
+    return app
+
+
+async def serve(config: DoubleConfig) -> None:
+    log(f"server_args={json.dumps(config.server_info(), sort_keys=True)}")
+    log(
+        "engine double (a test double standing in for SGLang; no GPU): "
+        f"index_k={config.index_k_dtype} hicache={config.enable_hierarchical_cache} "
+        f"multi_stream={config.multi_stream_overlap} capabilities={sorted(config.capabilities)} "
+        f"faults={list(config.faults) or 'none'}"
+    )
+    if config.bf16_index_k_requested and config.index_k_dtype != "bf16":
+        log("SGLANG_DSV4_BF16_INDEX_K=1 is ignored: this image has no bf16IndexK capability")
+    if config.unknown_args:
+        log(f"engine double: ignoring flags it does not model: {' '.join(config.unknown_args)}")
+    if config.oom_after == 0:
+        crash(config, "during CUDA graph capture")
+    app = build_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+    await site.start()
+    port = runner.addresses[0][1]
+    log(f"Uvicorn running on http://{config.host}:{port} (Press CTRL+C to quit)")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if config.startup_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), config.startup_s)
+    if not stop.is_set():
+        log("The server is fired up and ready to roll!")
+        await stop.wait()
+    log("engine double: shutting down")
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_config(sys.argv[1:] if argv is None else argv)
+    asyncio.run(serve(config))

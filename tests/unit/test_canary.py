@@ -1,0 +1,281 @@
+"""The canary harness and `dsv4 probe`, against engine doubles on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from dsv4_operator.cli import main
+from dsv4_operator.probe.canary import (
+    MAX_ATTEMPTS,
+    CanaryReport,
+    EndpointUnreachable,
+    discover_model,
+    fake_result,
+    first_messages,
+    run_canary,
+    session_steps,
+)
+from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
+from tests.engine_double.process import DoubleProcess
+
+# The operator's rendered engine argv (decode role) for the example and its bf16 variant.
+ENGINE_ARGS = [
+    "--model-path", "deepseek-ai/DeepSeek-V4-Flash", "--served-model-name", "deepseek-v4-flash",
+    "--tp-size", "4", "--disaggregation-mode", "decode", "--disaggregation-transfer-backend",
+    "mooncake", "--disaggregation-bootstrap-port", "8998", "--kv-cache-dtype", "fp8_e4m3",
+    "--mem-fraction-static", "0.85", "--max-running-requests", "64", "--cuda-graph-max-bs", "64",
+    "--context-length", "131072", "--max-total-tokens", "6014720", "--tool-call-parser",
+    "deepseekv4", "--reasoning-parser", "deepseek-v4", "--enable-metrics",
+    "--disable-overlap-schedule",
+]  # fmt: skip
+HICACHE_ARGS = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy",
+                "write_through"]  # fmt: skip
+CAPS = {"DSV4_DOUBLE_CAPABILITIES": "bf16IndexK,poolSizingFix"}
+FP8_ENV = {**CAPS, "SGLANG_DSV4_BF16_INDEX_K": "0", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}
+BF16_ENV = {**CAPS, "SGLANG_DSV4_BF16_INDEX_K": "1", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}
+MODEL = "deepseek-v4-flash"
+
+
+@pytest.fixture(scope="module")
+def fp8() -> Iterator[str]:
+    """The seeds' proven-safe config: fp8 index-K, HiCache on (it is safe with fp8)."""
+    with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], FP8_ENV) as double:
+        yield double.url
+
+
+@pytest.fixture(scope="module")
+def bf16_hicache() -> Iterator[str]:
+    """The seeds' corrupting config: bf16 index-K + HiCache on an image without the gate."""
+    with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], BF16_ENV) as double:
+        yield double.url
+
+
+def limited_client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=70, max_keepalive_connections=8))
+
+
+def check_consistency(report: CanaryReport) -> None:
+    assert sum(report.counts.values()) == report.responses == len(report.records)
+    assert report.leaks == sum(report.counts[k] for k in LEAK_KINDS)
+    assert len(report.session_results) == report.sessions
+    for session in report.session_results:
+        # A session stops at its first non-ok round, and only then.
+        assert all(v is VerdictKind.OK for v in session.verdicts[:-1])
+        assert len(session.verdicts) == report.rounds or session.verdicts[-1] is not VerdictKind.OK
+    p50, p95, p99 = report.latency_p50, report.latency_p95, report.latency_p99
+    if report.classified:
+        assert p50 is not None and p95 is not None and p99 is not None
+        assert 0 < p50 <= p95 <= p99
+
+
+async def test_fp8_has_no_leak(fp8: str) -> None:
+    async with limited_client() as client:
+        report = await run_canary(client, fp8, MODEL, sessions=20, rounds=3, seed=1)
+    check_consistency(report)
+    assert report.counts[VerdictKind.OK] == report.responses == 60
+    assert report.leaks == 0 and report.session_leaks == 0
+    assert report.sessions_observed == 20
+    assert all(s.outcome == "clean" for s in report.session_results)
+    assert report.leak_interval[0] == 0.0
+    assert report.examples == []
+
+
+async def test_bf16_hicache_corrupts_about_a_sixth_of_sessions_at_60(bf16_hicache: str) -> None:
+    async with limited_client() as client:
+        report = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4)
+    check_consistency(report)
+    assert report.errors == 0
+    assert 0.08 <= report.session_leak_rate <= 0.30, report.as_dict()["session_leak_rate"]
+    assert report.session_leaks == sum(1 for s in report.session_results if s.leaked)
+    low, high = report.session_leak_interval
+    assert low <= report.session_leak_rate <= high and low > 0.02
+    examples = report.examples
+    assert 0 < len(examples) <= 5
+    assert all(e.verdict.leak and e.verdict.snippet for e in examples)
+    kinds = {r.verdict.kind for r in report.records if r.verdict.leak}
+    assert {e.verdict.kind for e in examples[: len(kinds)]} == kinds  # one of each kind first
+
+
+async def test_bf16_hicache_is_clean_at_one_session_in_flight(bf16_hicache: str) -> None:
+    async with limited_client() as client:
+        report = await run_canary(
+            client, bf16_hicache, MODEL, sessions=3, rounds=4, concurrency=1, seed=3
+        )
+    check_consistency(report)
+    assert report.responses == 12 and report.leaks == 0
+
+
+async def test_streaming(fp8: str, bf16_hicache: str) -> None:
+    async with limited_client() as client:
+        clean = await run_canary(client, fp8, MODEL, sessions=10, rounds=3, stream=True)
+        dirty = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4, stream=True)
+    check_consistency(clean)
+    check_consistency(dirty)
+    assert clean.counts[VerdictKind.OK] == 30
+    assert 0.08 <= dirty.session_leak_rate <= 0.30
+
+
+async def test_the_model_is_discovered(fp8: str) -> None:
+    async with httpx.AsyncClient() as client:
+        assert await discover_model(client, fp8 + "/v1/") == MODEL
+        report = await run_canary(client, fp8, None, sessions=1, rounds=1)
+    assert report.model == MODEL and report.counts[VerdictKind.OK] == 1
+
+
+def test_prompts_depend_on_seed_and_session_only() -> None:
+    assert session_steps(7, 3, 4) == session_steps(7, 3, 4)
+    assert session_steps(7, 3, 4) != session_steps(7, 4, 4)
+    assert session_steps(7, 3, 4) != session_steps(8, 3, 4)
+    steps = session_steps(0, 0, 3)
+    user = first_messages(0, 0, steps)[1]["content"]
+    assert all(step.text in user for step in steps)
+    import random
+
+    result = fake_result("get_weather", {"location": "Oslo"}, random.Random(0), 1, steps)
+    assert result["location"] == "Oslo" and result["next_step"] == steps[1].text
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_connection_refused_is_retried_then_an_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    async with httpx.AsyncClient() as client:
+        report = await run_canary(client, url, MODEL, sessions=2, rounds=3, timeout=5)
+        with pytest.raises(EndpointUnreachable):
+            await run_canary(client, url, None, sessions=1, rounds=1)
+    assert report.responses == 2 and report.errors == 2 and report.classified == 0
+    for record in report.records:
+        assert record.attempts == MAX_ATTEMPTS and record.status is None
+        assert "cannot connect" in record.verdict.reason
+    assert all(s.outcome == "incomplete" for s in report.session_results)
+    assert report.sessions_observed == 0 and report.session_leak_rate == 0.0
+
+
+def _chat_requests(url: str) -> int:
+    return int(httpx.get(f"{url}/get_server_info").json()["internal_states"][0]["chat_requests"])
+
+
+async def test_an_http_error_is_not_retried() -> None:
+    with DoubleProcess(["--context-length", "20"], FP8_ENV) as double:
+        async with httpx.AsyncClient() as client:
+            report = await run_canary(client, double.url, MODEL, sessions=3, rounds=2)
+        assert _chat_requests(double.url) == 3  # one request per session, no retry
+    assert [r.verdict.reason for r in report.records] == ["HTTP 400"] * 3
+    assert all(r.attempts == 1 and r.status == 400 for r in report.records)
+    assert "context length" in report.records[0].verdict.snippet
+
+
+async def test_a_timeout_is_not_retried() -> None:
+    with DoubleProcess([], {**FP8_ENV, "DSV4_DOUBLE_LATENCY_MS": "1500"}) as double:
+        async with httpx.AsyncClient() as client:
+            report = await run_canary(client, double.url, MODEL, sessions=2, rounds=2, timeout=0.3)
+        assert _chat_requests(double.url) == 2
+    assert all(r.verdict.kind is VerdictKind.ERROR for r in report.records)
+    assert all("timeout" in r.verdict.reason and r.attempts == 1 for r in report.records)
+
+
+async def test_a_server_crash_mid_request_is_not_retried_but_later_refusals_are() -> None:
+    env = {**FP8_ENV, "DSV4_DOUBLE_OOM_AFTER": "4", "DSV4_DOUBLE_LATENCY_MS": "5"}
+    fresh = httpx.Limits(max_keepalive_connections=0)  # no stale keep-alive socket after death
+    with DoubleProcess([], env) as double:
+        async with httpx.AsyncClient(limits=fresh) as client:
+            report = await run_canary(
+                client, double.url, MODEL, sessions=3, rounds=2, concurrency=1, timeout=5
+            )
+        assert double.wait(10) == -9
+    # Chronologically (concurrency 1): s0r1 s1r1 s2r1 s0r2 ok, s1r2 crashes the server, s2r2
+    # is refused (retried) or, racing the dying listener, reset after it was sent (not retried).
+    by_round = {(r.session, r.round): r for r in report.records}
+    assert [by_round[k].verdict.kind for k in [(0, 1), (1, 1), (2, 1), (0, 2)]] == [
+        VerdictKind.OK
+    ] * 4
+    crashed, after = by_round[(1, 2)], by_round[(2, 2)]
+    assert crashed.verdict.kind is VerdictKind.ERROR and crashed.attempts == 1
+    assert "transport error" in crashed.verdict.reason  # the request was sent: never retried
+    assert after.verdict.kind is VerdictKind.ERROR
+    if "cannot connect" in after.verdict.reason:
+        assert after.attempts == MAX_ATTEMPTS
+    else:
+        assert after.attempts == 1 and "transport error" in after.verdict.reason
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"sessions": 0}, {"rounds": 0}, {"concurrency": 0}, {"timeout": 0}, {"confidence": 1.0}],
+)
+async def test_bad_parameters(kwargs: dict[str, Any]) -> None:
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(ValueError):
+            await run_canary(client, "http://127.0.0.1:1", MODEL, **kwargs)
+
+
+# --- dsv4 probe -----------------------------------------------------------------------------
+
+
+def probe(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["probe", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_probe_exits_0_on_fp8(fp8: str) -> None:
+    code, out, err = probe("--url", fp8, "--sessions", "60", "--rounds", "4")
+    assert code == 0, out + err
+    assert "responses  240 (ok 240" in out
+    assert "leak rate  per session  0/60 = 0.0%" in out
+    assert "latency    p50" in out
+    assert "probing" in err  # the progress bar goes to stderr
+
+
+def test_probe_exits_1_on_bf16_hicache(bf16_hicache: str) -> None:
+    code, out, err = probe("--url", bf16_hicache, "--sessions", "60", "--rounds", "4")
+    assert code == 1, out + err
+    assert "LEAKING" in out and "examples of corrupted outputs" in out
+
+
+def test_probe_json_and_vs(fp8: str, bf16_hicache: str) -> None:
+    code, out, _ = probe(
+        "--url", bf16_hicache, "--vs", fp8, "--sessions", "60", "--rounds", "4", "-o", "json"
+    )
+    assert code == 1
+    payload = json.loads(out)
+    dirty, clean = payload["results"]
+    assert dirty["judgement"] == "leaking" and dirty["significantly_above"] is True
+    assert clean["session_leak_rate"]["leaks"] == 0 and clean["significantly_above"] is False
+    comparison = payload["comparison"]
+    assert comparison["significant"] is True and comparison["p_value"] < 0.01
+    assert comparison["k1"] == dirty["session_leak_rate"]["leaks"]
+    assert payload["exit_code"] == 1 and payload["per"] == "sessions"
+
+
+def test_probe_per_response_threshold(fp8: str) -> None:
+    code, out, _ = probe(
+        "--url", fp8, "--sessions", "5", "--rounds", "2", "--per", "responses", "-o", "json"
+    )
+    assert code == 0
+    assert json.loads(out)["results"][0]["response_leak_rate"]["of"] == 10
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--url", "not-a-url"], "is not an http(s) URL"),
+        (["--url", "http://127.0.0.1:1"], "cannot connect"),
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--sessions", "1", "--rounds", "1"],
+         "no response from http://127.0.0.1:1 could be classified"),
+    ],
+)  # fmt: skip
+def test_probe_exits_2_on_bad_input(args: list[str], message: str) -> None:
+    code, out, err = probe(*args)
+    assert code == 2
+    assert message in err and out == ""
