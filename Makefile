@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install lint k8s-binaries unit bench
+.PHONY: demo test install lint k8s-binaries tools unit bench
 
 $(BIN)/dsv4: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,18 +20,23 @@ demo: install k8s-binaries
 	$(BIN)/dsv4 demo
 
 lint: install
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests tools bench
+	$(BIN)/ruff format --check operator tests tools bench
 	$(BIN)/mypy
 
 k8s-binaries:
 	bash tools/build-k8s.sh
 
+# Pinned helm, kubectl, promtool (Debian package, unpacked) and hadolint for the chart, alert
+# and image tests, fetched into ~/.cache/dsv4-operator/tools on first use (tools/devtools.py).
+tools: install
+	$(BIN)/python tools/devtools.py
+
 unit: install
 	$(BIN)/python -m pytest tests/unit
 
 # pytest exits 5 when it collected nothing; make treats any non-zero exit as failure.
-test: install lint k8s-binaries
+test: install lint k8s-binaries tools
 	$(BIN)/python -m pytest
 
 bench: install k8s-binaries

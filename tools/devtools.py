@@ -62,9 +62,8 @@ def cache_root() -> Path:
 def _run(argv: list[str], cwd: Path | None = None) -> str:
     proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise ToolUnavailable(
-            f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        )
+        output = proc.stdout[-2000:] + proc.stderr[-2000:]
+        raise ToolUnavailable(f"{' '.join(argv)} exited {proc.returncode}:\n{output}")
     return proc.stdout
 
 

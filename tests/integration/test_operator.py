@@ -76,8 +76,11 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
         "dsv4-flash-prefill",
         "dsv4-flash-decode",
     }
+    nodes = cluster.dyn.resources.get(api_version="v1", kind="Node")
     for pod in cluster.pods("dsv4.io/deployment=dsv4-flash,dsv4.io/role in (prefill,decode)"):
-        assert pod["spec"]["nodeName"] in gpu_pool  # RTX nodes, never the H100 decoy
+        node = nodes.get(name=pod["spec"]["nodeName"]).to_dict()
+        # The requested product, never the H100 decoy that carries the same pool label.
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == RTX
         assert pod["status"]["phase"] == "Running"
     [revision] = cluster.revisions()
     assert revision["metadata"]["labels"]["dsv4.io/revision"] == status["currentRevision"]

@@ -167,3 +167,12 @@ def test_revisions_pruned_beyond_limit(variant: Callable[..., dict[str, Any]]) -
     pruned = {n for r, n in decision.delete if r.kind == "ControllerRevision"}
     # 13 revisions, limit 10: the three oldest would go, but the pods run the first one.
     assert pruned == {"x-old0", "x-old1"}
+
+
+def test_disabling_the_service_monitor_deletes_it(variant: Callable[..., dict[str, Any]]) -> None:
+    enabled = variant({"monitoring.serviceMonitor": {"enabled": True}})
+    first = decide(_world(enabled))
+    [monitor] = [o for o in first.apply if o["kind"] == "ServiceMonitor"]
+    live = _as_live([o for o in first.apply if o["kind"] != "ServiceMonitor"])
+    world = _world(variant({}), revisions=first.create, service_monitors=[monitor], **live)
+    assert ("ServiceMonitor", "x") in {(r.kind, n) for r, n in decide(world).delete}

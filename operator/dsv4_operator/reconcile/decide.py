@@ -19,6 +19,7 @@ from dsv4_operator.kube.resources import (
     DEPLOYMENT,
     PDB,
     SERVICE,
+    SERVICE_MONITOR,
     STATEFULSET,
 )
 from dsv4_operator.reconcile.guarding import guard_pass
@@ -123,6 +124,8 @@ def _blue_green(plan: Plan, ctx: RenderContext, active: Pair) -> Progress:
 
 def _rollout(plan: Plan, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
     world = plan.world
+    if not spec.monitoring.service_monitor.enabled:
+        plan.remove(SERVICE_MONITOR, ctx.name)
     pairs = world.pairs()
     active_id = world.active_pair_id()
     if active_id is None:

@@ -47,9 +47,8 @@ async def gather(
     async def owned(res: object) -> list[Obj]:
         return _owned(await client.list(res, namespace, selector), uid)  # type: ignore[arg-type]
 
-    monitors: list[Obj] = []
-    if (spec_raw.get("monitoring") or {}).get("serviceMonitor", {}).get("enabled"):
-        monitors = await owned(SERVICE_MONITOR)
+    # Listed even when disabled, so a monitor left from before is deleted (404 -> none).
+    monitors = await owned(SERVICE_MONITOR)
     return World(
         name=name,
         namespace=namespace,

@@ -1,0 +1,76 @@
+{{/* Names, labels and the settings several templates share. */}}
+
+{{- define "dsv4-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dsv4-operator.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dsv4-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dsv4-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dsv4-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "dsv4-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: dsv4-operator
+{{- end -}}
+
+{{- define "dsv4-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dsv4-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dsv4-operator.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces the operator watches, in order, without duplicates; empty means all. */}}
+{{- define "dsv4-operator.watchNamespaces" -}}
+{{- .Values.watchNamespaces | uniq | join "," -}}
+{{- end -}}
+
+{{- define "dsv4-operator.webhookServiceName" -}}
+{{- printf "%s-webhook" (include "dsv4-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dsv4-operator.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "dsv4-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dsv4-operator.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "dsv4-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* DNS names the webhook serving certificate must carry (the API server dials the first). */}}
+{{- define "dsv4-operator.webhookDNSNames" -}}
+{{- $svc := include "dsv4-operator.webhookServiceName" . -}}
+{{- list (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc.%s" $svc .Release.Namespace .Values.clusterDomain) (printf "%s.%s" $svc .Release.Namespace) $svc | toJson -}}
+{{- end -}}
+
+{{/* Directory inside the container where the webhook's tls.crt and tls.key are mounted. */}}
+{{- define "dsv4-operator.webhookCertDir" -}}
+/etc/dsv4-operator/webhook-tls
+{{- end -}}

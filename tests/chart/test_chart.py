@@ -1,0 +1,445 @@
+"""The Helm chart, rendered by the real helm binary: lint, schema, Kubernetes 1.37 validation,
+and the properties the operator depends on (ports, probes, RBAC, webhook wiring, certificates).
+
+What needs an API server (install, RBAC under a real token, the webhook configuration kopf
+creates) is in tests/integration/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+
+from .support import (
+    CHART,
+    DASHBOARD_FILE,
+    REPO,
+    RULES_FILE,
+    by_kind,
+    helm_args,
+    one,
+    render,
+    run,
+    tool,
+)
+
+# Kinds from CRDs the Kubernetes schemas do not know: checked structurally below instead.
+CUSTOM_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
+
+# The RBAC rules the operator needs, as measured (docs/install.md#rbac).
+NAMESPACED_RULES = [
+    {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments/status"], "verbs": ["patch"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["statefulsets", "deployments"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["apps"],
+        "resources": ["controllerrevisions"],
+        "verbs": ["list", "create", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "create", "patch", "delete"]},
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["list", "create", "patch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {
+        "apiGroups": ["monitoring.coreos.com"],
+        "resources": ["servicemonitors"],
+        "verbs": ["list", "create", "patch", "delete"],
+    },
+]
+CRD_RULE = {
+    "apiGroups": ["apiextensions.k8s.io"],
+    "resources": ["customresourcedefinitions"],
+    "verbs": ["list", "watch"],
+}
+NAMESPACE_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+
+ALL_FEATURES: dict[str, Any] = {
+    "watchNamespaces": ["llm-a", "llm-b"],
+    "webhook": {"certificate": {"source": "certManager"}},
+    "metrics": {"serviceMonitor": {"enabled": True}},
+    "prometheusRule": {"enabled": True},
+}
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "namespaced-certmanager-monitoring": ALL_FEATURES,
+    "no-webhook-no-dashboard": {
+        "webhook": {"enabled": False},
+        "grafanaDashboard": {"enabled": False},
+        "metrics": {"service": {"enabled": False}},
+    },
+    "cert-manager-issuer": {
+        "webhook": {
+            "certificate": {
+                "source": "certManager",
+                "certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}},
+            }
+        }
+    },
+}
+
+
+def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = one(objects, "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in _container(objects)["env"]}
+
+
+def _port(objects: list[dict[str, Any]], name: str) -> int:
+    ports = {p["name"]: p["containerPort"] for p in _container(objects)["ports"]}
+    return ports[name]
+
+
+def test_chart_crd_is_a_copy_of_the_generated_crd() -> None:
+    chart_crd = CHART / "crds" / "dsv4.io_dsv4deployments.yaml"
+    source = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
+    assert chart_crd.read_bytes() == source.read_bytes(), (
+        "charts/dsv4-operator/crds/ drifted from crds/: "
+        "cp crds/dsv4.io_dsv4deployments.yaml charts/dsv4-operator/crds/"
+    )
+    assert [p.name for p in (CHART / "crds").iterdir()] == [chart_crd.name]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_helm_lint_strict_passes(values: dict[str, Any]) -> None:
+    proc = run([tool("helm"), "lint", "--strict", CHART, *helm_args(values)])
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_rendered_objects_validate_against_kubernetes_1_37(values: dict[str, Any]) -> None:
+    objects = render(values)
+    builtin = [o for o in objects if not o["apiVersion"].startswith(CUSTOM_GROUPS)]
+    errors = []
+    for obj in builtin:
+        try:
+            kubernetes_validate.validate(obj, "1.37", strict=True)
+        except kubernetes_validate.ValidationError as error:
+            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {error}")
+    assert not errors, "\n".join(errors)
+    kinds = {o["kind"] for o in builtin}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole"} <= kinds
+    for obj in objects:  # namespaced objects land in the release namespace unless told
+        if obj["kind"] in {"Deployment", "Service", "Secret", "ServiceAccount", "ConfigMap"}:
+            assert obj["metadata"]["namespace"] == "dsv4-system"
+
+
+def test_custom_resources_are_well_formed() -> None:
+    objects = render(ALL_FEATURES)
+    custom = {o["kind"]: o for o in objects if o["apiVersion"].startswith(CUSTOM_GROUPS)}
+    assert set(custom) == {"ServiceMonitor", "PrometheusRule", "Certificate", "Issuer"}
+    assert custom["ServiceMonitor"]["apiVersion"] == "monitoring.coreos.com/v1"
+    assert custom["PrometheusRule"]["apiVersion"] == "monitoring.coreos.com/v1"
+    assert custom["Certificate"]["apiVersion"] == "cert-manager.io/v1"
+    assert custom["Issuer"]["spec"] == {"selfSigned": {}}
+    for obj in custom.values():
+        assert obj["metadata"]["namespace"] == "dsv4-system"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "dsv4-operator"
+
+
+def test_operator_deployment_is_one_recreated_non_root_read_only_replica() -> None:
+    objects = render()
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(objects)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert container["args"] == ["run"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert container["image"] == f"registry.example.com/dsv4-operator:{chart['appVersion']}"
+    # A writable /tmp on an emptyDir, since the root filesystem is read-only.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_probes_call_kopfs_health_endpoint_on_the_port_the_operator_serves() -> None:
+    objects = render({"ports": {"metrics": 18080, "health": 18081, "webhook": 19443}})
+    container, env = _container(objects), _env(objects)
+    health = _port(objects, "health")
+    assert health == int(env["DSV4_HEALTH_PORT"]) == 18081
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    assert _port(objects, "metrics") == int(env["DSV4_METRICS_PORT"]) == 18080
+    assert _port(objects, "webhook") == int(env["DSV4_WEBHOOK_PORT"]) == 19443
+
+
+def test_services_select_the_operator_pod_and_target_its_named_ports() -> None:
+    objects = render()
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    services = {s["metadata"]["name"]: s for s in by_kind(objects, "Service")}
+    assert set(services) == {"dsv4-operator-metrics", "dsv4-operator-webhook"}
+    for service in services.values():
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert services["dsv4-operator-metrics"]["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert services["dsv4-operator-webhook"]["spec"]["ports"] == [
+        {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
+    ]
+
+
+def test_cluster_wide_rbac_is_one_cluster_role_with_the_measured_rules() -> None:
+    objects = render()
+    assert _env(objects)["DSV4_NAMESPACES"] == ""
+    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
+    assert roles["dsv4-operator"]["rules"] == NAMESPACED_RULES
+    assert roles["dsv4-operator-discovery"]["rules"] == [CRD_RULE]
+    sa = one(objects, "ServiceAccount")["metadata"]
+    bindings = by_kind(objects, "ClusterRoleBinding")
+    assert {b["roleRef"]["name"] for b in bindings} == set(roles)
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+        ]
+
+
+def test_namespaced_rbac_is_a_role_per_namespace_and_read_only_cluster_scope() -> None:
+    objects = render({"watchNamespaces": ["llm-a", "llm-b", "llm-a"]})
+    assert _env(objects)["DSV4_NAMESPACES"] == "llm-a,llm-b"
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-a", "llm-b"]
+    for role in roles:
+        assert role["rules"] == NAMESPACED_RULES
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm-a", "llm-b"]
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "dsv4-operator",
+        }
+        assert binding["subjects"][0]["namespace"] == "dsv4-system"
+    # Cluster scope: only kopf's read-only discovery of CRDs and namespaces.
+    cluster_role = one(objects, "ClusterRole")
+    assert cluster_role["rules"] == [CRD_RULE, NAMESPACE_RULE]
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert webhook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["llm-a", "llm-b"]}
+        ]
+    }
+
+
+def test_rbac_can_leave_out_service_monitors_or_be_left_to_the_user() -> None:
+    objects = render({"rbac": {"serviceMonitors": False}})
+    rules = [r for role in by_kind(objects, "ClusterRole") for r in role["rules"]]
+    assert rules and all("monitoring.coreos.com" not in r["apiGroups"] for r in rules)
+    kinds = {o["kind"] for o in render({"rbac": {"create": False}})}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    assert "ServiceAccount" in kinds
+
+
+def _certificate(pem: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem.encode())
+
+
+def _verify_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
+    key = ca.public_key()
+    assert cert.signature_hash_algorithm is not None
+    if isinstance(key, rsa.RSAPublicKey):
+        key.verify(
+            cert.signature,
+            cert.tbs_certificate_bytes,
+            padding.PKCS1v15(),
+            cert.signature_hash_algorithm,
+        )
+    else:
+        assert isinstance(key, ec.EllipticCurvePublicKey)
+        key.verify(
+            cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm)
+        )
+
+
+def test_helm_generated_certificate_serves_the_webhook_service_name() -> None:
+    objects = render(namespace="ops")
+    secret = one(objects, "Secret")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert secret["type"] == "kubernetes.io/tls"
+    ca, leaf = _certificate(data["ca.crt"]), _certificate(data["tls.crt"])
+    _verify_signed_by(leaf, ca)
+    webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
+    assert base64.b64decode(webhook["clientConfig"]["caBundle"]).decode() == data["ca.crt"]
+    service = webhook["clientConfig"]["service"]
+    assert service == {
+        "name": "dsv4-operator-webhook",
+        "namespace": "ops",
+        "port": 443,
+        "path": "/rules",
+    }
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "dsv4-operator-webhook.ops.svc" in names.get_values_for_type(x509.DNSName)
+    now = datetime.datetime.now(datetime.UTC)
+    assert leaf.not_valid_before_utc <= now < leaf.not_valid_after_utc
+    # The private key belongs to the certificate.
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    key = load_pem_private_key(data["tls.key"].encode(), password=None)
+    assert key.public_key().public_numbers() == leaf.public_key().public_numbers()  # type: ignore[union-attr]
+    # ... and it is what the operator reads from DSV4_WEBHOOK_CERT_DIR.
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    mount = next(m for m in _container(objects)["volumeMounts"] if m["name"] == "webhook-tls")
+    assert mount["mountPath"] == _env(objects)["DSV4_WEBHOOK_CERT_DIR"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert {i["path"] for i in volume["secret"]["items"]} == {"tls.crt", "tls.key"}
+
+
+def test_cert_manager_certificate_feeds_the_same_secret_and_injects_the_ca() -> None:
+    objects = render({"webhook": {"certificate": {"source": "certManager"}}})
+    assert not by_kind(objects, "Secret")
+    certificate = one(objects, "Certificate")
+    issuer = one(objects, "Issuer")
+    assert certificate["spec"]["issuerRef"] == {
+        "name": issuer["metadata"]["name"],
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    assert "dsv4-operator-webhook.dsv4-system.svc" in certificate["spec"]["dnsNames"]
+    config = one(objects, "ValidatingWebhookConfiguration")
+    assert config["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"dsv4-system/{certificate['metadata']['name']}"
+    }
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == certificate["spec"]["secretName"]
+    # A given issuer is used as is, and no Issuer is created.
+    given = render(VALUE_SETS["cert-manager-issuer"])
+    assert not by_kind(given, "Issuer")
+    assert one(given, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+    }
+
+
+def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
+    objects = render({"webhook": {"enabled": False}})
+    kinds = {o["kind"] for o in objects}
+    assert not kinds & {"ValidatingWebhookConfiguration", "Secret", "Certificate", "Issuer"}
+    assert [s["metadata"]["name"] for s in by_kind(objects, "Service")] == ["dsv4-operator-metrics"]
+    env = _env(objects)
+    assert env["DSV4_WEBHOOK"] == "false"
+    assert "DSV4_WEBHOOK_CERT_DIR" not in env
+    assert "webhook" not in {p["name"] for p in _container(objects)["ports"]}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"webhook": {"certificate": {"source": "vault"}}}, "/webhook/certificate/source"),
+        ({"watchNamespaces": "llm-a"}, "/watchNamespaces"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+        ({"operator": {"logFormat": "xml"}}, "/operator/logFormat"),
+        ({"replicaCount": 2}, "replicaCount"),
+        ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
+        ({"ports": {"health": 0}}, "/ports/health"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+    ],
+)
+def test_values_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
+    proc = run(
+        [tool("helm"), "template", "x", CHART, *helm_args(values)],
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr
+
+
+def test_prometheus_rule_embeds_the_plain_rules_file() -> None:
+    plain = yaml.safe_load(RULES_FILE.read_text())
+    rule = one(render({"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    assert rule["spec"]["groups"] == plain["groups"]
+    base = "https://docs.example.com/dsv4/runbook.md"
+    moved = one(
+        render({"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}), "PrometheusRule"
+    )
+    urls = [r["annotations"]["runbook_url"] for g in moved["spec"]["groups"] for r in g["rules"]]
+    assert len(urls) == sum(len(g["rules"]) for g in plain["groups"])
+    assert all(u.startswith(base + "#dsv4") for u in urls), urls
+    assert not by_kind(render(), "PrometheusRule")
+
+
+def test_dashboard_config_map_carries_the_dashboard_for_the_sidecar() -> None:
+    config_map = one(render(), "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["data"] == {"dsv4-operator.json": DASHBOARD_FILE.read_text().rstrip("\n")}
+    elsewhere = one(
+        render({"grafanaDashboard": {"namespace": "monitoring", "labels": {"dash": "yes"}}}),
+        "ConfigMap",
+    )
+    assert elsewhere["metadata"]["namespace"] == "monitoring"
+    assert elsewhere["metadata"]["labels"]["dash"] == "yes"
+
+
+def test_service_monitor_scrapes_as_the_job_the_operator_down_alert_watches() -> None:
+    objects = render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    monitor = one(objects, "ServiceMonitor")
+    metrics = next(
+        s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics")
+    )
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= metrics["metadata"]["labels"].items()
+    job = metrics["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert job == "dsv4-operator"
+    alert = next(
+        r
+        for g in yaml.safe_load(RULES_FILE.read_text())["groups"]
+        for r in g["rules"]
+        if r["alert"] == "DSV4OperatorDown"
+    )
+    assert f'job="{job}"' in alert["expr"]
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_operator_settings_accept_the_environment_the_chart_sets(values: dict[str, Any]) -> None:
+    from dsv4_operator.settings import OperatorSettings
+
+    objects = render(values)
+    env = _env(objects)
+    fields = {f"DSV4_{name.upper()}" for name in OperatorSettings.model_fields}
+    assert set(env) <= fields, f"unknown settings {set(env) - fields}"
+    settings = OperatorSettings(**{k.removeprefix("DSV4_").lower(): v for k, v in env.items()})
+    assert settings.namespace_list == values.get("watchNamespaces", [])
+    assert settings.webhook is values.get("webhook", {}).get("enabled", True)
+    assert settings.health_port == _port(objects, "health")
+    assert settings.webhook_url_host is None, "in-cluster, the chart owns the webhook config"
+    if settings.webhook:
+        assert str(settings.webhook_cert_dir) == next(
+            m["mountPath"]
+            for m in _container(objects)["volumeMounts"]
+            if m["name"] == "webhook-tls"
+        )

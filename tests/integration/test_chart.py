@@ -1,0 +1,551 @@
+"""The Helm chart against the real API server: `helm install`, the chart's RBAC proven by
+running the operator with a token of the chart's ServiceAccount, and the webhook wiring.
+
+The operator pod the chart creates is Running on a kwok node, but nothing executes there, so
+the operator that reconciles is `dsv4 run` on this machine with the chart ServiceAccount's
+credentials (TokenRequest API -> kubeconfig): every request it makes is authorized by the RBAC
+the chart rendered, and nothing else. The API server never calls the chart's webhook Service
+here (a ClusterIP routes nowhere without kube-proxy), so the webhook objects are checked by
+comparison with what kopf creates, and the served certificate and path by calling the
+operator's webhook over TLS with the chart's CA and the Service's DNS name.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import re
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from dsv4_operator.demo import weights_volume
+from dsv4_operator.devcluster import ControlPlane, wait_for
+
+from ..chart.support import CHART, helm_args, render, tool
+from .operator_support import (
+    POOL_LABEL,
+    RTX,
+    Cluster,
+    OperatorProcess,
+    example,
+    free_port,
+)
+
+pytestmark = pytest.mark.integration
+POOL = "chart"  # this module's own fake GPU nodes
+# An RBAC denial, as the API server words it and as kopf reports a missing permission.
+DENIED = re.compile(r"cannot \w+ resource|Not enough permissions|is forbidden: User", re.I)
+
+
+# prometheus-operator's ServiceMonitor type, schema-less: enough for the operator to apply one.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+            "kind": "ServiceMonitor",
+            "listKind": "ServiceMonitorList",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def chart_nodes(control_plane: ControlPlane, dsv4_crd: dict[str, Any], dyn: Any) -> list[str]:
+    """This module's kwok GPU nodes, and the ServiceMonitor type (spec.monitoring)."""
+    names = [f"chart-rtx-{i}" for i in range(2)]
+    for name in names:
+        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: POOL})
+    crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
+    crd_name = SERVICE_MONITOR_CRD["metadata"]["name"]  # type: ignore[index]
+    crds.server_side_apply(body=SERVICE_MONITOR_CRD, name=crd_name, field_manager="dsv4-tests")
+
+    def served() -> bool:
+        try:
+            dyn.resources.get(api_version="monitoring.coreos.com/v1", kind="ServiceMonitor")
+        except Exception:
+            dyn.resources.invalidate_cache()
+            return False
+        return True
+
+    wait_for("ServiceMonitor served", served, timeout=60)
+    return names
+
+
+class Helm:
+    """The real helm binary against the session's API server (admin kubeconfig)."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+
+    def __call__(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [str(tool("helm")), "--kubeconfig", str(self.kubeconfig), *map(str, args)]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(map(str, args))}:\n{proc.stdout}{proc.stderr}")
+        return proc
+
+    def install(self, release: str, namespace: str, values: dict[str, Any], *extra: str) -> None:
+        self("install", release, CHART, "--namespace", namespace, *helm_args(values), *extra)
+
+    def uninstall(self, release: str, namespace: str) -> None:
+        self("uninstall", release, "--namespace", namespace, "--wait", check=False)
+
+
+@pytest.fixture(scope="module")
+def helm(control_plane: ControlPlane) -> Helm:
+    return Helm(control_plane.kubeconfig_path)
+
+
+def _values(**values: Any) -> dict[str, Any]:
+    """Chart values for the dev cluster: the operator pod goes to this module's kwok nodes."""
+    return {"nodeSelector": {POOL_LABEL: POOL}, **values}
+
+
+def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
+    api = cp.api_client()
+    try:
+        request = {"spec": {"expirationSeconds": 3600}}
+        token = (
+            k8s.CoreV1Api(api)
+            .create_namespaced_service_account_token(name, namespace, request)
+            .status.token
+        )
+    finally:
+        api.close()
+    config = yaml.safe_load(cp.kubeconfig_path.read_text())
+    config["users"] = [{"name": name, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _denials(op: OperatorProcess) -> list[str]:
+    text = op.log_path.read_text(errors="replace")
+    return [line for line in text.splitlines() if DENIED.search(line)]
+
+
+def _who_am_i(kubeconfig: Path) -> str:
+    out = subprocess.run(
+        [str(tool("kubectl")), "--kubeconfig", str(kubeconfig), "auth", "whoami", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    username: str = json.loads(out)["status"]["userInfo"]["username"]
+    return username
+
+
+def _wait_ready(cluster: Cluster, op: OperatorProcess, timeout: float = 180) -> dict[str, Any]:
+    """Phase Ready for the current generation; fails at once on an RBAC denial in the log."""
+    deadline = time.monotonic() + timeout
+    status: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        denials = _denials(op)
+        if denials:
+            pytest.fail("the chart's RBAC denied the operator:\n" + "\n".join(denials[:5]))
+        op.alive_or_raise()
+        obj = cluster.get()
+        status = obj.get("status", {})
+        generation = obj["metadata"]["generation"]
+        if status.get("phase") == "Ready" and status.get("observedGeneration") == generation:
+            return obj
+        time.sleep(0.3)
+    raise TimeoutError(f"not Ready after {timeout}s: {status.get('conditions')}")
+
+
+def _lifecycle(cluster: Cluster, op: OperatorProcess) -> None:
+    """Every kind of write the operator makes: create, a ServiceMonitor, a transfer-format
+    change with Recreate (deletes StatefulSets and the router Deployment), one with BlueGreen
+    (deletes the old pair's Services and PodDisruptionBudgets too), revision pruning (history
+    limit 1), Events and status; then delete."""
+    doc = example(cluster.namespace)
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["nodeSelector"] = {POOL_LABEL: POOL}
+    cluster.apply(doc)
+    first = _wait_ready(cluster, op)
+    assert cluster.children(), "no children were created"
+    doc["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True}}
+    cluster.apply(doc)
+    _wait_ready(cluster, op)
+    monitors = cluster.items("monitoring.coreos.com/v1", "ServiceMonitor")
+    assert [m["metadata"]["name"] for m in monitors] == ["dsv4-flash"]
+    doc["spec"]["engine"]["indexKDtype"] = "bf16"
+    cluster.apply(doc)
+    second = _wait_ready(cluster, op)
+    assert second["status"]["currentRevision"] != first["status"]["currentRevision"]
+    doc["spec"]["engine"]["indexKDtype"] = "fp8"
+    doc["spec"]["rollout"] = {"strategy": "BlueGreen"}
+    cluster.apply(doc)
+    third = _wait_ready(cluster, op)
+    assert third["status"]["currentRevision"] == first["status"]["currentRevision"]
+    names = {name for _, name in cluster.children()}
+    assert "dsv4-flash-prefill" not in names, "BlueGreen deleted the old pair"
+    wait_for("revisions pruned to the limit", lambda: len(cluster.revisions()) == 1, timeout=30)
+    assert any(e["reason"] for e in cluster.events()), "no Events were posted"
+    cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
+    wait_for("children garbage-collected", lambda: not cluster.children(), timeout=120)
+
+
+def _prove_rbac(
+    control_plane: ControlPlane,
+    dyn: Any,
+    work: str,
+    sa_namespace: str,
+    sa_name: str,
+    tmp_path: Path,
+    watch: str,
+) -> None:
+    kubeconfig = service_account_kubeconfig(
+        control_plane, sa_namespace, sa_name, tmp_path / "sa.kubeconfig"
+    )
+    assert _who_am_i(kubeconfig) == f"system:serviceaccount:{sa_namespace}:{sa_name}"
+    weights_volume(dyn, work)
+    op = OperatorProcess(
+        kubeconfig, work, tmp_path, DSV4_NAMESPACES=watch, DSV4_REVISION_HISTORY_LIMIT="1"
+    ).start()
+    try:
+        _lifecycle(Cluster(dyn, work), op)
+        time.sleep(3)  # a few resyncs after the delete, still authorized
+        op.alive_or_raise()
+    finally:
+        op.stop()
+        print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
+    denials = _denials(op)
+    assert not denials, "the chart's RBAC denied the operator:\n" + "\n".join(denials[:20])
+
+
+@pytest.fixture
+def work_namespace(dyn: Any, namespace: str) -> Iterator[str]:
+    """A second namespace for the DSV4Deployment (the `namespace` fixture holds the release)."""
+    name = f"{namespace[:50]}-work"
+    namespaces = dyn.resources.get(api_version="v1", kind="Namespace")
+    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    namespaces.delete(name=name)
+
+
+def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
+    control_plane: ControlPlane,
+    dyn: Any,
+    helm: Helm,
+    namespace: str,
+    work_namespace: str,
+    chart_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    release = "dsv4-ns"
+    helm.install(
+        release, namespace, _values(watchNamespaces=[work_namespace], webhook={"enabled": False})
+    )
+    try:
+        rbac = k8s.RbacAuthorizationV1Api(control_plane.api_client())
+        assert [r.metadata.name for r in rbac.list_namespaced_role(work_namespace).items] == [
+            f"{release}-dsv4-operator"
+        ]
+        _prove_rbac(
+            control_plane,
+            dyn,
+            work_namespace,
+            namespace,
+            f"{release}-dsv4-operator",
+            tmp_path,
+            watch=work_namespace,
+        )
+    finally:
+        helm.uninstall(release, namespace)
+
+
+def test_cluster_wide_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
+    control_plane: ControlPlane,
+    dyn: Any,
+    helm: Helm,
+    namespace: str,
+    work_namespace: str,
+    chart_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    release = "dsv4-cw"
+    helm.install(release, namespace, _values(webhook={"enabled": False}))
+    try:
+        _prove_rbac(
+            control_plane,
+            dyn,
+            work_namespace,
+            namespace,
+            f"{release}-dsv4-operator",
+            tmp_path,
+            watch="",
+        )
+    finally:
+        helm.uninstall(release, namespace)
+
+
+def test_the_service_account_cannot_do_more_than_the_chart_grants(
+    control_plane: ControlPlane,
+    helm: Helm,
+    namespace: str,
+    work_namespace: str,
+    chart_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    """Negative control: the same token is refused what the chart does not grant."""
+    release = "dsv4-neg"
+    helm.install(
+        release, namespace, _values(watchNamespaces=[work_namespace], webhook={"enabled": False})
+    )
+    try:
+        kubeconfig = service_account_kubeconfig(
+            control_plane, namespace, f"{release}-dsv4-operator", tmp_path / "sa.kubeconfig"
+        )
+
+        def can_i(*args: str) -> bool:
+            proc = subprocess.run(
+                [str(tool("kubectl")), "--kubeconfig", str(kubeconfig), "auth", "can-i", *args],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            return proc.stdout.strip() == "yes"
+
+        assert can_i("patch", "statefulsets.apps", "-n", work_namespace)
+        assert can_i(
+            "patch", "dsv4deployments.dsv4.io", "--subresource=status", "-n", work_namespace
+        )
+        assert can_i("watch", "customresourcedefinitions.apiextensions.k8s.io")
+        assert not can_i("patch", "statefulsets.apps", "-n", "default")  # not a watched namespace
+        assert not can_i("get", "secrets", "-n", work_namespace)
+        assert not can_i("create", "pods", "-n", work_namespace)
+        assert not can_i("update", "dsv4deployments.dsv4.io", "-n", work_namespace)
+        assert not can_i("delete", "customresourcedefinitions.apiextensions.k8s.io")
+    finally:
+        helm.uninstall(release, namespace)
+
+
+def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
+    control_plane: ControlPlane,
+    dyn: Any,
+    helm: Helm,
+    namespace: str,
+    chart_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    """Install (webhook on, Helm-generated certificate): the Deployment becomes available on a
+    kwok node; upgrade keeps the certificate; the operator, run with that certificate and the
+    chart's ServiceAccount, serves the admission review at the path the configuration names,
+    verifiable with the configuration's caBundle for the Service's DNS name.
+
+    The release watches only its own namespace, where no DSV4Deployment is ever created, so the
+    API server never calls the webhook Service."""
+    release = "dsv4-op"
+    helm.install(
+        release, namespace, _values(watchNamespaces=[namespace]), "--wait", "--timeout", "3m"
+    )
+    try:
+        apps = k8s.AppsV1Api(control_plane.api_client())
+        core = k8s.CoreV1Api(control_plane.api_client())
+        deployment = apps.read_namespaced_deployment(f"{release}-dsv4-operator", namespace)
+        assert deployment.status.available_replicas == 1
+        assert deployment.spec.strategy.type == "Recreate"
+        pods = core.list_namespaced_pod(
+            namespace, label_selector=f"app.kubernetes.io/instance={release}"
+        ).items
+        assert [p.status.phase for p in pods] == ["Running"]
+        assert pods[0].spec.node_name in chart_nodes
+
+        secret_name = f"{release}-dsv4-operator-webhook-tls"
+        secret = core.read_namespaced_secret(secret_name, namespace).data
+        admission = k8s.AdmissionregistrationV1Api(control_plane.api_client())
+        config = admission.read_validating_webhook_configuration(f"{release}-dsv4-operator")
+        webhook = config.webhooks[0]
+        assert base64.b64decode(webhook.client_config.ca_bundle) == base64.b64decode(
+            secret["ca.crt"]
+        )
+        helm("upgrade", release, CHART, "-n", namespace, "--reuse-values")
+        assert core.read_namespaced_secret(secret_name, namespace).data == secret, (
+            "helm upgrade must keep the webhook certificate (lookup)"
+        )
+
+        cert_dir = tmp_path / "webhook-tls"
+        cert_dir.mkdir()
+        for key in ("tls.crt", "tls.key"):
+            (cert_dir / key).write_bytes(base64.b64decode(secret[key]))
+        kubeconfig = service_account_kubeconfig(
+            control_plane, namespace, f"{release}-dsv4-operator", tmp_path / "sa.kubeconfig"
+        )
+        port, health = free_port(), free_port()
+        op = OperatorProcess(
+            kubeconfig,
+            namespace,
+            tmp_path,
+            DSV4_WEBHOOK="1",
+            DSV4_WEBHOOK_HOST="127.0.0.1",
+            DSV4_WEBHOOK_PORT=str(port),
+            DSV4_WEBHOOK_CERT_DIR=str(cert_dir),
+            DSV4_HEALTH_PORT=str(health),
+        ).start()
+        try:
+            path = webhook.client_config.service.path
+            host = f"{webhook.client_config.service.name}.{namespace}.svc"
+            ca = base64.b64decode(webhook.client_config.ca_bundle).decode()
+            unsafe = example(
+                namespace,
+                **{
+                    "engine.indexKDtype": "bf16",
+                    "engine.hicache": {"enabled": True},
+                    "engine.capabilities": ["bf16IndexK"],
+                },
+            )
+            refused = wait_for(
+                "the operator's webhook server",
+                lambda: _try_review(port, path, host, ca, unsafe),
+                timeout=60,
+            )
+            assert refused["allowed"] is False
+            assert "DSV4-R001" in refused["status"]["message"]
+            assert _review(port, path, host, ca, example(namespace))["allowed"] is True
+            # The probes' endpoint answers on the health port.
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=5) as r:
+                assert r.status == 200
+        finally:
+            op.stop()
+            print(f"--- operator log ---\n{op.log_tail(60)}")
+        assert not _denials(op), _denials(op)
+    finally:
+        helm.uninstall(release, namespace)
+    admission = k8s.AdmissionregistrationV1Api(control_plane.api_client())
+    names = [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+    assert f"{release}-dsv4-operator" not in names, "helm uninstall leaves no webhook behind"
+
+
+def _try_review(
+    port: int, path: str, host: str, ca: str, obj: dict[str, Any]
+) -> dict[str, Any] | None:
+    try:
+        return _review(port, path, host, ca, obj)
+    except ConnectionRefusedError:
+        return None  # not listening yet
+
+
+def _review(port: int, path: str, host: str, ca: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """POST an AdmissionReview like the API server does: TLS verified with the caBundle for
+    the Service's DNS name."""
+    context = ssl.create_default_context(cadata=ca)
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-000000000001",
+            "kind": {"group": "dsv4.io", "version": "v1alpha1", "kind": "DSV4Deployment"},
+            "resource": {"group": "dsv4.io", "version": "v1alpha1", "resource": "dsv4deployments"},
+            "requestKind": {"group": "dsv4.io", "version": "v1alpha1", "kind": "DSV4Deployment"},
+            "requestResource": {
+                "group": "dsv4.io",
+                "version": "v1alpha1",
+                "resource": "dsv4deployments",
+            },
+            "name": obj["metadata"]["name"],
+            "namespace": obj["metadata"]["namespace"],
+            "operation": "CREATE",
+            "userInfo": {"username": "tests"},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+            "options": None,
+        },
+    }
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    # Verify the certificate for the Service's name while connecting to loopback.
+    connection.sock = context.wrap_socket(
+        socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname=host
+    )
+    connection.request(
+        "POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"}
+    )
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    review: dict[str, Any] = json.loads(response.read())["response"]
+    connection.close()
+    return review
+
+
+def test_chart_webhook_configuration_matches_what_kopf_creates(
+    control_plane: ControlPlane, dyn: Any, namespace: str, tmp_path: Path
+) -> None:
+    """kopf, managing the configuration itself (a local run), and the chart agree on every
+    field but where the webhook is (a URL there, the chart's Service here)."""
+    configs = dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingWebhookConfiguration"
+    )
+    op = OperatorProcess(
+        control_plane.kubeconfig_path,
+        namespace,
+        tmp_path,
+        DSV4_WEBHOOK="1",
+        DSV4_WEBHOOK_HOST="127.0.0.1",
+        DSV4_WEBHOOK_PORT=str(free_port()),
+        DSV4_WEBHOOK_URL_HOST="127.0.0.1",
+    ).start()
+    try:
+        kopf_config = wait_for(
+            "kopf's ValidatingWebhookConfiguration",
+            lambda: next(
+                (
+                    c
+                    for c in configs.get().to_dict()["items"]
+                    if c["metadata"]["name"] == "dsv4.io.validation" and c.get("webhooks")
+                ),
+                None,
+            ),
+            timeout=60,
+        )
+    finally:
+        op.stop()
+        for config in configs.get().to_dict()["items"]:
+            if config["metadata"]["name"] == "dsv4.io.validation":
+                configs.delete(name="dsv4.io.validation")
+    chart_config = next(
+        o
+        for o in render({"webhook": {"timeoutSeconds": 30}})
+        if o["kind"] == "ValidatingWebhookConfiguration"
+    )
+    (theirs,) = kopf_config["webhooks"]
+    (ours,) = chart_config["webhooks"]
+    kopf_url = theirs.pop("clientConfig")["url"]
+    our_client = ours.pop("clientConfig")
+    assert kopf_url.endswith(our_client["service"]["path"])
+    # Empty selectors are what the API server stores for "none".
+    for selector in ("namespaceSelector", "objectSelector"):
+        assert theirs.pop(selector, {}) == ours.pop(selector, {}) == {}
+    assert ours == theirs
