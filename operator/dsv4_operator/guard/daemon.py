@@ -42,7 +42,9 @@ async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> d
     from dsv4_operator.probe.canary import run_canary
 
     canary = spec.guard.canary
-    async with httpx.AsyncClient(timeout=120.0) as client:
+    # Few keep-alive connections: httpcore's pool gets slow with many idle ones (#1035).
+    limits = httpx.Limits(max_keepalive_connections=8)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
         # A new seed each run: fresh prompts, so runs are independent samples.
         report = await run_canary(
             client,
