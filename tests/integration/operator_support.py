@@ -108,6 +108,20 @@ class OperatorProcess:
             return "(no log)"
 
 
+def webhook_operator(kubeconfig: Path, namespace: str, log_dir: Path) -> OperatorProcess:
+    """An operator serving the admission webhook on loopback; kopf keeps the
+    ValidatingWebhookConfiguration `dsv4.io.validation` pointing at it (delete it after)."""
+    return OperatorProcess(
+        kubeconfig,
+        namespace,
+        log_dir,
+        DSV4_WEBHOOK="1",
+        DSV4_WEBHOOK_HOST="127.0.0.1",
+        DSV4_WEBHOOK_PORT=str(free_port()),
+        DSV4_WEBHOOK_URL_HOST="127.0.0.1",
+    ).start()
+
+
 def example(namespace: str, name: str = "dsv4-flash", **changes: Any) -> dict[str, Any]:
     """The example DSV4Deployment in `namespace`, pinned to the test node pool."""
     doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))

@@ -40,6 +40,7 @@ from .operator_support import (
     OperatorProcess,
     example,
     free_port,
+    webhook_operator,
 )
 
 pytestmark = pytest.mark.integration
@@ -508,15 +509,7 @@ def test_chart_webhook_configuration_matches_what_kopf_creates(
     configs = dyn.resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingWebhookConfiguration"
     )
-    op = OperatorProcess(
-        control_plane.kubeconfig_path,
-        namespace,
-        tmp_path,
-        DSV4_WEBHOOK="1",
-        DSV4_WEBHOOK_HOST="127.0.0.1",
-        DSV4_WEBHOOK_PORT=str(free_port()),
-        DSV4_WEBHOOK_URL_HOST="127.0.0.1",
-    ).start()
+    op = webhook_operator(control_plane.kubeconfig_path, namespace, tmp_path)
     try:
         kopf_config = wait_for(
             "kopf's ValidatingWebhookConfiguration",

@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError
 
 from dsv4_operator.devcluster import wait_for
+
+from .conftest import _exists
 
 pytestmark = pytest.mark.integration
 
@@ -120,11 +122,7 @@ def test_deleting_owner_garbage_collects_children(dyn: Any, namespace: str) -> N
     cms.delete(name="owner", namespace=namespace, propagation_policy="Background")
 
     def gone(resource: Any, name: str) -> bool:
-        try:
-            resource.get(name=name, namespace=namespace)
-        except NotFoundError:
-            return True
-        return False
+        return not _exists(resource, name, namespace)
 
     wait_for("child ConfigMap garbage-collected", lambda: gone(cms, "child"), timeout=120)
     wait_for("child StatefulSet garbage-collected", lambda: gone(sts, "child-engine"), timeout=120)

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+from kubernetes.dynamic.exceptions import DynamicApiError
 
 from dsv4_operator.devcluster import wait_for
+
+from .conftest import _exists
 
 pytestmark = pytest.mark.integration
 
@@ -175,11 +177,7 @@ def test_deleting_dsv4deployment_collects_children(dyn: Any, dsv4: Any, namespac
     dsv4.delete(name="owner", namespace=namespace)
 
     def gone(resource: Any, name: str) -> bool:
-        try:
-            resource.get(name=name, namespace=namespace)
-        except NotFoundError:
-            return True
-        return False
+        return not _exists(resource, name, namespace)
 
     wait_for("Service collected", lambda: gone(services, "owner-router"), timeout=120)
     wait_for("ConfigMap collected", lambda: gone(cms, "owner-config"), timeout=120)

@@ -24,8 +24,8 @@ from .operator_support import (
     OperatorProcess,
     engine_flags,
     example,
-    free_port,
     watch_router,
+    webhook_operator,
 )
 
 pytestmark = pytest.mark.integration
@@ -281,15 +281,7 @@ def test_admission_webhook_refuses_unsafe_specs(
     configs = cluster.dyn.resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingWebhookConfiguration"
     )
-    webhook = OperatorProcess(
-        control_plane.kubeconfig_path,
-        cluster.namespace,
-        tmp_path,
-        DSV4_WEBHOOK="1",
-        DSV4_WEBHOOK_HOST="127.0.0.1",
-        DSV4_WEBHOOK_PORT=str(free_port()),
-        DSV4_WEBHOOK_URL_HOST="127.0.0.1",
-    ).start()
+    webhook = webhook_operator(control_plane.kubeconfig_path, cluster.namespace, tmp_path)
     try:
         wait_for(
             "the managed ValidatingWebhookConfiguration",

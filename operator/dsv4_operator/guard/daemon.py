@@ -8,7 +8,6 @@ sample is attributed to exactly that revision.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -105,8 +104,10 @@ class GuardSupervisor:
     async def _loop(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         interval = parse_duration(spec.guard.canary.interval).total_seconds()
         while True:
-            with contextlib.suppress(Exception):  # one bad round must not end the loop
+            try:
                 await self._round(key, spec)
+            except Exception:  # one bad round must not end the loop, but must be seen
+                log.exception("%s/%s: guard round failed", *key)
             await asyncio.sleep(interval)
 
     async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
