@@ -2,6 +2,8 @@
 #   docker build -t registry.example.com/dsv4-operator:0.1.0 .
 # The chart (charts/dsv4-operator) runs it with a read-only root filesystem and /tmp on an
 # emptyDir. Dependencies are the exact pins of pyproject.toml's [project] dependencies.
+# The wheel holds dsv4_operator only; the dev control plane and the demo live in testsupport/,
+# a separate distribution that is never copied in (.dockerignore).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

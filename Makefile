@@ -1,27 +1,29 @@
 # Two entry points for a newcomer: `make demo` (the main job) and `make test` (the whole suite).
-# Both install what they need into .venv first; `make test` also builds or reuses the Kubernetes
-# test binaries (see docs/devcluster.md).
+# Both install what they need into .venv first: the operator (operator/, the product) and the
+# test support beside it (testsupport/: the dev control plane and the `dsv4-demo` command, never
+# in the operator's wheel or image); `make test` also builds or reuses the Kubernetes test
+# binaries (see docs/devcluster.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test install lint k8s-binaries tools unit bench
 
-$(BIN)/dsv4: pyproject.toml
+$(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' -e ./testsupport
 	touch $@
 
-install: $(BIN)/dsv4
+install: $(BIN)/dsv4-demo
 
 demo: install k8s-binaries
 	$(BIN)/dsv4 validate -f examples/dsv4.yaml
 	$(BIN)/dsv4 plan -f examples/dsv4.yaml
-	$(BIN)/dsv4 demo
+	$(BIN)/dsv4-demo
 
 lint: install
-	$(BIN)/ruff check operator tests tools bench
-	$(BIN)/ruff format --check operator tests tools bench
+	$(BIN)/ruff check operator testsupport tests tools bench
+	$(BIN)/ruff format --check operator testsupport tests tools bench
 	$(BIN)/mypy
 
 k8s-binaries:

@@ -30,8 +30,8 @@ from tests.integration.operator_support import (  # noqa: E402
     example,
 )
 
-from dsv4_operator.demo import weights_volume  # noqa: E402
-from dsv4_operator.devcluster import ControlPlane  # noqa: E402
+from dsv4_demo import weights_volume  # noqa: E402
+from dsv4_devcluster import ControlPlane  # noqa: E402
 
 EXPECTED = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets
 

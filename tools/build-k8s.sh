@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the real Kubernetes control-plane binaries the integration tests and `dsv4 demo` run:
+# Build the real Kubernetes control-plane binaries the integration tests and `make demo` run:
 # kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd
 # (go.etcd.io/etcd/server/v3) and kwok (sigs.k8s.io/kwok), all from their Go modules.
 #

@@ -13,7 +13,8 @@ import click
 import yaml
 
 from dsv4_operator.api.crd import crd_yaml
-from dsv4_operator.engine.planner import GIB, Plan, RolePlan
+from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
+from dsv4_operator.engine.releases import versions_text
 from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
 from dsv4_operator.probe.cli import probe_command
@@ -132,19 +133,24 @@ _PLAN_ROWS: list[tuple[str, Callable[[RolePlan], str]]] = [
     ("indexer B/token/C4 layer", lambda p: str(p.indexer_bytes_per_token)),
     ("bytes per full token", lambda p: f"{p.bytes_per_full_token:.2f}"),
     ("engine's estimate", lambda p: f"{p.engine_bytes_per_full_token:.2f}"),
+    ("fixed pools GiB", lambda p: f"{p.sizing.fixed_bytes / GIB:.2f}"),
     ("max total tokens", lambda p: str(p.max_total_tokens)),
+    ("SWA pool tokens", lambda p: str(p.swa_tokens)),
     ("sessions capacity", lambda p: str(p.sessions_capacity)),
     ("headroom GiB", lambda p: f"{p.headroom_gib:.2f}"),
     ("unpatched over-commit GB", lambda p: f"{p.unpatched_overcommit_bytes / 1e9:.2f}"),
 ]
 
 
-def _plan_table(name: str, plan: Plan) -> str:
+def _plan_table(name: str, plan: MemoryPlan) -> str:
     rows = [("per rank", "prefill", "decode")] + [
         (label, fmt(plan.roles["prefill"]), fmt(plan.roles["decode"])) for label, fmt in _PLAN_ROWS
     ]
     width = max(len(r[0]) for r in rows)
-    lines = [f"{name}: {plan.profiles.model.key}, {plan.profiles.weights_gib:g} GiB weights"]
+    lines = [
+        f"{name}: {plan.profiles.model.key}, {plan.profiles.weights_gib:g} GiB weights, "
+        f"SGLang {plan.sglang_version} ({plan.profiles.release.pool_arithmetic.value} arithmetic)"
+    ]
     lines += [f"  {a:<{width}}  {b:>14}  {c:>14}" for a, b, c in rows]
     return "\n".join(lines)
 
@@ -199,10 +205,14 @@ def rules(output: str) -> None:
     if output == "json":
         click.echo(json.dumps([r.as_dict() for r in CATALOGUE], indent=2))
         return
+    click.echo(f"Supported SGLang releases (spec.engine.sglangVersion): {versions_text()}\n")
     for r in CATALOGUE:
         ack = "" if r.acknowledgeable else " (never acknowledgeable)"
         fixed = f"; retired by capability {r.fixed_by.value}" if r.fixed_by else ""
-        click.echo(f"{r.id}  {r.severity:7}  {r.title}{ack}\n           ref: {r.reference}{fixed}")
+        click.echo(
+            f"{r.id}  {r.severity:7}  {r.title}{ack}\n           ref: {r.reference}{fixed}\n"
+            f"           releases: {', '.join(r.releases)}"
+        )
 
 
 @main.command()
@@ -212,14 +222,6 @@ def run() -> None:
     from dsv4_operator.settings import OperatorSettings
 
     run_operator(OperatorSettings())
-
-
-@main.command()
-def demo() -> None:
-    """The main job locally: a real control plane, the operator, the example, and its children."""
-    from dsv4_operator.demo import main as demo_main
-
-    sys.exit(demo_main())
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ The `deployment` label is `namespace/name` of the DSV4Deployment.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.guard.policy import Outcome, RollbackReason
+from dsv4_operator.names import revision_name
 
 RECONCILES = Counter("dsv4_reconciles_total", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("dsv4_reconcile_duration_seconds", "Duration of one reconcile pass.")
@@ -45,7 +48,7 @@ REVISION_INFO = Gauge(
     "1 for the revision being served.",
     ["deployment", "revision", "hash", "index_k_dtype", "hicache", "multi_stream"],
 )
-OUTCOMES = ("Pass", "Fail", "NoData", "Error")
+OUTCOMES = tuple(o.value for o in Outcome)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
@@ -62,40 +65,37 @@ class GuardMetrics:
     def observe(
         self,
         deployment: str,
-        spec: dict[str, Any],
-        status: dict[str, Any],
-        rollbacks: list[str],
+        spec: DSV4DeploymentSpec | None,
+        status: DSV4DeploymentStatus,
+        rollbacks: list[RollbackReason],
         ooms: list[tuple[str, str, str]],
     ) -> None:
-        guard = status.get("guard") or {}
-        revision = guard.get("revision")
-        if revision and guard.get("leakRate") is not None:
-            LEAK_RATE.labels(deployment, revision).set(float(guard["leakRate"]))
-        verdict = guard.get("lastVerdict")
+        guard = status.guard
+        if guard is not None and guard.revision and guard.leak_rate is not None:
+            LEAK_RATE.labels(deployment, guard.revision).set(guard.leak_rate)
+        verdict = guard.last_verdict if guard is not None else None
         for outcome in OUTCOMES:
             GUARD_OUTCOME.labels(deployment, outcome).set(1.0 if outcome == verdict else 0.0)
-        blind = any(
-            c.get("type") == "GuardBlind" and c.get("status") == "True"
-            for c in status.get("conditions", [])
-        )
+        blind = any(c.type == "GuardBlind" and c.status == "True" for c in status.conditions)
         GUARD_BLIND.labels(deployment).set(1.0 if blind else 0.0)
-        QUARANTINED.labels(deployment).set(len(status.get("quarantine") or []))
+        QUARANTINED.labels(deployment).set(len(status.quarantine))
         for reason in rollbacks:
-            ROLLBACKS.labels(deployment, reason).inc()
+            ROLLBACKS.labels(deployment, reason.value).inc()
         for key, role, kind in ooms:
             if key not in self._seen_ooms:
                 self._seen_ooms.add(key)
                 OOM_EVENTS.labels(deployment, role, kind).inc()
-        current = status.get("currentRevision")
-        if current:
-            engine = spec.get("engine", {})
+        current = status.current_revision
+        # An invalid spec is not rolled out: the served revision keeps its labels.
+        if current and spec is not None:
+            engine = spec.engine
             labels = (
                 deployment,
-                f"{deployment.split('/')[-1]}-{current}",
+                revision_name(deployment.split("/")[-1], current),
                 current,
-                str(engine.get("indexKDtype", "fp8")),
-                str(bool((engine.get("hicache") or {}).get("enabled"))).lower(),
-                str(bool((engine.get("overlap") or {}).get("multiStream"))).lower(),
+                str(engine.index_k_dtype),
+                str(engine.hicache.enabled).lower(),
+                str(engine.overlap.multi_stream).lower(),
             )
             previous = self._served.get(deployment)
             if previous is not None and previous != labels:

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dsv4_operator.names import GROUP, OPERATOR
+
 
 class OperatorSettings(BaseSettings):
     """Every knob of `dsv4 run`; see the README's settings table."""
@@ -18,7 +20,8 @@ class OperatorSettings(BaseSettings):
         default="", description="Comma-separated namespaces to watch; empty watches all."
     )
     prefix: str = Field(
-        default="dsv4.io", description="Prefix of kopf's finalizer and annotations."
+        default=GROUP,
+        description="Prefix of the ValidatingWebhookConfiguration kopf manages in local runs.",
     )
     log_format: Literal["text", "json"] = Field(default="text", description="Log format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
@@ -38,7 +41,7 @@ class OperatorSettings(BaseSettings):
     resync_seconds: float = Field(default=30.0, gt=0, description="Full resync period.")
     workers: int = Field(default=4, ge=1, description="Concurrent reconciles.")
     revision_history_limit: int = Field(default=10, ge=1, description="ControllerRevisions kept.")
-    field_manager: str = Field(default="dsv4-operator", description="Server-side apply manager.")
+    field_manager: str = Field(default=OPERATOR, description="Server-side apply manager.")
 
     @property
     def namespace_list(self) -> list[str]:

@@ -8,10 +8,15 @@ streams SSE, serves `/health`, `/health_generate`, `/v1/models`, `/get_server_in
 `/metrics` with real `sglang:*` names, and reproduces the seeds' faults:
 
 - bf16 index-K + HiCache on an image without `indexKHiCacheGate` corrupts responses with a
-  probability that grows with the number of requests in flight (0 at 1, about 17% of 4-round
-  sessions at 60 concurrent);
+  probability that grows with the load (0 at 1, about 17% of 4-round sessions at 60);
 - bf16 index-K + `SGLANG_OPT_USE_MULTI_STREAM_OVERLAP` without `multiStreamIndexKFix` degrades
   linearly with load ("loses the plot");
+
+The load is DECLARED, not measured: `DSV4_DOUBLE_LOAD=N` (default 1) or a request's
+`X-DSV4-Double-Load: N` header. Each draw is a hash of `DSV4_DOUBLE_SEED` and the conversation,
+so the same conversation at the same declared load always gets the same answer, on an idle
+laptop or a saturated CI runner alike. (`DSV4_DOUBLE_LOAD=observed` measures overlap instead:
+non-deterministic, for hand-run benchmarks only.)
 - everything else (fp8, fp4, the gated/fixed images) never corrupts;
 - `DSV4_DOUBLE_OOM_AFTER=N` crashes the process with SGLang's CUDA OOM log lines.
 

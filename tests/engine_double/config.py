@@ -16,11 +16,23 @@ Double-only knobs:
 - `DSV4_DOUBLE_CAPABILITIES`: comma list of the image's capabilities (`bf16IndexK`,
   `indexKHiCacheGate`, `poolSizingFix`, `multiStreamIndexKFix`). Unset means `bf16IndexK`
   (the seeds' patched fork without any fix); set it to the spec's `engine.capabilities`.
+- `DSV4_DOUBLE_LOAD=N` (default 1): the declared load, i.e. the number of chat requests the
+  engine is to be taken as running (all clients together) while it serves each request. The
+  corruption curve below reads this number; it never reads the clock or the requests actually
+  in flight, so verdicts follow the inputs only. A request may declare its own load with the
+  header `X-DSV4-Double-Load: N` (it wins over the env; a bad value is answered with 400).
+  `DSV4_DOUBLE_LOAD=observed` opts in to the old behaviour, the peak number of chat requests
+  running while the request was served: it follows machine load and timing, so it is
+  NON-DETERMINISTIC and meant only for hand-run benchmarks (`dsv4 probe` against a hand-run
+  double); no test uses it. Either way the load is capped at `--max-running-requests`.
 - `DSV4_DOUBLE_SEED` (default 0): seeds every draw. A draw is a hash of the seed and the
-  conversation, so the same prompts at the same load get the same answers and corruptions.
-- `DSV4_DOUBLE_LATENCY_MS` (default 200): simulated time per chat request (x0.75..1.25). Long
-  enough that a 60-session canary's requests overlap at the server as they would on a GPU
-  (a 60x4 run takes about 1.5 s); shorter latencies spread the load and lower the peak.
+  conversation (messages, tools, tool_choice), so the same conversation at the same declared
+  load always gets the same answer and the same corruption verdict, whatever the timing. The
+  corruption draw is one uniform number compared with the curve, so a conversation corrupted
+  at some load is corrupted at every higher load too.
+- `DSV4_DOUBLE_LATENCY_MS` (default 200): simulated time per chat request (x0.75..1.25,
+  drawn from the conversation). It only shapes latency metrics and timeouts; in the default
+  declared-load mode it has no effect on answers.
 - `DSV4_DOUBLE_STARTUP_S` (default 0): `/health*` answer 503 for this long after start.
 - `DSV4_DOUBLE_OOM_AFTER=N`: serve N chat requests, then crash with a CUDA OOM on the next
   (`0` crashes during startup, as in CUDA-graph capture).
@@ -30,8 +42,8 @@ Double-only knobs:
   `Scheduler hit an exception` and `Received sigquit from a child process...` (reference 4.4)
   and the process kills itself with SIGKILL (exit 137 in a container, -9 from `subprocess`).
 
-Corruption curve (per response; `c` = the peak number of chat requests running, from all
-clients, while this request was being served; running is capped at `--max-running-requests`):
+Corruption curve (per response; `c` = the load, declared as above, capped at
+`--max-running-requests`):
 - HiCache index-K race (bf16 + HiCache, no `indexKHiCacheGate`):
   `p = 0.0455 * smoothstep((c - 4) / 36)`: 0 up to 4, full from 40. A 4-round session then
   sees a corrupted response with probability `1 - (1 - p)^4`: 0 at c=1, 2.3% at 12, 10% at 24,
@@ -59,6 +71,9 @@ HICACHE_P_MAX, HICACHE_LOW, HICACHE_HIGH = 0.0455, 4.0, 40.0
 MULTI_STREAM_P_MAX, MULTI_STREAM_LOW, MULTI_STREAM_HIGH = 0.032, 8.0, 80.0
 DEFAULT_CAPABILITIES = "bf16IndexK"
 DEFAULT_MAX_TOTAL_TOKENS = 1_000_000
+LOAD_ENV = "DSV4_DOUBLE_LOAD"
+LOAD_HEADER = "X-DSV4-Double-Load"
+OBSERVED = "observed"
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,8 @@ class DoubleConfig:
     multi_stream_overlap: bool = True
     capabilities: frozenset[str] = field(default_factory=frozenset)
     seed: int = 0
+    load: int = 1  # declared load (DSV4_DOUBLE_LOAD)
+    observe_load: bool = False  # DSV4_DOUBLE_LOAD=observed: non-deterministic, opt-in only
     latency_s: float = 0.2
     startup_s: float = 0.0
     oom_after: int | None = None
@@ -122,6 +139,11 @@ class DoubleConfig:
                 found.append(MULTI_STREAM_ALIASING)
         return tuple(found)
 
+    def capped(self, load: int) -> int:
+        """`load` capped at `--max-running-requests` (what the engine can run at once)."""
+        cap = self.max_running_requests
+        return max(1, min(load, cap) if cap else load)
+
     def server_info(self) -> dict[str, Any]:
         info = asdict(self)
         info["capabilities"] = sorted(self.capabilities)
@@ -137,25 +159,25 @@ def _smoothstep(x: float) -> float:
     return t * t * (3 - 2 * t)
 
 
-def fault_probability(fault: str, running: float) -> float:
-    """Per-response corruption probability of one fault at `running` concurrent requests."""
+def fault_probability(fault: str, load: float) -> float:
+    """Per-response corruption probability of one fault at (declared) `load`."""
     if fault == HICACHE_RACE:
-        return HICACHE_P_MAX * _smoothstep((running - HICACHE_LOW) / (HICACHE_HIGH - HICACHE_LOW))
+        return HICACHE_P_MAX * _smoothstep((load - HICACHE_LOW) / (HICACHE_HIGH - HICACHE_LOW))
     if fault == MULTI_STREAM_ALIASING:
-        share = (running - MULTI_STREAM_LOW) / (MULTI_STREAM_HIGH - MULTI_STREAM_LOW)
+        share = (load - MULTI_STREAM_LOW) / (MULTI_STREAM_HIGH - MULTI_STREAM_LOW)
         return MULTI_STREAM_P_MAX * min(1.0, max(0.0, share))
     raise ValueError(f"unknown fault {fault!r}")
 
 
-def corruption_probability(config: DoubleConfig, running: float) -> float:
-    """Per-response probability that `config` corrupts a response at `running` concurrency."""
-    clean = math.prod(1 - fault_probability(f, running) for f in config.faults)
+def corruption_probability(config: DoubleConfig, load: float) -> float:
+    """Per-response probability that `config` corrupts a response at (declared) `load`."""
+    clean = math.prod(1 - fault_probability(f, load) for f in config.faults)
     return 1 - clean
 
 
-def session_corruption_probability(config: DoubleConfig, running: float, rounds: int) -> float:
+def session_corruption_probability(config: DoubleConfig, load: float, rounds: int) -> float:
     """Probability that a session of `rounds` responses sees at least one corruption."""
-    return 1 - (1 - corruption_probability(config, running)) ** rounds
+    return 1 - (1 - corruption_probability(config, load)) ** rounds
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,6 +214,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_load(raw: str, source: str, *, allow_observed: bool) -> int | None:
+    """A declared load (an integer >= 1); None for `observed` where that is allowed."""
+    value = raw.strip()
+    if allow_observed and value.lower() == OBSERVED:
+        return None
+    try:
+        load = int(value)
+    except ValueError:
+        load = 0
+    if load < 1:
+        allowed = f"an integer >= 1 or {OBSERVED!r}" if allow_observed else "an integer >= 1"
+        raise ValueError(f"{source} must be {allowed}, got {raw!r}")
+    return load
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     value = env.get(name)
     if value is None or value.strip() == "":
@@ -213,6 +250,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
     oom_after = int(oom_raw) if oom_raw else None
     if oom_kind == "pool":
         oom_after = 0
+    try:
+        load = parse_load(env.get(LOAD_ENV, "") or "1", LOAD_ENV, allow_observed=True)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
     return DoubleConfig(
         **{k: v for k, v in vars(args).items()},
         unknown_args=tuple(unknown),
@@ -220,6 +261,8 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         multi_stream_overlap=_flag(env, "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP", True),
         capabilities=capabilities,
         seed=int(env.get("DSV4_DOUBLE_SEED", "0") or 0),
+        load=load or 1,
+        observe_load=load is None,
         latency_s=float(env.get("DSV4_DOUBLE_LATENCY_MS", "200") or 200) / 1000.0,
         startup_s=float(env.get("DSV4_DOUBLE_STARTUP_S", "0") or 0),
         oom_after=oom_after,

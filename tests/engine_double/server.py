@@ -3,6 +3,12 @@
 Endpoints: `POST /v1/chat/completions` (JSON and `stream: true` SSE), `GET /health`,
 `GET /health_generate`, `GET /v1/models`, `GET /get_model_info`, `GET /get_server_info` (and
 `/server_info`), `GET /metrics` (only with `--enable-metrics`, like SGLang), `POST /flush_cache`.
+
+Whether a response is corrupted depends on the seed, the conversation and the declared load
+(`DSV4_DOUBLE_LOAD`, or the request's `X-DSV4-Double-Load` header; see config.py), never on
+how many requests happen to overlap at this server, unless `DSV4_DOUBLE_LOAD=observed` opts in
+to that (non-deterministic, for hand-run benchmarks only). Every chat response carries the load
+it was answered at in the same header.
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from tests.engine_double import shapes
 from tests.engine_double.config import (
     DEFAULT_MAX_TOTAL_TOKENS,
     HICACHE_RACE,
+    LOAD_HEADER,
     DoubleConfig,
     corruption_probability,
     fault_probability,
     parse_config,
+    parse_load,
 )
 
 VERSION = "0.5.16-engine-double"
@@ -95,7 +103,8 @@ def crash(config: DoubleConfig, where: str) -> NoReturn:
 
 @dataclass
 class Slot:
-    """One admitted chat request; `peak` is the most requests running at once during its life."""
+    """One admitted chat request; `peak` is the most requests running at once during its life
+    (read only in the opt-in, non-deterministic `DSV4_DOUBLE_LOAD=observed` mode)."""
 
     peak: int
     tokens: int
@@ -237,10 +246,14 @@ class Metrics:
 # --- answers --------------------------------------------------------------------------------
 
 
-def conversation_rng(seed: int, body: dict[str, Any]) -> random.Random:
-    """Draws that depend only on the seed and the conversation (messages and tools)."""
+def conversation_rng(seed: int, body: dict[str, Any], purpose: str = "answer") -> random.Random:
+    """Draws that depend only on the seed and the conversation (messages and tools).
+
+    `answer(config, body, conversation_rng(seed, body), load, ...)` is exactly what the server
+    answers; the simulated latency draws from its own stream (`purpose="latency"`)."""
+    salt = [] if purpose == "answer" else [purpose]
     key = json.dumps(
-        [seed, body.get("messages"), body.get("tools"), body.get("tool_choice")],
+        [seed, body.get("messages"), body.get("tools"), body.get("tool_choice"), *salt],
         sort_keys=True,
         ensure_ascii=False,
     )
@@ -275,12 +288,13 @@ def _tool_choice(body: dict[str, Any], tools: Sequence[dict[str, Any]]) -> str |
 class Answer:
     response: dict[str, Any]
     shape: shapes.Shape | None
+    load: int
 
 
 def answer(
-    config: DoubleConfig, body: dict[str, Any], rng: random.Random, running: int, prompt_tokens: int
+    config: DoubleConfig, body: dict[str, Any], rng: random.Random, load: int, prompt_tokens: int
 ) -> Answer:
-    """What a DSML-parsing SGLang with `config` answers at `running` concurrency."""
+    """What a DSML-parsing SGLang with `config` answers at `load` (the declared load)."""
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
     u_corrupt, u_fault = rng.random(), rng.random()
     name = _tool_choice(body, tools)
@@ -292,8 +306,8 @@ def answer(
         )
     else:
         call = shapes.make_call(tools, name, rng)
-        if u_corrupt < corruption_probability(config, running):
-            weights = {f: fault_probability(f, running) for f in config.faults}
+        if u_corrupt < corruption_probability(config, load):
+            weights = {f: fault_probability(f, load) for f in config.faults}
             total = sum(weights.values())
             fault = config.faults[0]
             acc = 0.0
@@ -311,7 +325,7 @@ def answer(
     response = shapes.completion(
         message, finish, model=config.name, rng=rng, prompt_tokens=prompt_tokens
     )
-    return Answer(response, shape)
+    return Answer(response, shape, load)
 
 
 # --- app ------------------------------------------------------------------------------------
@@ -372,6 +386,9 @@ class EngineDouble:
                 "num_running_reqs": self.load.running,
                 "num_queue_reqs": self.load.queued,
                 "chat_requests": self.chat_requests,
+                "load": "observed"
+                if self.config.observe_load
+                else self.config.capped(self.config.load),
                 "corrupted_responses": self.corrupted,
             }
         ]
@@ -406,12 +423,23 @@ class EngineDouble:
             return self._error(400, "messages must be a list")
         if not body["messages"]:
             return self._error(400, "messages must not be empty")
+        declared: int | None = None
+        if LOAD_HEADER in request.headers:
+            try:
+                declared = parse_load(
+                    request.headers[LOAD_HEADER], LOAD_HEADER, allow_observed=False
+                )
+            except ValueError as error:
+                return self._error(400, str(error))
+        elif not self.config.observe_load:
+            declared = self.config.load
         self.chat_requests += 1
         oom_after = self.config.oom_after
         if oom_after is not None and self.chat_requests > oom_after:
             crash(self.config, f"at chat request {self.chat_requests}")
         rng = conversation_rng(self.config.seed, body)
-        latency = self.config.latency_s * (0.75 + 0.5 * rng.random())
+        latency_rng = conversation_rng(self.config.seed, body, "latency")
+        latency = self.config.latency_s * (0.75 + 0.5 * latency_rng.random())
         prompt_tokens = max(1, len(json.dumps(body["messages"], ensure_ascii=False)) // 4)
         limit = self.config.context_length
         if limit is not None and prompt_tokens > limit:  # as sglang's tokenizer manager
@@ -424,11 +452,14 @@ class EngineDouble:
         async with self.load.admit(prompt_tokens) as slot:
             self.metrics.observe_load(self.load, self.max_total)
             if body.get("stream"):
-                return await self._stream(request, body, rng, slot, latency, began, prompt_tokens)
+                return await self._stream(
+                    request, body, rng, slot, declared, latency, began, prompt_tokens
+                )
             await asyncio.sleep(latency)
-            result = answer(self.config, body, rng, slot.peak, prompt_tokens)
-            self._account(result, slot, time.monotonic() - began, 0.4 * latency)
-            return web.json_response(result.response)
+            load = self.config.capped(slot.peak if declared is None else declared)
+            result = answer(self.config, body, rng, load, prompt_tokens)
+            self._account(result, time.monotonic() - began, 0.4 * latency)
+            return web.json_response(result.response, headers={LOAD_HEADER: str(result.load)})
 
     async def _stream(
         self,
@@ -436,19 +467,25 @@ class EngineDouble:
         body: dict[str, Any],
         rng: random.Random,
         slot: Slot,
+        declared: int | None,
         latency: float,
         began: float,
         prompt_tokens: int,
     ) -> web.StreamResponse:
         ttft = 0.4 * latency
         await asyncio.sleep(ttft)
-        result = answer(self.config, body, rng, slot.peak, prompt_tokens)
+        load = self.config.capped(slot.peak if declared is None else declared)
+        result = answer(self.config, body, rng, load, prompt_tokens)
         options = body.get("stream_options") or {}
         chunks = shapes.stream_chunks(
             result.response, rng, include_usage=bool(options.get("include_usage"))
         )
         response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                LOAD_HEADER: str(result.load),
+            }
         )
         await response.prepare(request)
         gap = (latency - ttft) / max(1, len(chunks))
@@ -461,10 +498,10 @@ class EngineDouble:
         except (ConnectionResetError, asyncio.CancelledError):
             self.metrics.aborted.labels(**self.metrics.model).inc()
             raise
-        self._account(result, slot, time.monotonic() - began, ttft)
+        self._account(result, time.monotonic() - began, ttft)
         return response
 
-    def _account(self, result: Answer, slot: Slot, seconds: float, ttft: float) -> None:
+    def _account(self, result: Answer, seconds: float, ttft: float) -> None:
         m = self.metrics
         usage = result.response["usage"]
         m.requests.labels(**m.model).inc()
@@ -472,7 +509,9 @@ class EngineDouble:
         m.generation_tokens.labels(**m.model).inc(usage["completion_tokens"])
         m.ttft.labels(**m.model).observe(ttft)
         m.e2e.labels(**m.model).observe(seconds)
-        graph = self.config.cuda_graph_max_bs is None or slot.peak <= self.config.cuda_graph_max_bs
+        graph = (
+            self.config.cuda_graph_max_bs is None or result.load <= self.config.cuda_graph_max_bs
+        )
         mode = "decode_cuda_graph" if graph else "decode_none"
         m.graph_passes.labels(**m.sched, mode=mode).inc(usage["completion_tokens"])
         m.gen_throughput.labels(**m.sched).set(usage["completion_tokens"] / max(seconds, 1e-6))
@@ -505,7 +544,12 @@ async def serve(config: DoubleConfig) -> None:
         "engine double (a test double standing in for SGLang; no GPU): "
         f"index_k={config.index_k_dtype} hicache={config.enable_hierarchical_cache} "
         f"multi_stream={config.multi_stream_overlap} capabilities={sorted(config.capabilities)} "
-        f"faults={list(config.faults) or 'none'}"
+        f"faults={list(config.faults) or 'none'} "
+        + (
+            "load=observed (NON-DETERMINISTIC: follows the requests actually in flight)"
+            if config.observe_load
+            else f"load={config.capped(config.load)} (declared; X-DSV4-Double-Load overrides)"
+        )
     )
     if config.bf16_index_k_requested and config.index_k_dtype != "bf16":
         log("SGLANG_DSV4_BF16_INDEX_K=1 is ignored: this image has no bf16IndexK capability")

@@ -1,7 +1,7 @@
 """Integration fixtures: one real control plane per session, a fresh namespace per test.
 
 The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) comes
-from :mod:`dsv4_operator.devcluster`; its binaries come from ``$KUBEBUILDER_ASSETS``, the
+from :mod:`dsv4_devcluster` (testsupport/); its binaries come from ``$KUBEBUILDER_ASSETS``, the
 build cache, or ``tools/build-k8s.sh`` (minutes on a cold machine). If they can be neither
 found nor built the fixture fails the tests: it never skips them.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dsv4_operator.devcluster import ControlPlane, wait_for
+from dsv4_devcluster import ControlPlane, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO_ROOT / "crds" / "dsv4.io_dsv4deployments.yaml"

@@ -16,8 +16,16 @@ from typing import Any
 
 import yaml
 
-from dsv4_operator.devcluster import wait_for
+from dsv4_devcluster import wait_for
 from dsv4_operator.engine.effective import parse_args
+from dsv4_operator.names import (
+    API_VERSION,
+    DEPLOYMENT_LABEL,
+    FORMAT_LABEL,
+    KIND,
+    ROLE_LABEL,
+    ROUTER,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "dsv4.yaml"
@@ -142,7 +150,7 @@ class Cluster:
 
     def __init__(self, dyn: Any, namespace: str) -> None:
         self.dyn, self.namespace = dyn, namespace
-        self.dsv4 = dyn.resources.get(api_version="dsv4.io/v1alpha1", kind="DSV4Deployment")
+        self.dsv4 = dyn.resources.get(api_version=API_VERSION, kind=KIND)
 
     def apply(self, doc: dict[str, Any]) -> None:
         self.dsv4.server_side_apply(
@@ -163,7 +171,7 @@ class Cluster:
         return items
 
     def children(self, name: str = "dsv4-flash") -> dict[tuple[str, str], dict[str, Any]]:
-        selector = f"dsv4.io/deployment={name}"
+        selector = f"{DEPLOYMENT_LABEL}={name}"
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for api_version, kind in (
             ("apps/v1", "StatefulSet"),
@@ -178,8 +186,8 @@ class Cluster:
     def revisions(self, name: str = "dsv4-flash") -> list[dict[str, Any]]:
         return [
             r
-            for r in self.items("apps/v1", "ControllerRevision", f"dsv4.io/deployment={name}")
-            if r["metadata"]["ownerReferences"][0]["kind"] == "DSV4Deployment"
+            for r in self.items("apps/v1", "ControllerRevision", f"{DEPLOYMENT_LABEL}={name}")
+            if r["metadata"]["ownerReferences"][0]["kind"] == KIND
         ]
 
     def pods(self, selector: str) -> list[dict[str, Any]]:
@@ -218,10 +226,10 @@ class Cluster:
         engine pods its arguments target. A set with two formats means that router could feed
         old prefill into new decode (or the reverse): the tests assert it never happens.
         """
-        pods = self.pods(f"dsv4.io/deployment={name}")
+        pods = self.pods(f"{DEPLOYMENT_LABEL}={name}")
         by_name = {p["metadata"]["name"]: p for p in pods}
         out = []
-        for router in (p for p in pods if p["metadata"]["labels"].get("dsv4.io/role") == "router"):
+        for router in (p for p in pods if p["metadata"]["labels"].get(ROLE_LABEL) == ROUTER):
             command = router["spec"]["containers"][0]["command"]
             targets = [
                 command[i + 1].split("//", 1)[1].split(".", 1)[0]
@@ -229,11 +237,7 @@ class Cluster:
                 if token in ("--prefill", "--decode")
             ]
             out.append(
-                {
-                    by_name[t]["metadata"]["labels"]["dsv4.io/transfer-format"]
-                    for t in targets
-                    if t in by_name
-                }
+                {by_name[t]["metadata"]["labels"][FORMAT_LABEL] for t in targets if t in by_name}
             )
         return out
 

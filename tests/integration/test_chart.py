@@ -29,8 +29,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from dsv4_operator.demo import weights_volume
-from dsv4_operator.devcluster import ControlPlane, wait_for
+from dsv4_demo import weights_volume
+from dsv4_devcluster import ControlPlane, wait_for
 
 from ..chart.support import CHART, helm_args, render, tool
 from .operator_support import (

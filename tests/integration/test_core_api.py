@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes.dynamic.exceptions import ConflictError
 
-from dsv4_operator.devcluster import wait_for
+from dsv4_devcluster import wait_for
 
 from .conftest import _exists
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
 
-from dsv4_operator.devcluster import wait_for
+from dsv4_devcluster import wait_for
 
 from .conftest import _exists
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_operator.devcluster import K8S_VERSION, ControlPlane, wait_for
-from dsv4_operator.devcluster.controlplane import _sweep_stale_data_dirs
+from dsv4_devcluster import K8S_VERSION, ControlPlane, wait_for
+from dsv4_devcluster.controlplane import _sweep_stale_data_dirs
 
 pytestmark = pytest.mark.integration
 
@@ -56,9 +56,9 @@ def test_context_exit_stops_everything(control_plane: ControlPlane) -> None:
 
 
 def start_cli(*args: str) -> tuple[subprocess.Popen[str], Path]:
-    """``python -m dsv4_operator.devcluster ARGS`` until it is ready; return it and its dir."""
+    """``python -m dsv4_devcluster ARGS`` until it is ready; return it and its dir."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv4_operator.devcluster", *args],
+        [sys.executable, "-m", "dsv4_devcluster", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dsv4_operator.devcluster import (
+from dsv4_devcluster import (
     GPU_PRODUCT_LABEL,
     MANUAL_STATUS_ANNOTATION,
     ControlPlane,

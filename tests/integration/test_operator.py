@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from dsv4_operator.demo import weights_volume
-from dsv4_operator.devcluster import ControlPlane, wait_for
+from dsv4_demo import weights_volume
+from dsv4_devcluster import ControlPlane, wait_for
 
 from .operator_support import (
     POOL,

@@ -1,4 +1,11 @@
-"""The canary harness and `dsv4 probe`, against engine doubles on 127.0.0.1."""
+"""The canary harness and `dsv4 probe`, against engine doubles on 127.0.0.1.
+
+The doubles here run at a DECLARED load (`DSV4_DOUBLE_LOAD`, or the `X-DSV4-Double-Load`
+header a client sends): their verdicts depend on the seed, the conversation and that number
+only, never on how many requests really overlap, so every count below is the same on an idle
+machine and a saturated one. Expected leak counts come from the double's curve
+(tests/engine_double/expectations.py), not from what one seed happens to give.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from dsv4_operator.probe.canary import (
     session_steps,
 )
 from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
+from tests.engine_double.config import LOAD_HEADER, corruption_probability, parse_config
+from tests.engine_double.expectations import leak_band
 from tests.engine_double.process import DoubleProcess
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.
@@ -41,24 +50,48 @@ CAPS = {"DSV4_DOUBLE_CAPABILITIES": "bf16IndexK,poolSizingFix"}
 FP8_ENV = {**CAPS, "SGLANG_DSV4_BF16_INDEX_K": "0", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}
 BF16_ENV = {**CAPS, "SGLANG_DSV4_BF16_INDEX_K": "1", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}
 MODEL = "deepseek-v4-flash"
+# The seeds' concurrency ("0% at C=1, 12-18% of 4-round sessions at C>=60"), declared to the
+# double instead of produced by real overlap. Latency no longer matters to the verdicts: short.
+DECLARED_LOAD = 60
+LOADED = {"DSV4_DOUBLE_LOAD": str(DECLARED_LOAD), "DSV4_DOUBLE_LATENCY_MS": "20"}
+FP8_CONFIG = parse_config([*ENGINE_ARGS, *HICACHE_ARGS], {**FP8_ENV, **LOADED})
+BF16_HICACHE_CONFIG = parse_config([*ENGINE_ARGS, *HICACHE_ARGS], {**BF16_ENV, **LOADED})
 
 
 @pytest.fixture(scope="module")
 def fp8() -> Iterator[str]:
     """The seeds' proven-safe config: fp8 index-K, HiCache on (it is safe with fp8)."""
-    with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], FP8_ENV) as double:
+    with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], {**FP8_ENV, **LOADED}) as double:
         yield double.url
 
 
 @pytest.fixture(scope="module")
 def bf16_hicache() -> Iterator[str]:
     """The seeds' corrupting config: bf16 index-K + HiCache on an image without the gate."""
-    with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], BF16_ENV) as double:
+    with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], {**BF16_ENV, **LOADED}) as double:
         yield double.url
 
 
-def limited_client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=70, max_keepalive_connections=8))
+def limited_client(load: int | None = None) -> httpx.AsyncClient:
+    """A client for 60-session canaries; `load` declares the double's load per request."""
+    headers = {LOAD_HEADER: str(load)} if load is not None else None
+    limits = httpx.Limits(max_connections=70, max_keepalive_connections=8)
+    return httpx.AsyncClient(limits=limits, headers=headers)
+
+
+def assert_follows_the_curve(report: CanaryReport, load: int = DECLARED_LOAD) -> None:
+    """bf16 + HiCache: session leaks within the band the curve allows at `load`."""
+    low, high = leak_band(BF16_HICACHE_CONFIG, load, report.sessions, report.rounds)
+    assert report.errors == 0 and report.sessions_observed == report.sessions
+    assert low <= report.session_leaks <= high, (load, report.session_leaks, (low, high))
+
+
+def leaked(report: CanaryReport) -> set[int]:
+    return {s.index for s in report.session_results if s.leaked}
+
+
+def verdicts(report: CanaryReport) -> list[tuple[VerdictKind, ...]]:
+    return [s.verdicts for s in sorted(report.session_results, key=lambda s: s.index)]
 
 
 def check_consistency(report: CanaryReport) -> None:
@@ -76,6 +109,7 @@ def check_consistency(report: CanaryReport) -> None:
 
 
 async def test_fp8_has_no_leak(fp8: str) -> None:
+    assert leak_band(FP8_CONFIG, DECLARED_LOAD, 20, 3) == (0, 0)  # fp8 never corrupts
     async with limited_client() as client:
         report = await run_canary(client, fp8, MODEL, sessions=20, rounds=3, seed=1)
     check_consistency(report)
@@ -91,8 +125,8 @@ async def test_bf16_hicache_corrupts_about_a_sixth_of_sessions_at_60(bf16_hicach
     async with limited_client() as client:
         report = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4)
     check_consistency(report)
-    assert report.errors == 0
-    assert 0.08 <= report.session_leak_rate <= 0.30, report.as_dict()["session_leak_rate"]
+    assert_follows_the_curve(report)
+    assert report.session_leaks > 0  # the band's lower end is above 0 at 60 x 4
     assert report.session_leaks == sum(1 for s in report.session_results if s.leaked)
     low, high = report.session_leak_interval
     assert low <= report.session_leak_rate <= high and low > 0.02
@@ -103,23 +137,60 @@ async def test_bf16_hicache_corrupts_about_a_sixth_of_sessions_at_60(bf16_hicach
     assert {e.verdict.kind for e in examples[: len(kinds)]} == kinds  # one of each kind first
 
 
-async def test_bf16_hicache_is_clean_at_one_session_in_flight(bf16_hicache: str) -> None:
-    async with limited_client() as client:
-        report = await run_canary(
-            client, bf16_hicache, MODEL, sessions=3, rounds=4, concurrency=1, seed=3
-        )
+@pytest.mark.parametrize("load", [1, 4])
+async def test_bf16_hicache_is_clean_at_a_light_declared_load(bf16_hicache: str, load: int) -> None:
+    # The curve is exactly 0 up to 4 (the seeds: 0% at C=1), so not one of 240 responses may
+    # leak, even though all 60 sessions are really in flight together.
+    assert corruption_probability(BF16_HICACHE_CONFIG, load) == 0.0
+    async with limited_client(load) as client:
+        report = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4)
     check_consistency(report)
-    assert report.responses == 12 and report.leaks == 0
+    assert report.responses == 240 and report.leaks == 0 and report.errors == 0
+
+
+async def test_verdicts_follow_the_declared_load_not_the_overlap(bf16_hicache: str) -> None:
+    # 60 sessions all in flight vs one request at a time: the server sees overlap 60 vs 1, yet
+    # every session gets the same verdicts, because the declared load (60) is what counts.
+    async with limited_client() as client:
+        together = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4, seed=5)
+        one_by_one = await run_canary(
+            client, bf16_hicache, MODEL, sessions=60, rounds=4, seed=5, concurrency=1
+        )
+        again = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4, seed=5)
+    assert_follows_the_curve(together)
+    assert verdicts(together) == verdicts(one_by_one) == verdicts(again)
+    assert together.counts == one_by_one.counts == again.counts
+
+
+async def test_a_lower_declared_load_leaks_in_a_subset_of_the_sessions(bf16_hicache: str) -> None:
+    # One uniform draw per response is compared with the curve, and the curve never decreases:
+    # a session that leaks at load 24 (header) also leaks at 60 (the double's env).
+    low_load = 24
+    assert (
+        0
+        < corruption_probability(BF16_HICACHE_CONFIG, low_load)
+        < corruption_probability(BF16_HICACHE_CONFIG, DECLARED_LOAD)
+    )
+    async with limited_client() as client:
+        high = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4, seed=2)
+    async with limited_client(low_load) as client:
+        low = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4, seed=2)
+    assert_follows_the_curve(high)
+    assert_follows_the_curve(low, low_load)
+    assert leaked(low) <= leaked(high)
 
 
 async def test_streaming(fp8: str, bf16_hicache: str) -> None:
     async with limited_client() as client:
         clean = await run_canary(client, fp8, MODEL, sessions=10, rounds=3, stream=True)
         dirty = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4, stream=True)
+        plain = await run_canary(client, bf16_hicache, MODEL, sessions=60, rounds=4)
     check_consistency(clean)
     check_consistency(dirty)
     assert clean.counts[VerdictKind.OK] == 30
-    assert 0.08 <= dirty.session_leak_rate <= 0.30
+    assert_follows_the_curve(dirty)
+    # Streaming changes the transport, not the conversation: the same verdicts as plain JSON.
+    assert verdicts(dirty) == verdicts(plain)
 
 
 async def test_the_model_is_discovered(fp8: str) -> None:
@@ -177,9 +248,11 @@ async def test_an_http_error_is_not_retried() -> None:
 
 
 async def test_a_timeout_is_not_retried() -> None:
-    with DoubleProcess([], {**FP8_ENV, "DSV4_DOUBLE_LATENCY_MS": "1500"}) as double:
+    # The double takes at least 45 s to answer (60 s x 0.75..1.25), 20 times the 2 s timeout:
+    # no machine is slow enough to turn that into an answer; the double is stopped unanswered.
+    with DoubleProcess([], {**FP8_ENV, "DSV4_DOUBLE_LATENCY_MS": "60000"}) as double:
         async with httpx.AsyncClient() as client:
-            report = await run_canary(client, double.url, MODEL, sessions=2, rounds=2, timeout=0.3)
+            report = await run_canary(client, double.url, MODEL, sessions=2, rounds=2, timeout=2)
         assert _chat_requests(double.url) == 2
     assert all(r.verdict.kind is VerdictKind.ERROR for r in report.records)
     assert all("timeout" in r.verdict.reason and r.attempts == 1 for r in report.records)
@@ -251,6 +324,8 @@ def test_probe_json_and_vs(fp8: str, bf16_hicache: str) -> None:
     payload = json.loads(out)
     dirty, clean = payload["results"]
     assert dirty["judgement"] == "leaking" and dirty["significantly_above"] is True
+    low, high = leak_band(BF16_HICACHE_CONFIG, DECLARED_LOAD, 60, 4)
+    assert low <= dirty["session_leak_rate"]["leaks"] <= high
     assert clean["session_leak_rate"]["leaks"] == 0 and clean["significantly_above"] is False
     comparison = payload["comparison"]
     assert comparison["significant"] is True and comparison["p_value"] < 0.01

@@ -82,7 +82,7 @@ def test_crd_defaults_equal_model_defaults() -> None:
     spec_schema = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
     minimal = {
         "model": {"name": "m", "cache": {"hostPath": {"path": "/m"}}},
-        "engine": {"image": "i"},
+        "engine": {"image": "i", "sglangVersion": "0.5.23"},
     }
     wire = DSV4DeploymentSpec.model_validate(minimal).to_wire()
 

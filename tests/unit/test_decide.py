@@ -7,20 +7,25 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.world import World
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
-def _world(spec: dict[str, Any], **kw: Any) -> World:
+def _world(
+    spec: dict[str, Any], status: DSV4DeploymentStatus | dict[str, Any] | None = None, **kw: Any
+) -> World:
+    """A world as gather() builds it: the spec validated and the status parsed."""
     base: dict[str, Any] = {
         "name": "x",
         "namespace": "ns",
         "uid": "u1",
         "generation": 1,
-        "spec_raw": spec,
-        "status_raw": {},
+        "validation": validate_spec(spec),
+        "status": DSV4DeploymentStatus.model_validate(status or {}),
         "now": NOW,
     }
     base.update(kw)
@@ -72,7 +77,7 @@ def test_fresh_create_applies_everything(variant: Callable[..., dict[str, Any]])
     assert kinds.count("StatefulSet") == 2 and kinds.count("Deployment") == 1
     assert [o["kind"] for o in decision.create] == ["ControllerRevision"]
     assert {n.reason for n in decision.events} == {"Creating", "RevisionCreated"}
-    assert decision.status["phase"] == "Progressing"
+    assert decision.status.phase == "Progressing"
     assert decision.requeue_after is not None
 
 
@@ -82,10 +87,10 @@ def test_settled_world_needs_no_write(variant: Callable[..., dict[str, Any]]) ->
     world = _world(spec, revisions=first.create, **_as_live(first.apply))
     second = decide(world)
     assert second.writes == 0 and second.events == []
-    assert second.status["phase"] == "Ready"
+    assert second.status.phase == "Ready"
     # The status it computes, once stored, is stable: a third pass writes nothing either.
     third = decide(
-        _world(spec, status_raw=second.status, revisions=first.create, **_as_live(first.apply))
+        _world(spec, status=second.status, revisions=first.create, **_as_live(first.apply))
     )
     assert third.status == second.status
 
@@ -96,7 +101,7 @@ def test_invalid_spec_touches_no_child(variant: Callable[..., dict[str, Any]]) -
     bad = variant({"engine.indexKDtype": "bf16", "engine.overlap.multiStream": True})
     decision = decide(_world(bad, generation=2, revisions=first.create, **_as_live(first.apply)))
     assert decision.apply == [] and decision.delete == [] and decision.create == []
-    assert decision.status["phase"] == "Invalid"
+    assert decision.status.phase == "Invalid"
     [note] = decision.events
     assert note.type == "Warning" and "DSV4-R002" in note.message
     # Same invalid spec again: the condition is unchanged, so no second event.
@@ -104,7 +109,7 @@ def test_invalid_spec_touches_no_child(variant: Callable[..., dict[str, Any]]) -
         _world(
             bad,
             generation=2,
-            status_raw=decision.status,
+            status=decision.status,
             revisions=first.create,
             **_as_live(first.apply),
         )
@@ -121,7 +126,7 @@ def test_compatible_change_updates_decode_before_prefill(
     decision = decide(_world(changed, generation=2, revisions=first.create, **live))
     names = {o["metadata"]["name"] for o in decision.apply if o["kind"] == "StatefulSet"}
     assert names == {"x-decode"}
-    assert decision.status["conditions"][1]["reason"] == "RollingUpdate"
+    assert decision.status.conditions[1].reason == "RollingUpdate"
 
 
 def test_format_change_recreate_deletes_router_and_pair_first(

@@ -1,10 +1,18 @@
-"""The engine test double: the operator's argv/env in, SGLang-like endpoints, faults as seeded."""
+"""The engine test double: the operator's argv/env in, SGLang-like endpoints, faults as seeded.
+
+Corruption follows a declared load (`DSV4_DOUBLE_LOAD` / the `X-DSV4-Double-Load` header) and a
+hash of (seed, conversation), never the requests really in flight: these tests check that the
+same inputs always give the same verdicts, whatever the timing.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import dataclasses
 import itertools
 import json
+import math
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -21,13 +29,16 @@ from dsv4_operator.render.children import render_spec
 from tests.engine_double import shapes
 from tests.engine_double.config import (
     HICACHE_RACE,
+    LOAD_HEADER,
     MULTI_STREAM_ALIASING,
     DoubleConfig,
     corruption_probability,
     parse_config,
     session_corruption_probability,
 )
+from tests.engine_double.expectations import binomial_band, leak_band
 from tests.engine_double.process import DoubleFailedToStart, DoubleProcess, launch_from_statefulset
+from tests.engine_double.server import answer, conversation_rng
 
 from .conftest import EXAMPLE, set_path
 
@@ -107,6 +118,19 @@ def test_multi_stream_overlap_defaults_on_like_upstream() -> None:
     assert parse_config([], env).faults == (MULTI_STREAM_ALIASING,)
 
 
+def test_the_load_is_declared_and_capped() -> None:
+    default = parse_config([], {})
+    assert (default.load, default.observe_load) == (1, False)  # undeclared: the lightest load
+    assert parse_config([], {"DSV4_DOUBLE_LOAD": "60"}).load == 60
+    capped = parse_config(["--max-running-requests", "48"], {"DSV4_DOUBLE_LOAD": "60"})
+    assert capped.capped(capped.load) == 48
+    observed = parse_config([], {"DSV4_DOUBLE_LOAD": "observed"})  # opt-in, never in tests
+    assert observed.observe_load and observed.server_info()["observe_load"] is True
+    for bad in ("0", "-3", "sixty", "1.5"):
+        with pytest.raises(SystemExit, match="DSV4_DOUBLE_LOAD"):
+            parse_config([], {"DSV4_DOUBLE_LOAD": bad})
+
+
 HICACHE = DoubleConfig(
     bf16_index_k_requested=True,
     capabilities=frozenset({"bf16IndexK"}),
@@ -142,6 +166,48 @@ def test_both_faults_compound_and_clean_configs_never_corrupt() -> None:
     p1, p2 = corruption_probability(HICACHE, 60), corruption_probability(MULTI_STREAM, 60)
     assert corruption_probability(both, 60) == pytest.approx(1 - (1 - p1) * (1 - p2))
     assert all(corruption_probability(CLEAN, c) == 0.0 for c in range(1, 200))
+
+
+def test_the_leak_band_follows_the_curve() -> None:
+    assert leak_band(HICACHE, 1, 60, 4) == (0, 0)  # 0% at C=1
+    assert leak_band(CLEAN, 80, 60, 4) == (0, 0)  # fp8 never
+    low, high = leak_band(HICACHE, 60, 60, 4)  # 17% of 60 sessions = 10.2 expected
+    assert 0 < low < 10 < high < 60
+    assert binomial_band(10, 1.0) == (10, 10)
+    # All but 1e-4 of Binomial(n, q) on each side: about mean -/+ 3.72 sd (normal quantile).
+    low, high = binomial_band(1000, 0.5)
+    assert (low, high) == (441, 559)  # 500 -/+ 3.72 * 15.8, rounded inwards
+    pmf = [math.comb(1000, k) / 2**1000 for k in range(1001)]
+    assert sum(pmf[:low]) <= 1e-4 < sum(pmf[: low + 1])
+    assert sum(pmf[high + 1 :]) <= 1e-4 < sum(pmf[high:])
+
+
+def _conversation(i: int) -> Doc:
+    return {
+        "model": "deepseek-v4-flash",
+        "messages": [{"role": "user", "content": f"Conversation {i}: weather in Oslo, then docs."}],
+        "tools": CANARY_TOOLS,
+    }
+
+
+def _corrupted(config: DoubleConfig, body: Doc, load: int) -> bool:
+    return answer(config, body, conversation_rng(config.seed, body), load, 10).shape is not None
+
+
+def test_answers_are_a_function_of_seed_conversation_and_load() -> None:
+    bodies = [_conversation(i) for i in range(600)]
+    at_60 = [_corrupted(HICACHE, b, 60) for b in bodies]
+    assert at_60 == [_corrupted(HICACHE, b, 60) for b in bodies]  # same inputs, same verdicts
+    # 600 single responses at p = 4.55%: within the curve's band, and never at a load <= 4.
+    low, high = binomial_band(len(bodies), corruption_probability(HICACHE, 60))
+    assert low <= sum(at_60) <= high
+    assert not any(_corrupted(HICACHE, b, 4) for b in bodies)
+    # One uniform draw against a curve that never decreases: corrupted at 24 => at 60.
+    at_24 = [_corrupted(HICACHE, b, 24) for b in bodies]
+    assert 0 < sum(at_24) < sum(at_60)
+    assert all(high_ for low_, high_ in zip(at_24, at_60, strict=True) if low_)
+    other_seed = dataclasses.replace(HICACHE, seed=1)
+    assert at_60 != [_corrupted(other_seed, b, 60) for b in bodies]
 
 
 @pytest.mark.parametrize("shape", list(shapes.Shape))
@@ -218,6 +284,46 @@ def test_plain_answers_and_bad_requests(bf16_hicache: DoubleProcess) -> None:
     assert bad.status_code == 400 and bad.json()["object"] == "error"
 
 
+def _leaky_conversation() -> Doc:
+    """The first canary-like conversation the fixture's config corrupts at load 60."""
+    config = parse_config(*rendered(BF16_HICACHE))
+    return next(b for b in map(_conversation, itertools.count()) if _corrupted(config, b, 60))
+
+
+def test_the_declared_load_header_decides_not_the_overlap(bf16_hicache: DoubleProcess) -> None:
+    body = _leaky_conversation()
+    url = f"{bf16_hicache.url}/v1/chat/completions"
+
+    def post(load: int | None) -> httpx.Response:
+        headers = {LOAD_HEADER: str(load)} if load is not None else {}
+        return httpx.post(url, json=body, headers=headers, timeout=10)
+
+    def kind(reply: httpx.Response) -> VerdictKind:
+        return classify(reply.json(), tools=CANARY_TOOLS, must_call=True).kind
+
+    light, heavy, undeclared = post(1), post(60), post(None)
+    assert kind(light) is VerdictKind.OK and light.headers[LOAD_HEADER] == "1"
+    assert kind(heavy) is not VerdictKind.OK and heavy.headers[LOAD_HEADER] == "60"
+    # The fixture declares no load: the default is 1, so the same conversation is clean.
+    assert kind(undeclared) is VerdictKind.OK and undeclared.headers[LOAD_HEADER] == "1"
+    assert post(1000).headers[LOAD_HEADER] == "64"  # capped at --max-running-requests
+
+    async def burst(load: int, n: int) -> list[Doc]:
+        async with httpx.AsyncClient(timeout=30, headers={LOAD_HEADER: str(load)}) as client:
+            replies = await asyncio.gather(*(client.post(url, json=body) for _ in range(n)))
+        return [r.json() for r in replies]
+
+    # 40 at once (the server really runs 40) at a declared load of 1: still clean, and every
+    # reply is the same; one at a time at 60: corrupted every time, the same way.
+    crowd = [r["choices"] for r in asyncio.run(burst(1, 40))]
+    assert crowd == [light.json()["choices"]] * 40
+    alone = [asyncio.run(burst(60, 1))[0]["choices"] for _ in range(3)]
+    assert alone == [heavy.json()["choices"]] * 3
+    for bad in ("0", "many", "observed"):
+        refused = httpx.post(url, json=body, headers={LOAD_HEADER: bad}, timeout=10)
+        assert refused.status_code == 400 and LOAD_HEADER in refused.json()["message"]
+
+
 def test_models_health_and_server_info(bf16_hicache: DoubleProcess) -> None:
     url = bf16_hicache.url
     models = httpx.get(f"{url}/v1/models").json()
@@ -228,8 +334,10 @@ def test_models_health_and_server_info(bf16_hicache: DoubleProcess) -> None:
     assert info["engine_double"] is True
     assert info["disaggregation_mode"] == "decode" and info["tp_size"] == 4
     assert info["index_k_dtype"] == "bf16" and info["faults"] == [HICACHE_RACE]
+    assert info["load"] == 1 and info["observe_load"] is False
     assert info["host"] == "127.0.0.1"  # the appended override won over the rendered 0.0.0.0
     assert "a test double standing in for SGLang" in bf16_hicache.log
+    assert "load=1 (declared" in bf16_hicache.log
 
 
 REQUIRED_METRICS = {
@@ -280,7 +388,8 @@ def test_metrics_are_off_without_enable_metrics() -> None:
 
 
 def test_health_is_503_while_starting() -> None:
-    with DoubleProcess(["--served-model-name", "m"], {"DSV4_DOUBLE_STARTUP_S": "30"}) as double:
+    # An hour: the test is over long before, however slowly the machine runs.
+    with DoubleProcess(["--served-model-name", "m"], {"DSV4_DOUBLE_STARTUP_S": "3600"}) as double:
         assert httpx.get(f"{double.url}/health").status_code == 503
         assert httpx.get(f"{double.url}/health_generate").status_code == 503
 

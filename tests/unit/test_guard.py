@@ -12,9 +12,9 @@ import pytest
 from dsv4_operator.api.spec import GuardSpec
 from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.guard.oom import oom_events
-from dsv4_operator.guard.policy import Evidence, Outcome, evaluate
-from dsv4_operator.probe.stats import wilson_interval
+from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
 from dsv4_operator.reconcile.decide import decide
+from dsv4_operator.stats import wilson_interval
 
 from .test_decide import NOW, _as_live, _world
 
@@ -52,6 +52,25 @@ def test_rollback_reasons() -> None:
     assert evaluate(Evidence(samples=32, leaks=6), GUARD).rollback_reason == "LeakRate"
     assert evaluate(Evidence(oom_events=1), GUARD).rollback_reason == "OOM"
     assert evaluate(Evidence(source_error="x"), GUARD).rollback_reason is None
+    assert evaluate(Evidence(prometheus_leak_rate=0.2), GUARD).rollback_reason == "LeakRate"
+
+
+def test_no_data_after_bake_is_a_check_in_the_chain() -> None:
+    fail = GuardSpec.model_validate({"noData": "Fail", "bakeTime": "10m"})
+    inconclusive = Evidence(samples=10, leaks=0, settled=True)
+    assert evaluate(inconclusive, fail).outcome == Outcome.NO_DATA  # no window age yet
+    baked_long = Evidence(samples=10, leaks=0, settled=True, window_age=timedelta(minutes=10))
+    verdict = evaluate(baked_long, fail)
+    assert (verdict.outcome, verdict.reason) == (Outcome.FAIL, "NoData")
+    assert verdict.rollback_reason is RollbackReason.NO_DATA
+    assert "bakeTime 10m" in verdict.message
+    # Not settled, or noData Hold, or a conclusive window: the chain goes on as before.
+    unsettled = Evidence(samples=10, leaks=0, window_age=timedelta(hours=1))
+    assert evaluate(unsettled, fail).outcome == Outcome.NO_DATA
+    hold = GuardSpec.model_validate({"noData": "Hold", "bakeTime": "10m"})
+    assert evaluate(baked_long, hold).outcome == Outcome.NO_DATA
+    clean = Evidence(samples=600, leaks=0, settled=True, window_age=timedelta(hours=1))
+    assert evaluate(clean, fail).outcome == Outcome.PASS
 
 
 def _pod(revision: str, terminated: dict[str, Any], state: str = "lastState") -> dict[str, Any]:
@@ -118,7 +137,7 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
             bad_spec,
             generation=2,
             revisions=good.create,
-            status_raw={"lastKnownGoodRevision": good_rev},
+            status={"lastKnownGoodRevision": good_rev},
         )
     )
     bad_rev = bad_first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
@@ -129,18 +148,18 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
     world = _world(
         bad_spec,
         generation=2,
-        status_raw=status,
+        status=status,
         revisions=good.create + bad_first.create,
         canary=Snapshot(revision=bad_rev, samples=32, leaks=6),
         **live,
     )
     decision = decide(world)
     assert decision.rollbacks == ["LeakRate"]
-    [entry] = decision.status["quarantine"]
-    assert entry["hash"] == bad_rev and entry["reason"] == "LeakRate"
-    conditions = {c["type"]: c for c in decision.status["conditions"]}
-    assert conditions["RolledBack"]["status"] == "True"
-    assert conditions["RolledBack"]["reason"] == "LeakRate"
+    [entry] = decision.status.quarantine
+    assert entry.hash == bad_rev and entry.reason == "LeakRate"
+    conditions = {c.type: c for c in decision.status.conditions}
+    assert conditions["RolledBack"].status == "True"
+    assert conditions["RolledBack"].reason == "LeakRate"
     assert any(n.reason == "RolledBack" for n in decision.events)
     # The rollout now targets the good revision (a format change: Recreate deletes first).
     assert any(r.kind == "StatefulSet" for r, _ in decision.delete)
@@ -149,7 +168,7 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
         _world(
             bad_spec,
             generation=2,
-            status_raw=decision.status,
+            status=decision.status,
             revisions=good.create + bad_first.create,
         )
     )
@@ -158,18 +177,18 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
         for o in later.apply
         if o["kind"] == "StatefulSet"
     )
-    assert later.status["quarantine"] == decision.status["quarantine"]
+    assert later.status.quarantine == decision.status.quarantine
     # The clear annotation releases it.
     cleared = decide(
         _world(
             bad_spec,
             generation=2,
-            status_raw=decision.status,
+            status=decision.status,
             revisions=good.create + bad_first.create,
             annotations={"dsv4.io/clear-quarantine": bad_rev},
         )
     )
-    assert cleared.status["quarantine"] == []
+    assert cleared.status.quarantine == []
     assert any(n.reason == "QuarantineCleared" for n in cleared.events)
 
 
@@ -184,10 +203,10 @@ def test_no_known_good_degrades_without_revert(variant: Callable[..., dict[str, 
     )
     decision = decide(world)
     assert decision.rollbacks == [] and decision.delete == [] and decision.apply == []
-    conditions = {c["type"]: c for c in decision.status["conditions"]}
-    assert conditions["Degraded"]["status"] == "True"
-    assert conditions["Degraded"]["reason"] == "NoKnownGood"
-    assert decision.status["phase"] == "Degraded"
+    conditions = {c.type: c for c in decision.status.conditions}
+    assert conditions["Degraded"].status == "True"
+    assert conditions["Degraded"].reason == "NoKnownGood"
+    assert decision.status.phase == "Degraded"
     assert any(n.reason == "NoKnownGood" for n in decision.events)
 
 
@@ -197,18 +216,19 @@ def test_bake_promotes_last_known_good(variant: Callable[..., dict[str, Any]]) -
     live = _as_live(first.apply)
     passing = Snapshot(revision=rev, samples=1000, leaks=0)
     started = decide(_world(spec, revisions=first.create, canary=passing, **live))
-    assert started.status.get("lastKnownGoodRevision") is None
-    assert started.status["guard"]["passingSince"] == "2026-11-29T12:00:00Z"
+    assert started.status.last_known_good_revision is None
+    assert started.status.guard is not None
+    assert started.status.guard.passing_since == "2026-11-29T12:00:00Z"
     later = _world(
         spec,
         revisions=first.create,
         canary=passing,
-        status_raw=started.status,
+        status=started.status,
         now=NOW + timedelta(minutes=11),
         **live,
     )
     baked = decide(later)
-    assert baked.status["lastKnownGoodRevision"] == rev
+    assert baked.status.last_known_good_revision == rev
     assert any(n.reason == "Baked" for n in baked.events)
 
 
@@ -223,13 +243,14 @@ def test_errors_make_the_guard_blind_without_rollback(
             spec,
             revisions=first.create,
             canary=blind,
-            status_raw={"lastKnownGoodRevision": "elsewhere"},
+            status={"lastKnownGoodRevision": "elsewhere"},
             **_as_live(first.apply),
         )
     )
-    conditions = {c["type"]: c for c in decision.status["conditions"]}
-    assert conditions["GuardBlind"]["status"] == "True"
-    assert decision.status["guard"]["lastVerdict"] == "Error"
+    conditions = {c.type: c for c in decision.status.conditions}
+    assert conditions["GuardBlind"].status == "True"
+    assert decision.status.guard is not None
+    assert decision.status.guard.last_verdict == "Error"
     assert decision.rollbacks == [] and decision.delete == []
 
 
@@ -250,10 +271,10 @@ def test_oom_on_unbaked_revision_rolls_back(variant: Callable[..., dict[str, Any
         generation=2,
         revisions=good.create + new.create,
         pods=[pod],
-        status_raw={"lastKnownGoodRevision": good_rev},
+        status={"lastKnownGoodRevision": good_rev},
         **live,
     )
     decision = decide(world)
     assert decision.rollbacks == ["OOM"]
-    assert decision.status["quarantine"][0]["hash"] == new_rev
+    assert decision.status.quarantine[0].hash == new_rev
     assert [e.kind for e in decision.ooms] == ["OOMKilled"]

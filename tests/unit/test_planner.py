@@ -1,4 +1,4 @@
-"""Planner: SGLang's DSV4 pool arithmetic with the real index-K size (reference 3.4, seeds)."""
+"""Planner: each release's DSV4 pool arithmetic with the real index-K size (engine notes)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.engine.planner import (
-    GIB,
-    PlanningError,
+from dsv4_operator.engine.planner import GIB, PlanningError, plan
+from dsv4_operator.engine.pools import (
+    PoolSettings,
     _c128_state_fixed_bytes,
     indexer_bytes_per_token,
-    plan,
+    swa_request_cap,
 )
 from dsv4_operator.engine.profiles import model_profiles
 
@@ -31,15 +31,17 @@ def test_indexer_bytes_per_dtype() -> None:
 
 
 def test_v4_flash_worked_example_pool_by_pool(example_spec: DSV4DeploymentSpec) -> None:
-    pools = plan(example_spec).roles["decode"].pool_bytes
-    # reference 3.4: 2511 + 3066 + 91 + 693 + 1075 + 269 ~= 7705 B per full token
+    decode = plan(example_spec).roles["decode"]
+    pools = decode.sizing.per_token
+    # SGLang 0.5.16: 2511 + 3066 + 91 + 693 + 1075 + 269 ~= 7705 B per full token
     assert pools["swa"] == pytest.approx(0.1 * 584 * 43)
     assert pools["c4"] == pytest.approx(584 * 21 / 4)
     assert pools["c128"] == pytest.approx(584 * 20 / 128)
     assert pools["indexer"] == pytest.approx(0.25 * 132 * 21)
     assert pools["c4State"] == pytest.approx(0.1 * 8 / 128 * 8192 * 21)
     assert pools["c4IndexerState"] == pytest.approx(0.1 * 8 / 128 * 2048 * 21)
-    assert pools["total"] == pytest.approx(7705.45, abs=0.01)
+    assert decode.bytes_per_full_token == pytest.approx(7705.45, abs=0.01)
+    assert decode.bytes_per_full_token == pytest.approx(sum(pools.values()))
 
 
 def test_bf16_index_k_adds_651_bytes_and_1_1_gb_at_1_7m_tokens(
@@ -50,7 +52,7 @@ def test_bf16_index_k_adds_651_bytes_and_1_1_gb_at_1_7m_tokens(
     extra = bf16.bytes_per_full_token - fp8.bytes_per_full_token
     assert extra == pytest.approx(0.25 * (256 - 132) * 21)  # 651 B
     assert round(extra) == 651
-    # The seeds' figure: ~1.1 GB per rank at ~1.7 M full tokens.
+    # The production figure: ~1.1 GB per rank at ~1.7 M full tokens.
     assert 1.7e6 * extra / 1e9 == pytest.approx(1.1, abs=0.02)
     # Without poolSizingFix the engine estimates with 132 B; the over-commit is that gap.
     assert bf16.engine_bytes_per_full_token == pytest.approx(fp8.bytes_per_full_token)
@@ -73,6 +75,8 @@ def test_fp4_over_reserves_safely(variant: Callable[..., dict[str, Any]]) -> Non
     assert p.indexer_bytes_per_token == 68
     assert p.bytes_per_full_token < p.engine_bytes_per_full_token
     assert p.unpatched_overcommit_bytes == 0
+    # The engine keeps its own (smaller) estimate over a larger --max-total-tokens.
+    assert p.max_total_tokens == p.engine_sizing.full_tokens(p.available_bytes, 256)
 
 
 def test_max_total_tokens_from_budget(example_spec: DSV4DeploymentSpec) -> None:
@@ -86,24 +90,68 @@ def test_max_total_tokens_from_budget(example_spec: DSV4DeploymentSpec) -> None:
     assert p.sessions_capacity == p.max_total_tokens // 80000
 
 
+SETTINGS = PoolSettings(
+    indexer_bytes=132,
+    state_bytes=4,
+    speculative=False,
+    max_running_requests=64,
+    mode="decode",
+    chunked_prefill_size=8192,
+    overlap_scheduler=False,
+    radix_cache=False,
+    decode_extra_slots=0,
+)
+
+
 def test_c128_state_fixed_matches_engine_formula() -> None:
     model = model_profiles()[V4]
     # 65 slots (64 running + 1): rows = ceil((65*128 + 128 + 1) / 128) * 128 = 8576
-    assert _c128_state_fixed_bytes(model, 65, 4, False) == 8576 * 2 * 512 * 4 * 20
+    assert _c128_state_fixed_bytes(model, SETTINGS) == 8576 * 2 * 512 * 4 * 20
+
+
+def test_0_5_23_pages_rows_and_sizes_swa_by_request_cap(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    p = _plan(variant({"engine.sglangVersion": "0.5.23", "engine.capabilities": []}))
+    decode, prefill = p.roles["decode"], p.roles["prefill"]
+    # C4 21 x (585/4 + 132/4) + C128 20 x 864/128: rows padded to 576-byte strides
+    assert decode.bytes_per_full_token == pytest.approx(3899.25)
+    # decode: 64 requests x (128 window + 128 eviction + 2 pages), radix cache off in PD
+    assert decode.swa_tokens == 64 * (128 + 128 + 256 + 256)
+    # prefill: + one 8192-token chunk in flight + a page, + radix headroom 4 x 64 x (128+256)
+    assert prefill.swa_tokens == 64 * 768 + 8192 + 256 + 4 * 64 * 384
+    # each SWA slot: 43 x 585 + 21 x 8/256 x (8192 + 2048) compress state
+    assert decode.sizing.fixed["swaCap"] == decode.swa_tokens * 31875
+    assert decode.max_total_tokens > _plan(variant({})).roles["decode"].max_total_tokens
+
+
+def test_request_cap_counts_in_transfer_slots_for_small_batches() -> None:
+    model = model_profiles()[V4]
+    small = PoolSettings(
+        **{**SETTINGS.__dict__, "max_running_requests": 16, "decode_extra_slots": 32}
+    )
+    assert swa_request_cap(model, small) == 16 * 768 + 32 * (128 + 256)
+
+
+def test_unknown_release_names_the_supported_ones(variant: Callable[..., dict[str, Any]]) -> None:
+    with pytest.raises(PlanningError) as info:
+        _plan(variant({"engine.sglangVersion": "0.5.9"}))
+    assert info.value.field == "spec.engine.sglangVersion"
+    assert "0.5.23" in info.value.message and "0.5.16" in info.value.message
 
 
 def test_speculative_inflates_by_draft_layer(variant: Callable[..., dict[str, Any]]) -> None:
     base = _plan(variant({})).roles["decode"].bytes_per_full_token
     spec = _plan(variant({"engine.extraArgs": ["--speculative-algorithm", "EAGLE"]}))
     # ring 16 doubles the c4 state; then (43 + 1) / 43 for the draft layer
-    pools = spec.roles["decode"].pool_bytes
+    pools = spec.roles["decode"].sizing.per_token
     assert pools["c4State"] == pytest.approx(0.1 * 16 / 128 * 8192 * 21 * 44 / 43)
     assert spec.roles["decode"].bytes_per_full_token > base
 
 
 def test_bf16_compress_state_halves_state_pools(variant: Callable[..., dict[str, Any]]) -> None:
     env = [{"name": "SGLANG_DSV4_COMPRESS_STATE_DTYPE", "value": "bfloat16"}]
-    pools = _plan(variant({"engine.env": env})).roles["decode"].pool_bytes
+    pools = _plan(variant({"engine.env": env})).roles["decode"].sizing.per_token
     assert pools["c4State"] == pytest.approx(0.1 * 8 / 128 * 8192 * 21 / 2)
 
 

@@ -13,7 +13,7 @@ def test_rule_table_matches_catalogue() -> None:
     rows = [line for line in README.splitlines() if line.startswith("| DSV4-R")]
     expected = [
         f"| {r.id} | {r.severity} | {'yes' if r.acknowledgeable else 'never'} | {r.title} | "
-        f"{r.fixed_by.value if r.fixed_by else '-'} | {r.reference} |"
+        f"{r.fixed_by.value if r.fixed_by else '-'} | {', '.join(r.releases)} | {r.reference} |"
         for r in CATALOGUE
     ]
     assert rows == expected

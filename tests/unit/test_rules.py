@@ -11,6 +11,7 @@ from dsv4_operator.engine.rules import CATALOGUE, RULES_BY_ID
 from dsv4_operator.engine.validation import validate_spec
 
 BF16 = {"engine.indexKDtype": "bf16", "engine.capabilities": ["bf16IndexK", "poolSizingFix"]}
+V0523 = {"engine.sglangVersion": "0.5.23", "engine.capabilities": []}
 V32 = {
     "model.profile": "deepseek-v3.2",
     "model.checkpoint": "fp8",
@@ -74,8 +75,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"engine.extraArgs": ["--page-size", "256"]},
     ),
     "DSV4-R012": (
-        {"engine.env": [{"name": "SGLANG_DSV4_UNIFIED_KV_FP8", "value": "1"}]},
-        {"engine.env": [{"name": "SGLANG_DSV4_UNIFIED_KV_FP8", "value": "0"}]},
+        {**V0523, "engine.env": [{"name": "SGLANG_DSV4_UNIFIED_KV_FP8", "value": "1"}]},
+        {**V0523, "engine.env": [{"name": "SGLANG_DSV4_UNIFIED_KV_FP8", "value": "0"}]},
     ),
     "DSV4-R013": (
         {"engine.extraArgs": ["--max-total-tokens=100000"]},
@@ -102,6 +103,18 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "engine.extraArgs": ["--speculative-algorithm", "EAGLE"],
         },
         {"engine.extraArgs": ["--speculative-algorithm", "EAGLE"]},
+    ),
+    "DSV4-R018": (
+        {"engine.extraArgs": ["--enable-mixed-chunks"]},
+        {"engine.extraArgs": ["--enable-mixed-chunk"]},
+    ),
+    "DSV4-R019": (
+        {"engine.env": [{"name": "SGLANG_DSV4_COMPRES_STATE_DTYPE", "value": "bf16"}]},
+        {"engine.env": [{"name": "SGLANG_DSV4_COMPRESS_STATE_DTYPE", "value": "bf16"}]},
+    ),
+    "DSV4-R020": (
+        {"engine.extraArgs": ["--enable-hisparse"]},
+        {"engine.extraArgs": ["--enable-mixed-chunk"]},
     ),
 }
 
@@ -223,3 +236,40 @@ def test_cel_mirrors_are_reported(variant: Callable[..., dict[str, Any]]) -> Non
         "spec.transfer.bootstrapPort",
         "spec.model.cache",
     }
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-total-tok", "1"],
+        ["--max-total-tokens=1"],
+        ["--mem-fraction", "0.99"],
+        ["--kv-cache-dt", "bfloat16"],
+        ["--kv-cache-dt=bfloat16"],
+        ["--model", "other/model"],
+        ["--tensor-parallel-size", "8"],
+        ["--disable-overlap"],
+    ],
+)
+def test_owned_flags_are_refused_in_every_spelling_the_parser_accepts(
+    args: list[str], variant: Callable[..., dict[str, Any]]
+) -> None:
+    for version in ("0.5.16", "0.5.23"):
+        spec = variant(
+            {"engine.sglangVersion": version, "engine.capabilities": [], "engine.extraArgs": args}
+        )
+        hits = [f for f in validate_spec(spec).findings if f.rule == "DSV4-R013"]
+        assert hits, (version, args)
+        assert "resolves to --" in hits[0].message and "use " in hits[0].message
+
+
+def test_unknown_flag_names_the_closest_real_flag(variant: Callable[..., dict[str, Any]]) -> None:
+    spec = variant({"engine.extraArgs": ["--enable-mixed-chunks"]})
+    [hit] = [f for f in validate_spec(spec).findings if f.rule == "DSV4-R018"]
+    assert "--enable-mixed-chunk" in hit.message and "0.5.16" in hit.message
+
+
+def test_ambiguous_abbreviation_is_refused(variant: Callable[..., dict[str, Any]]) -> None:
+    spec = variant({**V0523, "engine.extraArgs": ["--cuda-graph-max-bs", "8"]})
+    hits = [f for f in validate_spec(spec).findings if f.rule in ("DSV4-R013", "DSV4-R018")]
+    assert hits and all(f.severity == "error" for f in hits)

@@ -10,14 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
-GROUP = "dsv4.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "DSV4Deployment"
-PLURAL = "dsv4deployments"
-SINGULAR = "dsv4deployment"
-SHORT_NAMES = ("dsv4",)
-
 
 class ApiModel(BaseModel):
     """Base of every spec/status model: camelCase on the wire, unknown fields are errors."""

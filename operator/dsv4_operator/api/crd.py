@@ -7,9 +7,9 @@ from typing import Any
 
 import yaml
 
-from dsv4_operator.api.base import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.names import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 
 JsonSchema = dict[str, Any]
 
@@ -123,8 +123,8 @@ def openapi_schema() -> JsonSchema:
         "by a tool-call leak canary with automatic rollback.",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "dsv4.io/v1alpha1"},
-            "kind": {"type": "string", "description": "DSV4Deployment"},
+            "apiVersion": {"type": "string", "description": API_VERSION},
+            "kind": {"type": "string", "description": KIND},
             "metadata": {"type": "object"},
             "spec": spec,
             "status": status,

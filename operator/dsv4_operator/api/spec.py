@@ -139,6 +139,13 @@ class EngineSpec(ApiModel):
     image: str = Field(
         min_length=1, description="Engine image (patched SGLang), pinned by tag or digest."
     )
+    sglang_version: str = Field(
+        alias="sglangVersion",
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$",
+        description="The SGLang release the image is built on (its `dsv4.io/sglang-version` "
+        "label); selects flag names, env names and pool arithmetic. `dsv4 rules` lists the "
+        "supported releases.",
+    )
     capabilities: list[Capability] = Field(
         default_factory=list,
         description="What the image declares it has (its `dsv4.io/capabilities` label): "
@@ -162,6 +169,14 @@ class EngineSpec(ApiModel):
         default=0.85, gt=0.0, lt=1.0, description="--mem-fraction-static (weights + KV pool share)."
     )
     context_length: int = Field(default=131072, ge=1024, description="--context-length.")
+    chunked_prefill_size: int = Field(
+        default=8192,
+        ge=512,
+        le=1048576,
+        description="--chunked-prefill-size: tokens per prefill chunk. Pinned because SGLang "
+        "0.5.23 sizes the SWA pool from it (request-cap mode) and otherwise derives it from GPU "
+        "memory.",
+    )
     tool_call_parser: str = Field(default="deepseekv4", description="--tool-call-parser.")
     reasoning_parser: str = Field(default="deepseek-v4", description="--reasoning-parser.")
     extra_args: list[str] = Field(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from dsv4_operator.api.base import ApiModel
+
+log = logging.getLogger(__name__)
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "RolledBack", "Invalid"]
 ConditionType = Literal["Validated", "Ready", "Progressing", "Degraded", "RolledBack", "GuardBlind"]
@@ -47,6 +51,9 @@ class RoleNumbers(ApiModel):
 class PlanStatus(ApiModel):
     """The memory plan the engines were launched with."""
 
+    sglang_version: str | None = Field(
+        default=None, description="SGLang release whose pool arithmetic the plan follows."
+    )
     bytes_per_token: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="Bytes per full token by pool (swa, c4, c128, indexer, ..., total), per role.",
@@ -125,3 +132,16 @@ class DSV4DeploymentStatus(ApiModel):
     quarantine: list[QuarantineEntry] = Field(
         default_factory=list, description="Quarantined configs."
     )
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> DSV4DeploymentStatus:
+    """A stored status as the model; one that does not parse is rebuilt from nothing.
+
+    Only the operator writes status, through this model and the CRD's schema, so a status
+    that does not parse means a hand edit.
+    """
+    try:
+        return DSV4DeploymentStatus.model_validate(raw or {})
+    except ValidationError as error:
+        log.warning("ignoring a status that does not parse: %s", error)
+        return DSV4DeploymentStatus()

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec, Role
+from dsv4_operator.engine.releases import Option, ParserCatalog, release
 
 T = TypeVar("T")
 
@@ -30,11 +31,26 @@ def normalize_flag(flag: str) -> str:
     return FLAG_ALIASES.get(name, name)
 
 
-def parse_args(args: tuple[str, ...] | list[str]) -> dict[str, tuple[int, str | None]]:
+def canonical_flag(token: str, catalog: ParserCatalog | None) -> tuple[str, Option | None]:
+    """The flag a release's parser resolves `token` to (aliases and unambiguous prefixes
+    included), spelled by its destination; unknown or ambiguous tokens only normalized."""
+    if catalog is not None:
+        resolution = catalog.resolve(token)
+        if not resolution.unknown and not resolution.ambiguous:
+            option = resolution.options[0]
+            by_dest = "--" + option.dest.replace("_", "-")
+            return (by_dest if by_dest in option.flags else option.flags[0]), option
+    return normalize_flag(token), None
+
+
+def parse_args(
+    args: tuple[str, ...] | list[str], catalog: ParserCatalog | None = None
+) -> dict[str, tuple[int, str | None]]:
     """Map each `--flag` in an argv fragment to (its index, its value or None for a switch).
 
-    Accepts `--flag=value` and `--flag value`; sglang takes no positionals, so a token that
-    does not start with `--` is the value of the flag before it.
+    Accepts `--flag=value` and `--flag value`, and with a release's catalog every spelling its
+    parser accepts (aliases, unambiguous prefixes). sglang takes no positionals, so a token
+    that does not start with `--` is the value of the flag before it.
     """
     flags: dict[str, tuple[int, str | None]] = {}
     i = 0
@@ -42,13 +58,15 @@ def parse_args(args: tuple[str, ...] | list[str]) -> dict[str, tuple[int, str | 
         token = args[i]
         if token.startswith("--"):
             name, eq, inline = token.partition("=")
+            flag, option = canonical_flag(name, catalog)
+            switch = option is not None and not option.takes_value
             if eq:
-                flags[normalize_flag(name)] = (i, inline)
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                flags[normalize_flag(name)] = (i, args[i + 1])
+                flags[flag] = (i, inline)
+            elif not switch and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                flags[flag] = (i, args[i + 1])
                 i += 1
             else:
-                flags[normalize_flag(name)] = (i, None)
+                flags[flag] = (i, None)
         i += 1
     return flags
 
@@ -58,6 +76,7 @@ class EffectiveRole:
     """Everything one role's engine is launched with, before the operator's own flags."""
 
     role: Role
+    catalog: ParserCatalog | None
     tensor_parallel: int
     overlap_scheduler: bool
     cuda_graph_max_bs: int
@@ -74,13 +93,23 @@ class EffectiveRole:
     @property
     def flags(self) -> dict[str, tuple[int, str | None]]:
         """Passthrough flags of the role (engine-wide first, role-specific win)."""
-        merged = parse_args(self.extra_args)
-        merged.update(parse_args(self.role_extra_args))
+        merged = parse_args(self.extra_args, self.catalog)
+        merged.update(parse_args(self.role_extra_args, self.catalog))
         return merged
 
     @property
     def speculative(self) -> bool:
         return "--speculative-algorithm" in self.flags
+
+    def int_flag(self, name: str, default: int = 1) -> int:
+        """A passthrough integer flag's value, or the default when unset or not a number."""
+        value = self.flags.get(name, (0, None))[1]
+        return int(value) if value is not None and value.isdigit() else default
+
+    @property
+    def attention_dp(self) -> int:
+        """Attention data-parallel ranks: --dp-size under --enable-dp-attention, else 1."""
+        return self.int_flag("--dp-size") if "--enable-dp-attention" in self.flags else 1
 
 
 def effective_role(spec: DSV4DeploymentSpec, role: Role) -> EffectiveRole:
@@ -92,8 +121,10 @@ def effective_role(spec: DSV4DeploymentSpec, role: Role) -> EffectiveRole:
         overlap = overrides.overlap.scheduler
     env = {e.name: e.value for e in engine.env}
     env.update({e.name: e.value for e in overrides.env})
+    engine_release = release(engine.sglang_version)
     return EffectiveRole(
         role=role,
+        catalog=engine_release.engine if engine_release is not None else None,
         tensor_parallel=spec.role(role).tensor_parallel,
         overlap_scheduler=overlap,
         cuda_graph_max_bs=_pick(overrides.cuda_graph_max_bs, engine.cuda_graph_max_bs),
@@ -111,11 +142,5 @@ def _pick(override: T | None, default: T) -> T:
 
 def gpus_needed(eff: EffectiveRole) -> int:
     """GPUs one replica of a role needs: tp x pp x (dp unless DP attention shares the TP GPUs)."""
-    flags = eff.flags
-
-    def _int(name: str) -> int:
-        value = flags.get(name, (0, None))[1]
-        return int(value) if value is not None and value.isdigit() else 1
-
-    dp = 1 if "--enable-dp-attention" in flags else _int("--dp-size")
-    return eff.tensor_parallel * _int("--pp-size") * dp
+    dp = 1 if "--enable-dp-attention" in eff.flags else eff.int_flag("--dp-size")
+    return eff.tensor_parallel * eff.int_flag("--pp-size") * dp

@@ -12,7 +12,8 @@ from dsv4_operator.api.spec import (
     Role,
 )
 from dsv4_operator.engine.effective import effective_role
-from dsv4_operator.engine.planner import Plan
+from dsv4_operator.engine.planner import MemoryPlan
+from dsv4_operator.engine.releases import PoolArithmetic
 
 MODEL_MOUNT = "/models"  # where spec.model.cache is mounted; HF_HOME points here
 ENGINE_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
@@ -32,10 +33,14 @@ def served_name(spec: DSV4DeploymentSpec, profile_served_name: str) -> str:
 
 
 def engine_launch(
-    spec: DSV4DeploymentSpec, plan: Plan, role: Role, served_model_name: str
+    spec: DSV4DeploymentSpec, plan: MemoryPlan, role: Role, served_model_name: str
 ) -> Launch:
-    """The engine argv and env of one role (reference sections 1.1, 2.1-2.4)."""
+    """The engine argv and env of one role, spelled for the spec's SGLang release.
+
+    docs/engine-notes.md ("Rendered flags") gives each flag's source per release.
+    """
     eff = effective_role(spec, role)
+    release = plan.profiles.release
     engine, transfer = spec.engine, spec.transfer
     args: list[str] = [
         *ENGINE_ENTRYPOINT,
@@ -54,14 +59,24 @@ def engine_launch(
         "--kv-cache-dtype", engine.kv_cache_dtype,
         "--mem-fraction-static", f"{eff.mem_fraction_static:g}",
         "--max-running-requests", str(eff.max_running_requests),
-        "--cuda-graph-max-bs", str(eff.cuda_graph_max_bs),
+    ]  # fmt: skip
+    # 0.5.23 split the flag per phase; prefill keeps that release's own prefill-graph default.
+    graph_flag = release.cuda_graph_max_bs_flag.get(role)
+    if graph_flag is not None:
+        args += [graph_flag, str(eff.cuda_graph_max_bs)]
+    args += [
         "--context-length", str(engine.context_length),
+        "--chunked-prefill-size", str(engine.chunked_prefill_size),
         # Pinned from the plan: the engine's own configurator may size index-K at 132 B.
         "--max-total-tokens", str(plan.roles[role].max_total_tokens),
         "--tool-call-parser", engine.tool_call_parser,
         "--reasoning-parser", engine.reasoning_parser,
         "--enable-metrics",
     ]  # fmt: skip
+    if release.pool_arithmetic is PoolArithmetic.PAGED_CAP and eff.speculative:
+        # Ratio sizing of the SWA pool: the request-cap formula under speculative decoding
+        # depends on draft settings the planner does not model.
+        args += ["--swa-full-tokens-ratio", f"{plan.profiles.model.swa_full_tokens_ratio:g}"]
     if not eff.overlap_scheduler:
         args.append("--disable-overlap-schedule")
     if engine.hicache.enabled:

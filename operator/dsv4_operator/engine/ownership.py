@@ -5,20 +5,17 @@ from __future__ import annotations
 _ONE_NODE = "not supported: each role replica runs on one node (see spec.gpu.perNode)"
 _OVERRIDABLE = "spec.engine.{field} (or spec.<role>.overrides.{field})"
 
-# Flag -> the spec field to use instead (reference sections 1-2 for the flag names).
+# Flag -> the spec field to use instead. Keyed by the canonical spelling (`--` + the parser's
+# destination with dashes): passthrough tokens are resolved through the release's own parser
+# first (aliases, `=` forms, unambiguous prefixes), so every spelling lands on these keys.
 OWNED_FLAGS: dict[str, str] = {
     "--model-path": "spec.model.name",
-    "--model": "spec.model.name",
     "--served-model-name": "spec.model.servedName",
     "--tp-size": "spec.<role>.tensorParallel",
-    "--tensor-parallel-size": "spec.<role>.tensorParallel",
-    "--tp": "spec.<role>.tensorParallel",
     "--pp-size": _ONE_NODE,
-    "--pipeline-parallel-size": _ONE_NODE,
     "--nnodes": _ONE_NODE,
     "--node-rank": _ONE_NODE,
     "--dist-init-addr": _ONE_NODE,
-    "--nccl-init-addr": _ONE_NODE,
     "--host": "nothing: the operator binds 0.0.0.0",
     "--port": "nothing: the engine port is fixed at 30000",
     "--disaggregation-mode": "nothing: the role sets it",
@@ -33,6 +30,12 @@ OWNED_FLAGS: dict[str, str] = {
     "--hicache-write-policy": "spec.engine.hicache.writePolicy",
     "--disable-overlap-schedule": _OVERRIDABLE.format(field="overlap.scheduler"),
     "--cuda-graph-max-bs": _OVERRIDABLE.format(field="cudaGraphMaxBs"),
+    "--cuda-graph-max-bs-decode": _OVERRIDABLE.format(field="cudaGraphMaxBs"),
+    "--cuda-graph-config": _OVERRIDABLE.format(field="cudaGraphMaxBs")
+    + " (its JSON would override the rendered graph size)",
+    "--chunked-prefill-size": "spec.engine.chunkedPrefillSize",
+    "--swa-full-tokens-ratio": "nothing: the planner sizes the SWA pool (see `dsv4 plan`)",
+    "--disaggregation-decode-extra-slots": "nothing: the planner sizes the request slots",
     "--max-running-requests": _OVERRIDABLE.format(field="maxRunningRequests"),
     "--mem-fraction-static": _OVERRIDABLE.format(field="memFractionStatic"),
     "--context-length": "spec.engine.contextLength",
@@ -62,7 +65,6 @@ TRANSFER_FORMAT_FLAGS: frozenset[str] = frozenset(
 TRANSFER_FORMAT_ENV: frozenset[str] = frozenset(
     {
         "SGLANG_DSV4_COMPRESS_STATE_DTYPE",
-        "SGLANG_DSV4_BF16_KV",
         "SGLANG_DSV4_UNIFIED_KV_FP8",
         "SGLANG_OPT_USE_ONLINE_COMPRESS",
     }

@@ -1,18 +1,27 @@
-"""Memory planner: SGLang's DSV4/DSA pool arithmetic with the index-K size the image really uses.
+"""Memory planner: SGLang's KV pool arithmetic for the spec's release, with the real index-K size.
 
-Formulas follow reference 3.2-3.4 (`DSV4PoolConfigurator`, `DefaultPoolConfigurator`); the only
-deliberate difference from the engine is that the indexer is sized with its actual dtype, which
-is the seeds' pool-sizing bug (132 B assumed where bf16 uses 256).
+The arithmetic per release lives in engine/pools.py; this module turns the spec into the
+engine's settings and budget, and reports what the engine will hold and what an unpatched
+configurator would over-commit (its index-K estimate is the fp8 size whatever the dtype).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from dsv4_operator.api.spec import ROLES, Capability, DSV4DeploymentSpec, IndexKDtype, Role
+from dsv4_operator.api.spec import ROLES, Capability, DSV4DeploymentSpec, Role
 from dsv4_operator.engine.effective import EffectiveRole, effective_role
+from dsv4_operator.engine.pools import (
+    STATE_DTYPE_BYTES,
+    PoolSettings,
+    PoolSizing,
+    indexer_bytes_per_token,
+    pool_sizing,
+)
 from dsv4_operator.engine.profiles import GpuProfile, ModelProfile, gpu_profiles, model_profiles
+from dsv4_operator.engine.releases import EngineRelease, release, versions_text
 
 GIB = 1 << 30
 # CUDA context, NCCL and custom all-reduce buffers live outside the weights but inside what the
@@ -20,26 +29,18 @@ GIB = 1 << 30
 RUNTIME_OVERHEAD_GIB = 1.5
 # ReqToTokenPool holds one int32 per (request slot, context position) (sglang memory_pool.py).
 REQ_TO_TOKEN_BYTES = 4
-FP8_QUANT_BLOCK = 128  # reference 3.2/3.3: quant_block_size = 128, one fp32 scale per block
-STATE_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2}  # reference 3.5
+# PD decode reserves extra request slots for in-transfer requests when the per-worker batch is
+# small (pd_disaggregation_hook.py: 2x the batch up to 32, else 0).
+SMALL_BATCH = 32
 
 
 class PlanningError(ValueError):
-    """The spec names a profile, GPU product or checkpoint the planner does not know."""
+    """The spec names a release, profile, GPU product or checkpoint the planner does not know."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
         self.message = message
-
-
-def indexer_bytes_per_token(dtype: IndexKDtype, head_dim: int) -> int:
-    """Bytes per token per C4 layer of the lightning-indexer keys (reference 3.3)."""
-    if dtype == "fp8":
-        return head_dim + head_dim // FP8_QUANT_BLOCK * 4  # 132 for head_dim 128
-    if dtype == "bf16":
-        return head_dim * 2  # 256: no scales (seeds 000/001)
-    return head_dim // 2 + head_dim // 32  # fp4: 68 (get_dsv4_indexer_bytes_per_token)
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,18 @@ class Profiles:
     gpu: GpuProfile | None
     gpu_memory_gib: float
     weights_gib: float
+    release: EngineRelease
 
 
 def resolve_profiles(spec: DSV4DeploymentSpec) -> Profiles:
-    """Look up the model and GPU profiles; raise PlanningError naming the field to fix."""
+    """Look up the release and the profiles; raise PlanningError naming the field to fix."""
+    engine_release = release(spec.engine.sglang_version)
+    if engine_release is None:
+        raise PlanningError(
+            "spec.engine.sglangVersion",
+            f"SGLang {spec.engine.sglang_version} is not a supported release; use one of "
+            f"{versions_text()} (the release your engine image is built on)",
+        )
     models = model_profiles()
     model = models.get(spec.model.profile)
     if model is None:
@@ -83,7 +92,9 @@ def resolve_profiles(spec: DSV4DeploymentSpec) -> Profiles:
                 f"{', '.join(sorted(model.checkpoints))}, or set spec.model.weightsGiB",
             )
         weights = model.checkpoints[checkpoint]
-    return Profiles(model=model, gpu=gpu, gpu_memory_gib=gpu_gib, weights_gib=weights)
+    return Profiles(
+        model=model, gpu=gpu, gpu_memory_gib=gpu_gib, weights_gib=weights, release=engine_release
+    )
 
 
 @dataclass(frozen=True)
@@ -97,15 +108,28 @@ class RolePlan:
     static_budget_bytes: int
     weights_bytes: int
     reserve_bytes: int
-    kv_pool_bytes: int
-    pool_bytes: dict[str, float]
-    bytes_per_full_token: float
-    engine_bytes_per_full_token: float
+    available_bytes: int
+    sizing: PoolSizing
+    engine_sizing: PoolSizing
     indexer_bytes_per_token: int
     max_total_tokens: int
+    swa_tokens: int
     sessions_capacity: int
     workload_bytes: int
     unpatched_overcommit_bytes: int
+
+    @property
+    def bytes_per_full_token(self) -> float:
+        return self.sizing.bytes_per_full_token
+
+    @property
+    def engine_bytes_per_full_token(self) -> float:
+        return self.engine_sizing.bytes_per_full_token
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes of the token-scaled pools (the budget less the fixed, request-scoped ones)."""
+        return int(self.available_bytes - self.sizing.fixed_bytes)
 
     @property
     def fits(self) -> bool:
@@ -128,10 +152,15 @@ class RolePlan:
             "reserveGiB": round(self.reserve_bytes / GIB, 3),
             "kvPoolGiB": round(self.kv_pool_bytes / GIB, 3),
             "bytesPerFullToken": round(self.bytes_per_full_token, 2),
-            "bytesPerFullTokenByPool": {k: round(v, 2) for k, v in self.pool_bytes.items()},
+            "bytesPerFullTokenByPool": {
+                k: round(v, 2)
+                for k, v in {**self.sizing.per_token, "total": self.bytes_per_full_token}.items()
+            },
+            "fixedPoolBytes": {k: int(v) for k, v in self.sizing.fixed.items()},
             "engineBytesPerFullToken": round(self.engine_bytes_per_full_token, 2),
             "indexerBytesPerToken": self.indexer_bytes_per_token,
             "maxTotalTokens": self.max_total_tokens,
+            "swaTokens": self.swa_tokens,
             "sessionsCapacity": self.sessions_capacity,
             "headroomGiB": round(self.headroom_gib, 3),
             "unpatchedOvercommitBytes": self.unpatched_overcommit_bytes,
@@ -140,14 +169,19 @@ class RolePlan:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Both roles' plans."""
+class MemoryPlan:
+    """Both roles' memory plans, for the spec's SGLang release."""
 
     profiles: Profiles
     roles: dict[Role, RolePlan]
 
+    @property
+    def sglang_version(self) -> str:
+        return self.profiles.release.version
+
     def as_dict(self) -> dict[str, object]:
         return {
+            "sglangVersion": self.sglang_version,
             "model": self.profiles.model.key,
             "gpuMemoryGiB": self.profiles.gpu_memory_gib,
             "weightsGiB": self.profiles.weights_gib,
@@ -155,110 +189,63 @@ class Plan:
         }
 
 
-def _dsv4_pool_bytes(
-    model: ModelProfile, indexer: int, state_bytes: int, speculative: bool
-) -> dict[str, float]:
-    """Bytes per full token by pool (reference 3.4 `_get_bytes_per_full_token`)."""
-    kv = model.qk_nope_head_dim + model.qk_rope_head_dim * 2 + 8  # 584, FP8 nope + BF16 rope
-    attn_head_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
-    ring = model.c4_ring_size_speculative if speculative else model.c4_ring_size
-    state_ratio = ring / model.state_page_size
-    swa = model.swa_full_tokens_ratio
-    pools = {
-        "swa": swa * kv * model.layers,
-        "c4": kv * model.c4_layers / 4,
-        "c128": kv * model.c128_layers / 128,
-        "indexer": indexer * model.c4_layers / 4,
-        "c4State": swa * state_ratio * 2 * 2 * attn_head_dim * state_bytes * model.c4_layers,
-        "c4IndexerState": swa
-        * state_ratio
-        * 2
-        * 2
-        * model.index_head_dim
-        * state_bytes
-        * model.c4_layers,
-    }
-    if speculative:  # draft layer reserve: (target + 1) / target
-        pools = {k: v * (model.layers + 1) / model.layers for k, v in pools.items()}
-    pools["total"] = sum(pools.values())
-    return pools
-
-
-def _c128_state_fixed_bytes(model: ModelProfile, slots: int, state_bytes: int, spec: bool) -> int:
-    """Request-scoped C128 compress state (`_get_c128_state_fixed_bytes`, offline compression)."""
-    if model.c128_layers == 0:
-        return 0
-    ring = model.c128_ring_size_speculative if spec else model.c128_ring_size
-    rows = math.ceil((slots * ring + ring + 1) / 128) * 128
-    return (
-        rows
-        * 2
-        * (model.qk_nope_head_dim + model.qk_rope_head_dim)
-        * state_bytes
-        * (model.c128_layers)
-    )
-
-
-def _dsa_pool_bytes(model: ModelProfile, kv_dtype: str, indexer: int) -> dict[str, float]:
-    """V3.2 `DefaultPoolConfigurator._compute_cell_size` with the actual indexer size."""
-    if kv_dtype == "bfloat16":
-        kv_layer = float((model.kv_lora_rank + model.qk_rope_head_dim) * 2)
+def pool_settings(spec: DSV4DeploymentSpec, eff: EffectiveRole, indexer_bytes: int) -> PoolSettings:
+    """The engine settings the pool arithmetic reads, as the release resolves them."""
+    flags = eff.flags
+    mrr = eff.max_running_requests // eff.attention_dp
+    if eff.role == "decode":
+        radix = "--disaggregation-decode-enable-radix-cache" in flags
     else:
-        kv_layer = float(model.mla_fp8_kv_bytes_per_layer)
-    pools = {"mla": kv_layer * model.layers, "indexer": float(indexer * model.layers)}
-    pools["total"] = pools["mla"] + pools["indexer"]
-    return pools
-
-
-def _pool_bytes(
-    spec: DSV4DeploymentSpec, model: ModelProfile, eff: EffectiveRole, indexer: int
-) -> dict[str, float]:
-    if model.family == "dsa":
-        return _dsa_pool_bytes(model, spec.engine.kv_cache_dtype, indexer)
-    state_bytes = STATE_DTYPE_BYTES.get(
-        eff.env_map.get("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32"), 4
+        radix = "--disable-radix-cache" not in flags
+    return PoolSettings(
+        indexer_bytes=indexer_bytes,
+        state_bytes=STATE_DTYPE_BYTES.get(
+            eff.env_map.get("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32"), 4
+        ),
+        speculative=eff.speculative,
+        max_running_requests=mrr,
+        mode=eff.role,
+        chunked_prefill_size=spec.engine.chunked_prefill_size,
+        overlap_scheduler=eff.overlap_scheduler,
+        radix_cache=radix,
+        decode_extra_slots=2 * max(1, mrr) if mrr <= SMALL_BATCH else 0,
     )
-    return _dsv4_pool_bytes(model, indexer, state_bytes, eff.speculative)
 
 
 def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RolePlan:
     """Plan one role per rank."""
-    model = profiles.model
+    model, arithmetic = profiles.model, profiles.release.pool_arithmetic
     eff = effective_role(spec, role)
     role_spec = spec.role(role)
-    index_dtype = spec.engine.index_k_dtype
-    actual_indexer = indexer_bytes_per_token(index_dtype, model.index_head_dim)
-    pools = _pool_bytes(spec, model, eff, actual_indexer)
-    bpt = pools["total"]
+    actual_indexer = indexer_bytes_per_token(spec.engine.index_k_dtype, model.index_head_dim)
+    settings = pool_settings(spec, eff, actual_indexer)
+    sizing = pool_sizing(arithmetic, model, spec.engine.kv_cache_dtype, settings)
     # What the engine's own configurator reserves: the fp8 formula unless the image is fixed.
     if Capability.POOL_SIZING_FIX in spec.engine.capabilities:
-        engine_bpt = bpt
+        engine_sizing = sizing
     else:
-        engine_bpt = _pool_bytes(
-            spec, model, eff, indexer_bytes_per_token("fp8", model.index_head_dim)
-        )["total"]
+        fp8 = indexer_bytes_per_token("fp8", model.index_head_dim)
+        engine_sizing = pool_sizing(
+            arithmetic, model, spec.engine.kv_cache_dtype, _with_indexer(settings, fp8)
+        )
 
     gpu_bytes = int(profiles.gpu_memory_gib * GIB)
     static_budget = int(eff.mem_fraction_static * gpu_bytes)
     weights = int(profiles.weights_gib * GIB / eff.tensor_parallel)
-    slots = eff.max_running_requests + 1  # `_get_num_req_slots`
-    state_bytes = STATE_DTYPE_BYTES.get(
-        eff.env_map.get("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32"), 4
+    slots = settings.max_running_requests + 1
+    outside = (
+        int(RUNTIME_OVERHEAD_GIB * GIB) + slots * spec.engine.context_length * REQ_TO_TOKEN_BYTES
     )
-    reserve = (
-        int(RUNTIME_OVERHEAD_GIB * GIB)
-        + _c128_state_fixed_bytes(model, slots, state_bytes, eff.speculative)
-        + slots * spec.engine.context_length * REQ_TO_TOKEN_BYTES
-    )
-    kv_pool = static_budget - weights - reserve
-    tokens = max(int(kv_pool / bpt), 0) // model.page_size * model.page_size
+    available = static_budget - weights - outside
+    true_tokens = sizing.full_tokens(available, model.page_size)
+    engine_tokens = engine_sizing.full_tokens(available, model.page_size)
+    # The engine keeps the smaller of --max-total-tokens and its own estimate, so the plan is
+    # the smaller of the true fit and what the engine would size itself.
+    tokens = min(true_tokens, engine_tokens)
     context = spec.workload.context_tokens
     replicas = role_spec.replicas
-    sessions_capacity = replicas * (tokens // context)
     sessions_per_replica = math.ceil(spec.workload.concurrent_sessions / max(replicas, 1))
-    workload_bytes = int(sessions_per_replica * context * bpt)
-    unpatched_tokens = max(int(kv_pool / engine_bpt), 0) // model.page_size * model.page_size
-    overcommit = max(int(unpatched_tokens * (bpt - engine_bpt)), 0)
+    overcommit = engine_tokens * (sizing.bytes_per_full_token - engine_sizing.bytes_per_full_token)
     return RolePlan(
         role=role,
         replicas=replicas,
@@ -266,20 +253,26 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
         gpu_memory_bytes=gpu_bytes,
         static_budget_bytes=static_budget,
         weights_bytes=weights,
-        reserve_bytes=reserve,
-        kv_pool_bytes=kv_pool,
-        pool_bytes=pools,
-        bytes_per_full_token=bpt,
-        engine_bytes_per_full_token=engine_bpt,
+        reserve_bytes=outside + int(sizing.fixed_bytes),
+        available_bytes=available,
+        sizing=sizing,
+        engine_sizing=engine_sizing,
         indexer_bytes_per_token=actual_indexer,
         max_total_tokens=tokens,
-        sessions_capacity=sessions_capacity,
-        workload_bytes=workload_bytes,
-        unpatched_overcommit_bytes=overcommit,
+        swa_tokens=sizing.swa_tokens(tokens, model.page_size),
+        sessions_capacity=replicas * (tokens // context),
+        workload_bytes=int(sessions_per_replica * context * sizing.bytes_per_full_token),
+        unpatched_overcommit_bytes=max(int(overcommit), 0),
     )
 
 
-def plan(spec: DSV4DeploymentSpec) -> Plan:
-    """Plan both roles; raises PlanningError for unknown profiles."""
+def _with_indexer(settings: PoolSettings, indexer_bytes: int) -> PoolSettings:
+    return dataclasses.replace(settings, indexer_bytes=indexer_bytes)
+
+
+def plan(spec: DSV4DeploymentSpec) -> MemoryPlan:
+    """Plan both roles; raises PlanningError for an unknown release or profile."""
     profiles = resolve_profiles(spec)
-    return Plan(profiles=profiles, roles={role: plan_role(spec, profiles, role) for role in ROLES})
+    return MemoryPlan(
+        profiles=profiles, roles={role: plan_role(spec, profiles, role) for role in ROLES}
+    )

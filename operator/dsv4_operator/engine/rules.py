@@ -1,7 +1,12 @@
-"""The rule catalogue: each rule is a pure check on the spec (and its plan) with a stable id."""
+"""The rule catalogue: each rule is a pure check on the spec and its plan, registered with its
+metadata (id, severity, the releases it applies to, its public source) right above the check.
+
+Sources cite sglang issue/PR numbers and docs/engine-notes.md sections, which hold the evidence.
+"""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -14,7 +19,10 @@ from dsv4_operator.engine.ownership import (
     TRANSFER_FORMAT_ENV,
     TRANSFER_FORMAT_FLAGS,
 )
-from dsv4_operator.engine.planner import GIB, Plan, Profiles
+from dsv4_operator.engine.planner import GIB, MemoryPlan, Profiles
+from dsv4_operator.engine.releases import FORK_ENV, EngineRelease, Option, supported_versions
+
+NOTES = "docs/engine-notes.md"
 
 
 @dataclass(frozen=True)
@@ -31,8 +39,12 @@ class RuleContext:
 
     spec: DSV4DeploymentSpec
     profiles: Profiles
-    plan: Plan
+    plan: MemoryPlan
     roles: dict[Role, EffectiveRole]
+
+    @property
+    def release(self) -> EngineRelease:
+        return self.profiles.release
 
     @property
     def bf16(self) -> bool:
@@ -41,13 +53,21 @@ class RuleContext:
     def has(self, capability: Capability) -> bool:
         return capability in self.spec.engine.capabilities
 
+    def passthrough(self) -> Iterator[tuple[str, tuple[str, ...], list[str]]]:
+        """(spec path, extraArgs, env names) of the engine-wide and per-role passthroughs."""
+        engine = self.spec.engine
+        yield "spec.engine", tuple(engine.extra_args), [e.name for e in engine.env]
+        for role in ROLES:
+            o = self.spec.role(role).overrides
+            yield f"spec.{role}.overrides", tuple(o.extra_args), [e.name for e in o.env]
 
-Check = Callable[[RuleContext], Iterator[Hit]]
+
+CheckFn = Callable[[RuleContext], Iterator[Hit]]
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One catalogue entry."""
+    """One catalogue entry: its metadata and its check."""
 
     id: str
     title: str
@@ -56,7 +76,11 @@ class Rule:
     reference: str
     fixed_by: Capability | None
     reads: tuple[str, ...]
-    check: Check
+    releases: tuple[str, ...]
+    check: CheckFn
+
+    def applies_to(self, version: str) -> bool:
+        return version in self.releases
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -67,10 +91,54 @@ class Rule:
             "reference": self.reference,
             "fixedBy": self.fixed_by.value if self.fixed_by else None,
             "reads": list(self.reads),
+            "releases": list(self.releases),
         }
 
 
-def _r001(ctx: RuleContext) -> Iterator[Hit]:
+CATALOGUE: list[Rule] = []
+
+
+def rule(
+    id: str,
+    title: str,
+    severity: Severity,
+    *,
+    reference: str,
+    reads: tuple[str, ...],
+    ack: bool = True,
+    fixed_by: Capability | None = None,
+    releases: tuple[str, ...] | None = None,
+) -> Callable[[CheckFn], CheckFn]:
+    """Register the decorated check in the catalogue (kept in id order)."""
+
+    def register(check: CheckFn) -> CheckFn:
+        CATALOGUE.append(
+            Rule(
+                id=id,
+                title=title,
+                severity=severity,
+                acknowledgeable=ack,
+                reference=reference,
+                fixed_by=fixed_by,
+                reads=reads,
+                releases=releases if releases is not None else tuple(supported_versions()),
+                check=check,
+            )
+        )
+        return check
+
+    return register
+
+
+@rule(
+    "DSV4-R001",
+    "bf16 index-K + HiCache without the index-K layer-transfer gate",
+    "error",
+    reference=f"sglang PR #22811; {NOTES}#hicache-index-k-race",
+    reads=("engine.indexKDtype", "engine.hicache.enabled", "engine.capabilities"),
+    fixed_by=Capability.INDEX_K_HICACHE_GATE,
+)
+def bf16_index_k_with_ungated_hicache(ctx: RuleContext) -> Iterator[Hit]:
     if (
         ctx.bf16
         and ctx.spec.engine.hicache.enabled
@@ -79,14 +147,22 @@ def _r001(ctx: RuleContext) -> Iterator[Hit]:
         yield Hit(
             "spec.engine.hicache.enabled",
             "bf16 index-K with HiCache on an image without capability indexKHiCacheGate: the "
-            "index-K read path does not wait for the HiCache layer transfer, and 12-18% of "
-            "sessions at 60+ concurrent returned corrupted tool calls (seeds; sglang PR #22811). "
-            "Disable spec.engine.hicache, use indexKDtype fp8, or use an image that declares "
-            "indexKHiCacheGate.",
+            "bf16 index-K read path does not wait for the HiCache layer transfer, and 12-18% of "
+            "sessions at 60+ concurrent returned corrupted tool calls (sglang PR #22811 is the "
+            f"same race for DSA; {NOTES}#hicache-index-k-race). Disable spec.engine.hicache, use "
+            "indexKDtype fp8, or use an image that declares indexKHiCacheGate.",
         )
 
 
-def _r002(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R002",
+    "bf16 index-K + multi-stream overlap",
+    "error",
+    reference=f"{NOTES}#multi-stream-overlap",
+    reads=("engine.indexKDtype", "engine.overlap.multiStream", "engine.capabilities"),
+    fixed_by=Capability.MULTI_STREAM_INDEX_K_FIX,
+)
+def bf16_index_k_with_multi_stream_overlap(ctx: RuleContext) -> Iterator[Hit]:
     if (
         ctx.bf16
         and ctx.spec.engine.overlap.multi_stream
@@ -96,24 +172,39 @@ def _r002(ctx: RuleContext) -> Iterator[Hit]:
             "spec.engine.overlap.multiStream",
             "bf16 index-K with multi-stream overlap (SGLANG_OPT_USE_MULTI_STREAM_OVERLAP): the "
             "alt-stream indexer's bf16 transients alias main-stream tensors in the CUDA-graph "
-            "pool and decode 'loses the plot' under load (seed 003). Set "
+            f"pool and decode loses coherence under load ({NOTES}#multi-stream-overlap). Set "
             "spec.engine.overlap.multiStream: false, or use an image that declares "
             "multiStreamIndexKFix.",
         )
 
 
-def _r003(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R003",
+    "bf16 index-K on an image without bf16IndexK",
+    "error",
+    reference=f"{NOTES}#bf16-index-k",
+    reads=("engine.indexKDtype", "engine.capabilities"),
+    fixed_by=Capability.BF16_INDEX_K,
+)
+def bf16_index_k_without_fork(ctx: RuleContext) -> Iterator[Hit]:
     if ctx.bf16 and not ctx.has(Capability.BF16_INDEX_K):
         yield Hit(
             "spec.engine.indexKDtype",
-            "indexKDtype bf16 on an image without capability bf16IndexK: upstream SGLang has no "
-            "bf16 index-K switch (SGLANG_DSV4_BF16_INDEX_K exists only in the patched fork), so "
-            "the setting would be silently ignored. Use an image that declares bf16IndexK, or "
-            "indexKDtype fp8.",
+            f"indexKDtype bf16 on an image without capability bf16IndexK: SGLang "
+            f"{ctx.release.version} has no bf16 index-K switch (SGLANG_DSV4_BF16_INDEX_K exists "
+            "only in the patched fork), so the setting would be silently ignored. Use an image "
+            "that declares bf16IndexK, or indexKDtype fp8.",
         )
 
 
-def _r004(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R004",
+    "fp4 index-K on a GPU without FP4 indexer support",
+    "error",
+    reference=f"{NOTES}#fp4-index-k",
+    reads=("engine.indexKDtype", "gpu.product"),
+)
+def fp4_index_k_without_blackwell(ctx: RuleContext) -> Iterator[Hit]:
     gpu = ctx.profiles.gpu
     if ctx.spec.engine.index_k_dtype == "fp4" and (gpu is None or not gpu.fp4_indexer):
         what = f"{gpu.name} ({gpu.arch})" if gpu else f"unknown GPU {ctx.spec.gpu.product!r}"
@@ -124,7 +215,14 @@ def _r004(ctx: RuleContext) -> Iterator[Hit]:
         )
 
 
-def _r005(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R005",
+    "overlap scheduler with PD disaggregation",
+    "warning",
+    reference="sglang #27938, #28039, #32209",
+    reads=("engine.overlap.scheduler", "<role>.overrides.overlap"),
+)
+def overlap_scheduler_with_pd(ctx: RuleContext) -> Iterator[Hit]:
     for role, eff in ctx.roles.items():
         if eff.overlap_scheduler:
             overlap = ctx.spec.role(role).overrides.overlap
@@ -142,19 +240,40 @@ def _r005(ctx: RuleContext) -> Iterator[Hit]:
             )
 
 
-def _r006(ctx: RuleContext) -> Iterator[Hit]:
-    eff = ctx.roles["decode"]  # prefill never captures CUDA graphs (reference 1.1)
+@rule(
+    "DSV4-R006",
+    "maxRunningRequests above cudaGraphMaxBs (eager fallback)",
+    "warning",
+    reference=f"{NOTES}#eager-decode-fallback",
+    reads=("engine.maxRunningRequests", "engine.cudaGraphMaxBs", "decode.overrides"),
+)
+def running_requests_above_graph_size(ctx: RuleContext) -> Iterator[Hit]:
+    eff = ctx.roles["decode"]  # the decode graph size is what bounds eager fallback
     if eff.max_running_requests > eff.cuda_graph_max_bs:
+        flag = ctx.release.cuda_graph_max_bs_flag.get("decode", "--cuda-graph-max-bs")
         yield Hit(
             "spec.engine.maxRunningRequests",
             f"decode maxRunningRequests {eff.max_running_requests} > cudaGraphMaxBs "
-            f"{eff.cuda_graph_max_bs}: batches above the captured size run the slow eager "
-            'path (sglang:cuda_graph_passes_total{mode="decode_none"}). Raise cudaGraphMaxBs '
-            "or lower maxRunningRequests.",
+            f"{eff.cuda_graph_max_bs} ({flag}): batches above the captured size run the slow "
+            'eager path (sglang:cuda_graph_passes_total{mode="decode_none"}). Raise '
+            "cudaGraphMaxBs or lower maxRunningRequests.",
         )
 
 
-def _r007(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R007",
+    "GPUs requested differ from what the parallelism needs",
+    "error",
+    reference=f"{NOTES}#one-replica-one-node",
+    reads=(
+        "<role>.tensorParallel",
+        "<role>.resources",
+        "gpu.perNode",
+        "extraArgs --dp-size/--pp-size/--enable-dp-attention",
+    ),
+    ack=False,
+)
+def gpus_differ_from_parallelism(ctx: RuleContext) -> Iterator[Hit]:
     per_node = ctx.spec.gpu.per_node
     for role, eff in ctx.roles.items():
         needed = gpus_needed(eff)
@@ -176,7 +295,15 @@ def _r007(ctx: RuleContext) -> Iterator[Hit]:
                 )
 
 
-def _r008(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R008",
+    "memory plan does not fit",
+    "error",
+    reference=f"{NOTES}#pool-arithmetic",
+    reads=("model", "gpu", "<role>.tensorParallel", "engine.memFractionStatic"),
+    ack=False,
+)
+def plan_does_not_fit(ctx: RuleContext) -> Iterator[Hit]:
     for role, plan in ctx.plan.roles.items():
         if not plan.fits:
             yield Hit(
@@ -188,7 +315,14 @@ def _r008(ctx: RuleContext) -> Iterator[Hit]:
             )
 
 
-def _r009(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R009",
+    "workload needs more KV tokens than the plan provides",
+    "warning",
+    reference=f"{NOTES}#capacity",
+    reads=("workload", "decode.replicas", "engine"),
+)
+def workload_exceeds_capacity(ctx: RuleContext) -> Iterator[Hit]:
     plan = ctx.plan.roles["decode"]
     wanted = ctx.spec.workload.concurrent_sessions
     if plan.fits and plan.sessions_capacity < wanted:
@@ -202,7 +336,15 @@ def _r009(ctx: RuleContext) -> Iterator[Hit]:
         )
 
 
-def _r010(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R010",
+    "non-fp8 index-K on an image without poolSizingFix",
+    "warning",
+    reference=f"{NOTES}#pool-sizing-fix",
+    reads=("engine.indexKDtype", "engine.capabilities"),
+    fixed_by=Capability.POOL_SIZING_FIX,
+)
+def index_k_sized_as_fp8(ctx: RuleContext) -> Iterator[Hit]:
     if ctx.has(Capability.POOL_SIZING_FIX):
         return
     worst = max(p.unpatched_overcommit_bytes for p in ctx.plan.roles.values())
@@ -211,9 +353,9 @@ def _r010(ctx: RuleContext) -> Iterator[Hit]:
         yield Hit(
             "spec.engine.indexKDtype",
             f"indexKDtype {ctx.spec.engine.index_k_dtype} on an image without poolSizingFix: "
-            f"the engine's configurator sizes index-K at 132 B/token and under-reserves "
-            f"{plan.bytes_per_full_token - plan.engine_bytes_per_full_token:.0f} B per full "
-            f"token, {worst / 1e9:.2f} GB per rank (seeds: ~1.1 GB/rank). The operator pins "
+            f"SGLang {ctx.release.version}'s configurator sizes index-K at 132 B/token and "
+            f"under-reserves {plan.bytes_per_full_token - plan.engine_bytes_per_full_token:.0f} "
+            f"B per full token, {worst / 1e9:.2f} GB per rank. The operator pins "
             f"--max-total-tokens to {plan.max_total_tokens} to compensate.",
         )
 
@@ -225,7 +367,15 @@ def _flag_state(flags: dict[str, tuple[int, str | None]], flag: str) -> str:
     return "set" if value is None else value
 
 
-def _r011(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R011",
+    "transfer-format setting differs between roles",
+    "error",
+    reference=f"{NOTES}#transfer-format",
+    reads=("<role>.overrides.extraArgs", "<role>.overrides.env"),
+    ack=False,
+)
+def transfer_format_differs(ctx: RuleContext) -> Iterator[Hit]:
     pre, dec = ctx.roles["prefill"], ctx.roles["decode"]
     pre_flags, dec_flags = pre.flags, dec.flags
     for flag in sorted(TRANSFER_FORMAT_FLAGS):
@@ -233,7 +383,7 @@ def _r011(ctx: RuleContext) -> Iterator[Hit]:
         if a != b:
             yield Hit(
                 "spec.decode.overrides.extraArgs"
-                if flag in parse_args(dec.role_extra_args)
+                if flag in parse_args(dec.role_extra_args, dec.catalog)
                 else "spec.prefill.overrides.extraArgs",
                 f"{flag} differs between prefill ({a}) and decode ({b}): it changes the P/D "
                 "transfer format, and the handshake only compares kv_cache_dtype, so decode "
@@ -252,7 +402,16 @@ def _r011(ctx: RuleContext) -> Iterator[Hit]:
             )
 
 
-def _r012(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R012",
+    "trtllm DSV4 attention or unified FP8 KV with PD",
+    "error",
+    reference=f"sglang #37838; {NOTES}#pd-refusals",
+    reads=("engine.extraArgs", "engine.env"),
+    ack=False,
+    releases=("0.5.23",),
+)
+def layout_refused_with_pd(ctx: RuleContext) -> Iterator[Hit]:
     for role, eff in ctx.roles.items():
         backend = eff.flags.get("--dsv4-attn-backend")
         if backend is not None and backend[1] == "trtllm":
@@ -266,23 +425,33 @@ def _r012(ctx: RuleContext) -> Iterator[Hit]:
             yield Hit(
                 "spec.engine.env",
                 f"SGLANG_DSV4_UNIFIED_KV_FP8 on {role}: the unified layout drops the rope pool in "
-                "PD transfer and the engine refuses PD with it (reference 1.1). Remove it.",
+                f"PD transfer and the engine refuses PD with it ({NOTES}#pd-refusals). Remove it.",
             )
 
 
-def _r013(ctx: RuleContext) -> Iterator[Hit]:
-    sources: list[tuple[str, tuple[str, ...], list[str]]] = [
-        ("spec.engine", tuple(ctx.spec.engine.extra_args), [e.name for e in ctx.spec.engine.env])
-    ]
-    for role in ROLES:
-        o = ctx.spec.role(role).overrides
-        sources.append((f"spec.{role}.overrides", tuple(o.extra_args), [e.name for e in o.env]))
-    for prefix, args, env_names in sources:
-        for flag in parse_args(args):
-            if flag in OWNED_FLAGS:
+@rule(
+    "DSV4-R013",
+    "passthrough sets a flag or env var the operator owns",
+    "error",
+    reference=f"{NOTES}#owned-flags",
+    reads=("engine.extraArgs", "engine.env", "<role>.overrides"),
+    ack=False,
+)
+def passthrough_sets_owned(ctx: RuleContext) -> Iterator[Hit]:
+    parser = ctx.release.engine
+    for prefix, args, env_names in ctx.passthrough():
+        for token in args:
+            if not token.startswith("--"):
+                continue
+            resolution = parser.resolve(token)
+            owned = sorted(
+                {f for o in resolution.options for f in _spellings(o) if f in OWNED_FLAGS}
+            )
+            if owned:
                 yield Hit(
                     f"{prefix}.extraArgs",
-                    f"{flag} is owned by the operator; use {OWNED_FLAGS[flag]} instead.",
+                    f"{token.split('=', 1)[0]} resolves to {owned[0]}, which the operator owns; "
+                    f"use {OWNED_FLAGS[owned[0]]} instead.",
                 )
         for name in env_names:
             if name in OWNED_ENV:
@@ -292,7 +461,19 @@ def _r013(ctx: RuleContext) -> Iterator[Hit]:
                 )
 
 
-def _r014(ctx: RuleContext) -> Iterator[Hit]:
+def _spellings(option: Option) -> set[str]:
+    """Every name of an option, including the canonical one the ownership table uses."""
+    return {*option.flags, "--" + option.dest.replace("_", "-")}
+
+
+@rule(
+    "DSV4-R014",
+    "tool-call or reasoning parser does not match the model",
+    "error",
+    reference=f"sglang #17593, #40236; {NOTES}#parsers",
+    reads=("engine.toolCallParser", "engine.reasoningParser", "model.profile"),
+)
+def parser_mismatch(ctx: RuleContext) -> Iterator[Hit]:
     model, engine = ctx.profiles.model, ctx.spec.engine
     if engine.tool_call_parser != model.tool_call_parser:
         yield Hit(
@@ -305,33 +486,54 @@ def _r014(ctx: RuleContext) -> Iterator[Hit]:
         yield Hit(
             "spec.engine.reasoningParser",
             f"reasoningParser {engine.reasoning_parser!r} does not match {model.key}, which needs "
-            f"{model.reasoning_parser!r} (reference 2.4).",
+            f"{model.reasoning_parser!r} ({NOTES}#parsers).",
         )
 
 
-def _r015(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R015",
+    "custom chat template on DeepSeek-V4",
+    "warning",
+    reference=f"sglang #17593; {NOTES}#parsers",
+    reads=("engine.extraArgs",),
+)
+def custom_chat_template(ctx: RuleContext) -> Iterator[Hit]:
     for role, eff in ctx.roles.items():
         if ctx.profiles.model.family == "dsv4" and "--chat-template" in eff.flags:
             yield Hit(
                 "spec.engine.extraArgs",
                 f"--chat-template on {role} for DeepSeek-V4: the model's own template emits the "
                 "DSML the parser expects; a custom one has produced content-only tool calls "
-                "(sglang #17593, reference 7 item 7). Remove it unless it is DSML-exact.",
+                "(sglang #17593). Remove it unless it is DSML-exact.",
             )
             return
 
 
-def _r016(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R016",
+    "KV cache dtype the DSV4 CUDA pool does not store",
+    "error",
+    reference=f"sglang PR #33413; {NOTES}#kv-cache-dtype",
+    reads=("engine.kvCacheDtype", "model.profile"),
+)
+def kv_dtype_not_stored(ctx: RuleContext) -> Iterator[Hit]:
     if ctx.profiles.model.family == "dsv4" and ctx.spec.engine.kv_cache_dtype != "fp8_e4m3":
         yield Hit(
             "spec.engine.kvCacheDtype",
             f"kvCacheDtype {ctx.spec.engine.kv_cache_dtype} with DeepSeek-V4: on CUDA the DSV4 "
-            "pool stores fp8_e4m3 (584 B/token, reference 2.3); fp8_e5m2 is refused and "
-            "bfloat16 is the NPU layout (bf16 KV on CUDA is the unmerged PR #33413). Use fp8_e4m3.",
+            "pool stores fp8_e4m3 (584 B/token); fp8_e5m2 is refused and bfloat16 is the NPU "
+            "layout (bf16 KV on CUDA is the unmerged PR #33413). Use fp8_e4m3.",
         )
 
 
-def _r017(ctx: RuleContext) -> Iterator[Hit]:
+@rule(
+    "DSV4-R017",
+    "HiCache with speculative decoding on DeepSeek-V4",
+    "warning",
+    reference="sglang #30532",
+    reads=("engine.hicache.enabled", "extraArgs --speculative-algorithm"),
+)
+def hicache_with_speculative(ctx: RuleContext) -> Iterator[Hit]:
     if (
         ctx.profiles.model.family == "dsv4"
         and ctx.spec.engine.hicache.enabled
@@ -345,177 +547,112 @@ def _r017(ctx: RuleContext) -> Iterator[Hit]:
         )
 
 
-def _rule(
-    id: str,
-    title: str,
-    severity: Severity,
-    check: Check,
-    reference: str,
-    reads: tuple[str, ...],
-    *,
-    ack: bool = True,
-    fixed_by: Capability | None = None,
-) -> Rule:
-    return Rule(id, title, severity, ack, reference, fixed_by, reads, check)
-
-
-CATALOGUE: tuple[Rule, ...] = (
-    _rule(
-        "DSV4-R001",
-        "bf16 index-K + HiCache without the index-K layer-transfer gate",
-        "error",
-        _r001,
-        "seeds 000/003/004; sglang PR #22811",
-        ("engine.indexKDtype", "engine.hicache.enabled", "engine.capabilities"),
-        fixed_by=Capability.INDEX_K_HICACHE_GATE,
-    ),
-    _rule(
-        "DSV4-R002",
-        "bf16 index-K + multi-stream overlap",
-        "error",
-        _r002,
-        "seed 003",
-        ("engine.indexKDtype", "engine.overlap.multiStream", "engine.capabilities"),
-        fixed_by=Capability.MULTI_STREAM_INDEX_K_FIX,
-    ),
-    _rule(
-        "DSV4-R003",
-        "bf16 index-K on an image without bf16IndexK",
-        "error",
-        _r003,
-        "seeds 000/004; reference 0 (SGLANG_DSV4_BF16_INDEX_K not upstream)",
-        ("engine.indexKDtype", "engine.capabilities"),
-        fixed_by=Capability.BF16_INDEX_K,
-    ),
-    _rule(
-        "DSV4-R004",
-        "fp4 index-K on a GPU without FP4 indexer support",
-        "error",
-        _r004,
-        "reference 2.3 (--enable-deepseek-v4-fp4-indexer)",
-        ("engine.indexKDtype", "gpu.product"),
-    ),
-    _rule(
-        "DSV4-R005",
-        "overlap scheduler with PD disaggregation",
-        "warning",
-        _r005,
-        "sglang #27938, #28039, #32209",
-        ("engine.overlap.scheduler", "<role>.overrides.overlap"),
-    ),
-    _rule(
-        "DSV4-R006",
-        "maxRunningRequests above cudaGraphMaxBs (eager fallback)",
-        "warning",
-        _r006,
-        "reference 2.2; seeds (eager decode path)",
-        ("engine.maxRunningRequests", "engine.cudaGraphMaxBs", "decode.overrides"),
-    ),
-    _rule(
-        "DSV4-R007",
-        "GPUs requested differ from what the parallelism needs",
-        "error",
-        _r007,
-        "DESIGN.md section 3",
-        (
-            "<role>.tensorParallel",
-            "<role>.resources",
-            "gpu.perNode",
-            "extraArgs --dp-size/--pp-size/--enable-dp-attention",
-        ),
-        ack=False,
-    ),
-    _rule(
-        "DSV4-R008",
-        "memory plan does not fit",
-        "error",
-        _r008,
-        "reference 3.4; seeds 000",
-        ("model", "gpu", "<role>.tensorParallel", "engine.memFractionStatic"),
-        ack=False,
-    ),
-    _rule(
-        "DSV4-R009",
-        "workload needs more KV tokens than the plan provides",
-        "warning",
-        _r009,
-        "reference 4.4 (retraction); seeds 004 (capacity pressure)",
-        ("workload", "decode.replicas", "engine"),
-    ),
-    _rule(
-        "DSV4-R010",
-        "non-fp8 index-K on an image without poolSizingFix",
-        "warning",
-        _r010,
-        "seeds 000/001; reference 3.4",
-        ("engine.indexKDtype", "engine.capabilities"),
-        fixed_by=Capability.POOL_SIZING_FIX,
-    ),
-    _rule(
-        "DSV4-R011",
-        "transfer-format setting differs between roles",
-        "error",
-        _r011,
-        "seed 004; reference 1.1 (handshake compares only kv_cache_dtype)",
-        ("<role>.overrides.extraArgs", "<role>.overrides.env"),
-        ack=False,
-    ),
-    _rule(
-        "DSV4-R012",
-        "trtllm DSV4 attention or unified FP8 KV with PD",
-        "error",
-        _r012,
-        "sglang #37838; reference 1.1",
-        ("engine.extraArgs", "engine.env"),
-        ack=False,
-    ),
-    _rule(
-        "DSV4-R013",
-        "passthrough sets a flag or env var the operator owns",
-        "error",
-        _r013,
-        "DESIGN.md section 3 (Flags)",
-        ("engine.extraArgs", "engine.env", "<role>.overrides"),
-        ack=False,
-    ),
-    _rule(
-        "DSV4-R014",
-        "tool-call or reasoning parser does not match the model",
-        "error",
-        _r014,
-        "sglang #17593, #40236; reference 2.4",
-        ("engine.toolCallParser", "engine.reasoningParser", "model.profile"),
-    ),
-    _rule(
-        "DSV4-R015",
-        "custom chat template on DeepSeek-V4",
-        "warning",
-        _r015,
-        "sglang #17593; reference 7 item 7",
-        ("engine.extraArgs",),
-    ),
-    _rule(
-        "DSV4-R016",
-        "KV cache dtype the DSV4 CUDA pool does not store",
-        "error",
-        _r016,
-        "reference 2.3 (--kv-cache-dtype); PR #33413",
-        ("engine.kvCacheDtype", "model.profile"),
-    ),
-    _rule(
-        "DSV4-R017",
-        "HiCache with speculative decoding on DeepSeek-V4",
-        "warning",
-        _r017,
-        "sglang #30532",
-        ("engine.hicache.enabled", "extraArgs --speculative-algorithm"),
-    ),
+@rule(
+    "DSV4-R018",
+    "passthrough flag the release's parser does not accept",
+    "error",
+    reference=f"{NOTES}#supported-releases",
+    reads=("engine.extraArgs", "<role>.overrides.extraArgs", "engine.sglangVersion"),
+    ack=False,
 )
+def flag_unknown_to_release(ctx: RuleContext) -> Iterator[Hit]:
+    parser, version = ctx.release.engine, ctx.release.version
+    for prefix, args, _ in ctx.passthrough():
+        for token in args:
+            if not token.startswith("--"):
+                continue
+            resolution = parser.resolve(token)
+            name = token.split("=", 1)[0]
+            if resolution.unknown:
+                near = parser.closest(name)
+                hint = f"; did you mean {' or '.join(near)}?" if near else ""
+                yield Hit(
+                    f"{prefix}.extraArgs",
+                    f"{name} is not a flag of SGLang {version}: its parser would refuse to "
+                    f"start{hint}",
+                )
+            elif resolution.ambiguous:
+                matches = ", ".join(sorted(f for o in resolution.options for f in o.flags)[:6])
+                yield Hit(
+                    f"{prefix}.extraArgs",
+                    f"{name} is an ambiguous abbreviation for SGLang {version} (could match "
+                    f"{matches}): its parser would refuse to start. Spell the flag out.",
+                )
 
-RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in CATALOGUE}
+
+@rule(
+    "DSV4-R019",
+    "passthrough env name the release does not know",
+    "warning",
+    reference=f"{NOTES}#supported-releases",
+    reads=("engine.env", "<role>.overrides.env", "engine.sglangVersion"),
+)
+def env_unknown_to_release(ctx: RuleContext) -> Iterator[Hit]:
+    known = ctx.release.env
+    for prefix, _, env_names in ctx.passthrough():
+        for name in env_names:
+            if not name.startswith("SGLANG_") or name in known or name in FORK_ENV:
+                continue
+            near = _closest(name, known)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            yield Hit(
+                f"{prefix}.env",
+                f"{name} is not in SGLang {ctx.release.version}'s environment registry, so the "
+                f"engine ignores it{hint}",
+            )
 
 
-def context(spec: DSV4DeploymentSpec, profiles: Profiles, plan: Plan) -> RuleContext:
+def _closest(name: str, known: frozenset[str]) -> list[str]:
+    return difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+
+
+# Passthrough settings that change the pool arithmetic in ways the planner does not model.
+_UNMODELLED_FLAGS = {
+    "--enable-hisparse": "HiSparse shrinks the device C4 pool",
+    "--enable-encoder-swa-bounded-replay": "encoder replay moves the SWA pool into request windows",
+}
+_UNMODELLED_ENV = {
+    "SGLANG_DSV4_KV_LAYOUT": "v4",
+    "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "auto",
+    "SGLANG_OPT_USE_ONLINE_COMPRESS": "",
+}
+
+
+@rule(
+    "DSV4-R020",
+    "passthrough changes the pool arithmetic the planner does not model",
+    "error",
+    reference=f"{NOTES}#pool-arithmetic",
+    reads=("engine.extraArgs", "engine.env", "<role>.overrides"),
+)
+def pool_arithmetic_not_modelled(ctx: RuleContext) -> Iterator[Hit]:
+    if ctx.profiles.model.family != "dsv4":
+        return
+    for role, eff in ctx.roles.items():
+        for flag, why in _UNMODELLED_FLAGS.items():
+            if flag in eff.flags:
+                yield Hit(
+                    "spec.engine.extraArgs",
+                    f"{flag} on {role}: {why}, which the operator's memory plan does not model, "
+                    "so the pinned --max-total-tokens would be wrong. Remove it, or acknowledge "
+                    "this rule and check the engine's `DSV4 pool sizes` log line yourself.",
+                )
+        for name, default in _UNMODELLED_ENV.items():
+            value = eff.env_map.get(name)
+            if value is not None and value.strip().lower() not in (default, "", "0", "false"):
+                yield Hit(
+                    "spec.engine.env",
+                    f"{name}={value} on {role} changes the KV pool layout or state sizing, which "
+                    "the operator's memory plan does not model. Remove it, or acknowledge this "
+                    "rule and check the engine's `DSV4 pool sizes` log line yourself.",
+                )
+
+
+CATALOGUE.sort(key=lambda r: r.id)
+RULES_BY_ID: dict[str, Rule] = {r.id: r for r in CATALOGUE}
+
+
+def context(spec: DSV4DeploymentSpec, profiles: Profiles, plan: MemoryPlan) -> RuleContext:
     return RuleContext(
         spec=spec,
         profiles=profiles,
@@ -525,5 +662,6 @@ def context(spec: DSV4DeploymentSpec, profiles: Profiles, plan: Plan) -> RuleCon
 
 
 def run_rules(ctx: RuleContext) -> list[tuple[Rule, Hit]]:
-    """Every (rule, hit) whose condition holds, in catalogue order."""
-    return [(rule, hit) for rule in CATALOGUE for hit in rule.check(ctx)]
+    """Every (rule, hit) of the rules that apply to the spec's release, in catalogue order."""
+    version = ctx.release.version
+    return [(r, hit) for r in CATALOGUE if r.applies_to(version) for hit in r.check(ctx)]

@@ -8,12 +8,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dsv4_operator.api.base import API_VERSION, KIND
-from dsv4_operator.api.spec import ENGINE_PORT, DSV4DeploymentSpec, SafetyPolicy
+from dsv4_operator.api.cel import broken_spec_rules
+from dsv4_operator.api.spec import DSV4DeploymentSpec, SafetyPolicy
 from dsv4_operator.api.status import Finding
 from dsv4_operator.engine.ownership import TRANSFER_FORMAT_SPEC_FIELDS
-from dsv4_operator.engine.planner import Plan, PlanningError, plan, resolve_profiles
+from dsv4_operator.engine.planner import MemoryPlan, PlanningError, plan, resolve_profiles
 from dsv4_operator.engine.rules import RULES_BY_ID, context, run_rules
+from dsv4_operator.names import API_VERSION, KIND
 
 SCHEMA_RULE = "schema"
 
@@ -28,7 +29,7 @@ class Validation:
 
     findings: list[Finding] = field(default_factory=list)
     spec: DSV4DeploymentSpec | None = None
-    plan: Plan | None = None
+    plan: MemoryPlan | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -83,38 +84,11 @@ def _schema_findings(error: ValidationError) -> list[Finding]:
 
 
 def _cel_mirror(spec: DSV4DeploymentSpec) -> list[Finding]:
-    """The CRD's CEL rules, so `dsv4 validate` and the API server agree (see api/spec.py)."""
-    out: list[Finding] = []
-    cache = spec.model.cache
-    if (cache.pvc is None) == (cache.host_path is None):
-        out.append(
-            Finding(
-                rule=SCHEMA_RULE,
-                severity="error",
-                field="spec.model.cache",
-                message="set exactly one of spec.model.cache.pvc or spec.model.cache.hostPath",
-            )
-        )
-    if spec.workload.context_tokens > spec.engine.context_length:
-        out.append(
-            Finding(
-                rule=SCHEMA_RULE,
-                severity="error",
-                field="spec.workload.contextTokens",
-                message="spec.workload.contextTokens must not exceed spec.engine.contextLength",
-            )
-        )
-    if spec.transfer.bootstrap_port == ENGINE_PORT:
-        out.append(
-            Finding(
-                rule=SCHEMA_RULE,
-                severity="error",
-                field="spec.transfer.bootstrapPort",
-                message=f"spec.transfer.bootstrapPort must differ from the engine HTTP port "
-                f"{ENGINE_PORT}",
-            )
-        )
-    return out
+    """The CRD's CEL rules, so `dsv4 validate` and the API server agree (see api/cel.py)."""
+    return [
+        Finding(rule=SCHEMA_RULE, severity="error", field=rule.field, message=rule.message)
+        for rule in broken_spec_rules(spec.to_wire())
+    ]
 
 
 def validate_spec(raw_spec: Mapping[str, Any]) -> Validation:

@@ -3,6 +3,17 @@
 Results go into Observations; the reconcile pass (the only status writer) turns them into
 verdicts. The canary only runs while the deployment serves one settled revision, so every
 sample is attributed to exactly that revision.
+
+Why a hand-written supervisor and not `@kopf.daemon` / `@kopf.timer`: kopf marks both as
+requiring a finalizer (`requires_finalizer=True` in `kopf.on.daemon`/`kopf.on.timer`), so
+every DSV4Deployment would carry one and could not be deleted while the operator is down or
+uninstalled; today the operator registers only event handlers and adds none. A kopf daemon
+also lives as long as its object, while a guard loop must stop when the guard is disabled
+and restart when its settings change (interval, endpoint, queries), which a daemon would
+re-implement by polling its own spec; and kopf spawns daemons from its own watch, outside
+the work queue that owns reconciles, so the loop would still need `wake` into the queue.
+The supervisor is the part of a daemon we need (one task per key, restarted on a settings
+fingerprint, cancelled on deletion and at cleanup) in under 60 lines.
 """
 
 from __future__ import annotations
@@ -19,21 +30,23 @@ import httpx
 from dsv4_operator import metrics
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.status import Phase, parse_status
 from dsv4_operator.guard.observations import Key, Observations
 from dsv4_operator.guard.prometheus import PrometheusError, instant_value
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import DSV4
+from dsv4_operator.names import router_url
+from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
 
 log = logging.getLogger(__name__)
-SETTLED_PHASES = ("Ready", "RolledBack", "Degraded")
-LEAK_VERDICTS = ("leaked_markup", "malformed_call", "missing_call", "degenerate")
+SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
 
 # (endpoint, served model, spec) -> verdict counts of one canary run
 CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[dict[str, int]]]
 
 
 def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str:
-    return f"http://{name}-router.{namespace}.svc:{spec.router.port}"
+    return router_url(name, namespace, spec.router.port)
 
 
 async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> dict[str, int]:
@@ -113,12 +126,12 @@ class GuardSupervisor:
     async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         namespace, name = key
         owner = await self.client.get(DSV4, namespace, name)
-        status = (owner or {}).get("status") or {}
-        revision = status.get("currentRevision")
+        status = parse_status((owner or {}).get("status"))
+        revision = status.current_revision
         label = f"{namespace}/{name}"
         if spec.guard.prometheus.url:
             await self._prometheus(key, spec)
-        if spec.guard.canary.enabled and revision and status.get("phase") in SETTLED_PHASES:
+        if spec.guard.canary.enabled and revision and status.phase in SETTLED_PHASES:
             endpoint = spec.guard.canary.endpoint or default_endpoint(name, namespace, spec)
             model = spec.model.served_name or spec.model.profile
             now = datetime.now(UTC)
@@ -128,11 +141,11 @@ class GuardSupervisor:
                 log.warning("%s: canary against %s failed: %s", label, endpoint, error)
                 self.observations.record_error(key, f"canary: {type(error).__name__}: {error}", now)
             else:
-                leaks = sum(counts.get(v, 0) for v in LEAK_VERDICTS)
-                answered = sum(c for v, c in counts.items() if v != "error")
+                leaks = sum(counts.get(v, 0) for v in LEAK_KINDS)
+                answered = sum(c for v, c in counts.items() if v != VerdictKind.ERROR)
                 if answered == 0:
                     self.observations.record_error(
-                        key, f"canary: all {counts.get('error', 0)} requests failed", now
+                        key, f"canary: all {counts.get(VerdictKind.ERROR, 0)} requests failed", now
                     )
                 else:
                     self.observations.record(key, revision, counts, leaks, now)

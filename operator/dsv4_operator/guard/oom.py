@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from dsv4_operator.render.context import REVISION_LABEL, ROLE_LABEL
+from dsv4_operator.api.spec import ROLES
+from dsv4_operator.names import REVISION_LABEL, ROLE_LABEL, parse_time
 
 # reference 4.4: how memory failures show up
 SIGNATURES: tuple[tuple[str, str], ...] = (
@@ -34,12 +35,6 @@ class OomEvent:
     key: str  # stable identity: pod uid + container restart
 
 
-def _parse(ts: str | None) -> datetime | None:
-    if not ts:
-        return None
-    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
-
-
 def _kind(terminated: dict[str, Any]) -> str | None:
     if terminated.get("reason") == "OOMKilled":
         return "OOMKilled"
@@ -56,7 +51,7 @@ def oom_events(pods: list[dict[str, Any]]) -> list[OomEvent]:
     for pod in pods:
         labels = pod.get("metadata", {}).get("labels") or {}
         role, revision = labels.get(ROLE_LABEL), labels.get(REVISION_LABEL)
-        if role not in ("prefill", "decode") or not revision:
+        if role not in ROLES or not revision:
             continue
         for status in pod.get("status", {}).get("containerStatuses") or []:
             for state_key in ("state", "lastState"):
@@ -64,7 +59,7 @@ def oom_events(pods: list[dict[str, Any]]) -> list[OomEvent]:
                 if not terminated:
                     continue
                 kind = _kind(terminated)
-                at = _parse(terminated.get("finishedAt"))
+                at = parse_time(terminated.get("finishedAt"))
                 if kind is None or at is None:
                     continue
                 uid, container = pod["metadata"].get("uid"), status.get("name")

@@ -1,19 +1,23 @@
-"""Guard policy (pure): evidence in, an outcome with (reason, message) out.
+"""Guard policy (pure): evidence in, a verdict with (reason, message) out.
 
 A chain of checks, cert-manager style: the first check that has something to say decides.
 Fail needs statistical evidence: the Wilson lower bound of the leak rate above the threshold
 with at least `minSamples` responses (one-sided, at `confidence`); Pass needs the upper bound
-below it. Between the two the window is inconclusive (NoData) and keeps collecting.
+below it. Between the two the window is inconclusive (NoData) and keeps collecting, until
+the window has been settled for bakeTime: then, with `noData: Fail`, NoData fails.
+A failing check names its rollback reason itself (`RollbackReason`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
+from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import GuardSpec
-from dsv4_operator.probe.stats import wilson_interval
+from dsv4_operator.stats import wilson_interval
 
 
 class Outcome(StrEnum):
@@ -21,6 +25,14 @@ class Outcome(StrEnum):
     FAIL = "Fail"
     NO_DATA = "NoData"
     ERROR = "Error"
+
+
+class RollbackReason(StrEnum):
+    """Why a failing verdict rolls back (QuarantineEntry.reason, the rollbacks metric)."""
+
+    LEAK_RATE = "LeakRate"
+    OOM = "OOM"
+    NO_DATA = "NoData"
 
 
 @dataclass(frozen=True)
@@ -34,23 +46,21 @@ class Evidence:
     source_error: str | None = None
     prometheus_leak_rate: float | None = None
     prometheus_oom_events: float | None = None
+    settled: bool = False  # every role runs the revision, rolled and ready
+    window_age: timedelta | None = None  # how long the revision's window has been open
 
 
 @dataclass(frozen=True)
-class Verdict:
+class GuardVerdict:
+    """The guard's judgement of one window; a Fail carries the reason to roll back for."""
+
     outcome: Outcome
     reason: str
     message: str
-
-    @property
-    def rollback_reason(self) -> str | None:
-        """`LeakRate` or `OOM` when this verdict should roll back."""
-        if self.outcome != Outcome.FAIL:
-            return None
-        return "OOM" if self.reason.startswith("OOM") else "LeakRate"
+    rollback_reason: RollbackReason | None = None
 
 
-Check = Callable[[Evidence, GuardSpec], Verdict | None]
+GuardCheck = Callable[[Evidence, GuardSpec], GuardVerdict | None]
 
 
 def leak_bounds(evidence: Evidence, guard: GuardSpec) -> tuple[float, float]:
@@ -58,50 +68,53 @@ def leak_bounds(evidence: Evidence, guard: GuardSpec) -> tuple[float, float]:
     return wilson_interval(evidence.leaks, evidence.samples, 2 * guard.leak_rate.confidence - 1)
 
 
-def _oom(evidence: Evidence, guard: GuardSpec) -> Verdict | None:
+def _oom(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     events = evidence.oom_events + int(evidence.prometheus_oom_events or 0)
     if events and not evidence.baked:
-        return Verdict(
+        return GuardVerdict(
             Outcome.FAIL,
             "OOMBeforeBake",
             f"{events} OOM event(s) on a revision that has not baked yet",
+            RollbackReason.OOM,
         )
     if events >= guard.oom.max_events:
-        return Verdict(
+        return GuardVerdict(
             Outcome.FAIL,
             "OOMEvents",
             f"{events} OOM event(s) within {guard.oom.window} (limit {guard.oom.max_events})",
+            RollbackReason.OOM,
         )
     return None
 
 
-def _source_error(evidence: Evidence, guard: GuardSpec) -> Verdict | None:
+def _source_error(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     if evidence.source_error:
-        return Verdict(Outcome.ERROR, "SourceError", evidence.source_error)
+        return GuardVerdict(Outcome.ERROR, "SourceError", evidence.source_error)
     return None
 
 
-def _prometheus(evidence: Evidence, guard: GuardSpec) -> Verdict | None:
+def _prometheus(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     rate = evidence.prometheus_leak_rate
     if rate is not None and rate > guard.leak_rate.threshold:
-        return Verdict(
+        return GuardVerdict(
             Outcome.FAIL,
             "PrometheusLeakRate",
             f"leak-rate query returned {rate:.4f} > threshold {guard.leak_rate.threshold}",
+            RollbackReason.LEAK_RATE,
         )
     return None
 
 
-def _leak_rate(evidence: Evidence, guard: GuardSpec) -> Verdict | None:
+def _leak_rate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     threshold = guard.leak_rate.threshold
     if evidence.samples < guard.leak_rate.min_samples:
         if evidence.prometheus_leak_rate is not None:
-            return Verdict(
+            return GuardVerdict(
                 Outcome.PASS,
                 "PrometheusLeakRate",
                 f"leak-rate query returned {evidence.prometheus_leak_rate:.4f} <= {threshold}",
             )
-        return Verdict(
+        return GuardVerdict(
             Outcome.NO_DATA,
             "TooFewSamples",
             f"{evidence.samples} of {guard.leak_rate.min_samples} canary responses",
@@ -113,16 +126,48 @@ def _leak_rate(evidence: Evidence, guard: GuardSpec) -> Verdict | None:
         f"{guard.leak_rate.confidence:.0%} bounds {low:.1%}-{high:.1%})"
     )
     if low > threshold:
-        return Verdict(Outcome.FAIL, "LeakRate", f"{observed} above threshold {threshold:.1%}")
+        return GuardVerdict(
+            Outcome.FAIL,
+            "LeakRate",
+            f"{observed} above threshold {threshold:.1%}",
+            RollbackReason.LEAK_RATE,
+        )
     if high < threshold:
-        return Verdict(Outcome.PASS, "LeakRate", f"{observed} below threshold {threshold:.1%}")
-    return Verdict(Outcome.NO_DATA, "Inconclusive", f"{observed}: not yet conclusive")
+        return GuardVerdict(Outcome.PASS, "LeakRate", f"{observed} below threshold {threshold:.1%}")
+    return GuardVerdict(Outcome.NO_DATA, "Inconclusive", f"{observed}: not yet conclusive")
 
 
-CHECKS: tuple[Check, ...] = (_oom, _source_error, _prometheus, _leak_rate)
+def _no_data_after_bake(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
+    """`noData: Fail`: a settled window still inconclusive after bakeTime fails."""
+    if (
+        guard.no_data != "Fail"
+        or not evidence.settled
+        or evidence.window_age is None
+        or evidence.window_age < parse_duration(guard.bake_time)
+    ):
+        return None
+    verdict = _leak_rate(evidence, guard)
+    if verdict is None or verdict.outcome != Outcome.NO_DATA:
+        return None
+    return GuardVerdict(
+        Outcome.FAIL,
+        "NoData",
+        f"no conclusive canary evidence within bakeTime {guard.bake_time} "
+        f"({verdict.message}); noData is Fail",
+        RollbackReason.NO_DATA,
+    )
 
 
-def evaluate(evidence: Evidence, guard: GuardSpec) -> Verdict:
+CHECKS: tuple[GuardCheck, ...] = (
+    _oom,
+    _source_error,
+    _prometheus,
+    _no_data_after_bake,
+    _leak_rate,
+)
+
+
+def evaluate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict:
     """The first check with something to say decides."""
     for check in CHECKS:
         verdict = check(evidence, guard)

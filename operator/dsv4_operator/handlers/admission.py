@@ -7,6 +7,7 @@ from typing import Any
 import kopf
 
 from dsv4_operator.engine.validation import validate_spec
+from dsv4_operator.names import GROUP, PLURAL, VERSION
 
 
 def check(spec: dict[str, Any] | None) -> list[str]:
@@ -17,9 +18,9 @@ def check(spec: dict[str, Any] | None) -> list[str]:
 
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.validate(
-        "dsv4.io",
-        "v1alpha1",
-        "dsv4deployments",
+        GROUP,
+        VERSION,
+        PLURAL,
         id="rules",
         operations=["CREATE", "UPDATE"],
         registry=registry,

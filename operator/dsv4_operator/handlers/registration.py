@@ -17,13 +17,19 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.reconcile.plan import Settings
+from dsv4_operator.names import (
+    DEPLOYMENT_LABEL,
+    GROUP,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PLURAL,
+    VERSION,
+)
+from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.service import Reconciler
-from dsv4_operator.render.context import DEPLOYMENT_LABEL, MANAGED_BY
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.webhook_certs import self_signed
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Children whose changes move a rollout forward (ready replicas, deletions).
 WATCHED_CHILDREN = (
     ("apps", "v1", "statefulsets"),
@@ -64,10 +70,10 @@ def _webhook_server(op: OperatorSettings) -> kopf.WebhookServer:
 
 
 def configure(settings: kopf.OperatorSettings, op: OperatorSettings) -> None:
+    # No finalizer, progress or diff-base storage is configured: the operator registers only
+    # event handlers (no on.create/update/delete, no kopf daemon or timer), for which kopf
+    # never adds a finalizer nor stores handler progress or a last-handled state.
     settings.peering.standalone = True
-    settings.persistence.finalizer = f"{op.prefix}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=op.prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=op.prefix)
     settings.posting.level = logging.WARNING
     if op.webhook:
         settings.admission.server = _webhook_server(op)
@@ -91,7 +97,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         observations = Observations()
         reconciler = _Counted(
             client,
-            Settings(revision_history_limit=op.revision_history_limit),
+            ReconcileSettings(revision_history_limit=op.revision_history_limit),
             observations=observations,
         )
         queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
@@ -111,7 +117,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
 
     # Async handlers: they run on the operator's event loop, where the queue and the guard
     # tasks live (kopf runs sync handlers in a thread pool).
-    @kopf.on.event("dsv4.io", "v1alpha1", "dsv4deployments", registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def owner_changed(
         event: kopf.RawEvent,
         name: str,

@@ -2,18 +2,30 @@
 
 The httpx transport is the seam: tests and the operator share this code, and a test can count
 the write requests that went through it.
+
+Credentials are looked up on every request, never cached for the client's life (`KubeAuth`):
+the in-cluster service-account token is a projected token the kubelet rotates (hourly), so its
+file is read again whenever it changes; a kubeconfig token comes from the kubernetes client's
+loader, which re-runs an exec plugin when its credential expires. A 401 makes the client log in
+again once (re-read the token file, or reload the kubeconfig, which re-runs its exec plugin)
+and retry the request; a second 401 raises `KubeError` with `status == 401`. Client
+certificates are read once (an exec plugin that returns certificates is not re-run).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import ssl
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 from kubernetes import config as kube_config
 from kubernetes.client import Configuration
+from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 
 from dsv4_operator.kube.errors import KubeError, NotFound, Unreachable, error_for
 from dsv4_operator.kube.resources import Resource, resource_of
@@ -22,21 +34,165 @@ Obj = dict[str, Any]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-def load_configuration(kubeconfig: str | None = None) -> Configuration:
-    """In-cluster service account when available, else the kubeconfig (KUBECONFIG honoured)."""
-    cfg = Configuration()
+# --- credentials ----------------------------------------------------------------------------
+
+
+class Credentials(Protocol):
+    """Where the `Authorization` header comes from."""
+
+    def header(self) -> str | None:
+        """The header for the next request (None: send none); cheap, called per request."""
+        ...
+
+    def relogin(self) -> None:
+        """Obtain fresh credentials after a 401 (may block: it can run an exec plugin)."""
+        ...
+
+
+class TokenFile:
+    """A bearer token in a file, read again whenever the file changes (or after a 401).
+
+    The kubelet rotates a projected service-account token by swapping a symlink, so a change
+    shows in `stat` (inode, size, mtime). A file that cannot be read keeps the last token.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._seen: tuple[int, int, int] | None = None
+        self._token: str | None = None
+
+    def header(self) -> str | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return self._bearer()
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen != self._seen:
+            self._read(seen)
+        return self._bearer()
+
+    def relogin(self) -> None:
+        self._seen = None
+
+    def _read(self, seen: tuple[int, int, int]) -> None:
+        try:
+            token = self.path.read_text().strip()
+        except OSError:
+            return
+        if token:
+            self._token, self._seen = token, seen
+
+    def _bearer(self) -> str | None:
+        return f"Bearer {self._token}" if self._token else None
+
+
+class ConfigurationCredentials:
+    """The `Authorization` of a kubernetes `Configuration`; `reload` builds a fresh one.
+
+    Asking the configuration per request runs its refresh hook (the kubeconfig loader re-runs
+    an exec plugin whose credential expired); `relogin` calls `reload` (None: nothing to do).
+    """
+
+    def __init__(
+        self, cfg: Configuration, reload: Callable[[], Configuration] | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.reload = reload
+
+    def header(self) -> str | None:
+        get = self.cfg.get_api_key_with_prefix
+        token: str | None = get("authorization") or get("BearerToken")
+        return token
+
+    def relogin(self) -> None:
+        if self.reload is not None:
+            self.cfg = self.reload()
+
+
+class KubeAuth(httpx.Auth):
+    """httpx auth: the current header on every request; on a 401, one re-login and one retry.
+
+    Concurrent requests that fail together log in once: a request whose 401 came after
+    another request's re-login retries with the new credentials without logging in again.
+    """
+
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
+        self._logins = 0  # re-logins so far
+        self._lock: asyncio.Lock | None = None
+
+    def _authorize(self, request: httpx.Request) -> int:
+        header = self.credentials.header()
+        if header:
+            request.headers["Authorization"] = header
+        else:
+            request.headers.pop("Authorization", None)
+        return self._logins
+
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response]:
+        logins = self._authorize(request)
+        response = yield request
+        if response.status_code == 401:
+            if self._logins == logins:
+                self.credentials.relogin()
+                self._logins += 1
+            self._authorize(request)
+            yield request
+
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        logins = self._authorize(request)
+        response = yield request
+        if response.status_code == 401:
+            self._lock = self._lock or asyncio.Lock()
+            async with self._lock:
+                if self._logins == logins:
+                    await asyncio.to_thread(self.credentials.relogin)
+                    self._logins += 1
+            self._authorize(request)
+            yield request
+
+
+def load_credentials(kubeconfig: str | None = None) -> tuple[Configuration, Credentials]:
+    """In-cluster service account when available, else the kubeconfig (KUBECONFIG honoured).
+
+    Returns the configuration (host, TLS) and where the bearer token comes from: the
+    service-account token file in a pod, else the kubeconfig, reloaded on a re-login.
+    """
     if kubeconfig is None:
+        cfg = Configuration()
         try:
             kube_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return cfg
+            return cfg, TokenFile(SERVICE_TOKEN_FILENAME)
         except kube_config.ConfigException:
             pass
-    kube_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return cfg
+
+    def load() -> Configuration:
+        cfg = Configuration()
+        kube_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cfg
+
+    cfg = load()
+    return cfg, ConfigurationCredentials(cfg, reload=load)
 
 
-def http_client_for(cfg: Configuration, timeout: float = 30.0) -> httpx.AsyncClient:
-    """An httpx client with the credentials of a kubernetes Configuration."""
+def load_configuration(kubeconfig: str | None = None) -> Configuration:
+    """In-cluster service account when available, else the kubeconfig (KUBECONFIG honoured)."""
+    return load_credentials(kubeconfig)[0]
+
+
+def http_client_for(
+    cfg: Configuration,
+    timeout: float = 30.0,
+    credentials: Credentials | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """An httpx client with the TLS settings of a kubernetes Configuration and `KubeAuth`.
+
+    `credentials` default to the configuration's own (looked up per request, no re-login);
+    `transport` replaces the network (tests).
+    """
     ctx = (
         ssl.create_default_context(cafile=cfg.ssl_ca_cert)
         if cfg.ssl_ca_cert
@@ -47,17 +203,26 @@ def http_client_for(cfg: Configuration, timeout: float = 30.0) -> httpx.AsyncCli
         ctx.verify_mode = ssl.CERT_NONE
     if cfg.cert_file and cfg.key_file:
         ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    headers = {"Accept": "application/json"}
-    token = cfg.get_api_key_with_prefix("authorization") or cfg.get_api_key_with_prefix(
-        "BearerToken"
+    auth = KubeAuth(credentials or ConfigurationCredentials(cfg))
+    return httpx.AsyncClient(
+        base_url=cfg.host,
+        verify=ctx,
+        headers={"Accept": "application/json"},
+        auth=auth,
+        timeout=timeout,
+        transport=transport,
     )
-    if token:
-        headers["Authorization"] = token
-    return httpx.AsyncClient(base_url=cfg.host, verify=ctx, headers=headers, timeout=timeout)
+
+
+# --- client ---------------------------------------------------------------------------------
 
 
 class KubeClient:
-    """The operations the operator needs, with typed errors and a write counter."""
+    """The operations the operator needs, with typed errors and a write counter.
+
+    Every failed call raises a `KubeError` (subclass by status; `Unreachable` when the server
+    was not reached); a 401 that survives one re-login is a `KubeError` with `status == 401`.
+    """
 
     def __init__(self, http: httpx.AsyncClient, field_manager: str = "dsv4-operator") -> None:
         self.http = http
@@ -68,7 +233,8 @@ class KubeClient:
     def from_environment(
         cls, kubeconfig: str | None = None, field_manager: str = "dsv4-operator"
     ) -> KubeClient:
-        return cls(http_client_for(load_configuration(kubeconfig)), field_manager)
+        cfg, credentials = load_credentials(kubeconfig)
+        return cls(http_client_for(cfg, credentials=credentials), field_manager)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -174,4 +340,13 @@ class KubeClient:
         )
 
 
-__all__ = ["KubeClient", "KubeError", "load_configuration"]
+__all__ = [
+    "ConfigurationCredentials",
+    "Credentials",
+    "KubeAuth",
+    "KubeClient",
+    "KubeError",
+    "TokenFile",
+    "load_configuration",
+    "load_credentials",
+]

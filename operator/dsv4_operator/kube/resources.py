@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsv4_operator.names import API_VERSION, KIND, PLURAL
+
 
 @dataclass(frozen=True)
 class Resource:
@@ -25,7 +27,7 @@ class Resource:
         return f"{base}/{name}" if name is not None else base
 
 
-DSV4 = Resource("dsv4.io/v1alpha1", "DSV4Deployment", "dsv4deployments")
+DSV4 = Resource(API_VERSION, KIND, PLURAL)
 STATEFULSET = Resource("apps/v1", "StatefulSet", "statefulsets")
 DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
 CONTROLLER_REVISION = Resource("apps/v1", "ControllerRevision", "controllerrevisions")

@@ -27,7 +27,7 @@ from dsv4_operator.probe.canary import (
     run_canary,
 )
 from dsv4_operator.probe.dsml import VerdictKind
-from dsv4_operator.probe.stats import ProportionTest, compare_proportions
+from dsv4_operator.stats import ProportionTest, compare_proportions
 
 EXIT_OK, EXIT_LEAKING, EXIT_BAD_INPUT = 0, 1, 2
 Judgement = Literal["leaking", "clean", "inconclusive"]

@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from dsv4_operator.events import Note
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.kube.resources import DSV4
-from dsv4_operator.reconcile.plan import Decision, Note
+from dsv4_operator.names import OPERATOR, format_time
+from dsv4_operator.reconcile.actions import Decision
 from dsv4_operator.reconcile.world import World
 
 log = logging.getLogger(__name__)
-REPORTING_COMPONENT = "dsv4-operator"
+REPORTING_COMPONENT = OPERATOR
 
 
 async def post_event(client: KubeClient, world: World, note: Note, now: datetime) -> None:
     """A core/v1 Event on the DSV4Deployment; failures are logged, never fatal."""
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(now)
     event = {
         "apiVersion": "v1",
         "kind": "Event",
@@ -54,7 +56,8 @@ async def act(client: KubeClient, world: World, decision: Decision) -> None:
         await client.create(obj)
     for obj in decision.apply:
         await client.apply(obj)
-    if decision.status != world.status_raw:
-        await client.apply_status(DSV4, world.namespace, world.name, decision.status)
+    status = decision.status.to_wire()
+    if status != world.status.to_wire():
+        await client.apply_status(DSV4, world.namespace, world.name, status)
     for note in decision.events:
         await post_event(client, world, note, world.now)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
-from dsv4_operator.engine.validation import Validation, validate_spec
+from dsv4_operator.engine.validation import Validation
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -22,25 +22,28 @@ from dsv4_operator.kube.resources import (
     SERVICE_MONITOR,
     STATEFULSET,
 )
+from dsv4_operator.names import API_VERSION, KIND, revision_name, router_name
+from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
-from dsv4_operator.reconcile.plan import Decision, Plan, Settings
 from dsv4_operator.reconcile.status import Progress, build_status
 from dsv4_operator.reconcile.world import Pair, World, deployment_rolled
-from dsv4_operator.render.children import render_role, render_router, render_shared
+from dsv4_operator.render.children import (
+    controller_revision,
+    render_role,
+    render_router,
+    render_shared,
+)
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
-from dsv4_operator.render.router import ROUTER
-from dsv4_operator.revisions.store import controller_revision, next_number, to_prune
-
-API_VERSION, KIND = "dsv4.io/v1alpha1", "DSV4Deployment"
+from dsv4_operator.revisions.store import next_number, to_prune
 
 
-def _remove_pair(plan: Plan, ctx: RenderContext, pair: str) -> None:
+def _remove_pair(actions: Actions, ctx: RenderContext, pair: str) -> None:
     old = _with_pair(ctx, pair)
     for role in ROLES:
         name = old.role_name(role)
-        plan.remove(STATEFULSET, name)
-        plan.remove(SERVICE, name)
-        plan.remove(PDB, name)
+        actions.remove(STATEFULSET, name)
+        actions.remove(SERVICE, name)
+        actions.remove(PDB, name)
 
 
 def _with_pair(ctx: RenderContext, pair: str) -> RenderContext:
@@ -48,140 +51,143 @@ def _with_pair(ctx: RenderContext, pair: str) -> RenderContext:
 
 
 def _roll_in_place(
-    plan: Plan, ctx: RenderContext, active: Pair, pairs: dict[str, Pair]
+    actions: Actions, ctx: RenderContext, active: Pair, pairs: dict[str, Pair]
 ) -> Progress:
     """Same transfer format: decode first, then prefill; the router stays on this pair."""
     ctx = _with_pair(ctx, active.id)
-    plan.ensure(render_shared(ctx))
-    router_done = plan.ensure(render_router(ctx))
+    actions.ensure(render_shared(ctx))
+    router_done = actions.ensure(render_router(ctx))
     for role in reversed(ROLES):  # decode, then prefill
         objs = render_role(ctx, role)
-        if not plan.ensure(objs):
+        if not actions.ensure(objs):
             if active.revision(role) != ctx.revision:
-                plan.note(
+                actions.note(
                     "Normal",
                     "RollingUpdate",
                     f"rolling {role} to revision {ctx.revision} (same transfer format "
                     f"{ctx.transfer_format}; decode first)",
                 )
-            plan.wait()
+            actions.wait()
             return Progress("RollingUpdate", f"{role} is being updated to {ctx.revision}")
         if not active.rolled(role):
-            plan.wait()
+            actions.wait()
             return Progress("RollingUpdate", f"waiting for {role} replicas to be updated and ready")
     stale = [pid for pid in pairs if pid != active.id]
     if stale:
-        router = plan.world.live("Deployment", ctx.role_name(ROUTER))
+        router = actions.world.live("Deployment", router_name(ctx.name))
         if not router_done or router is None or not deployment_rolled(router):
-            plan.wait()
+            actions.wait()
             return Progress("SwitchingRouter", "waiting for the router to roll before cleanup")
         for pid in stale:
-            _remove_pair(plan, ctx, pid)
-        plan.note("Normal", "OldPairDeleted", f"deleted prefill/decode pair(s) {', '.join(stale)}")
-        plan.wait()
+            _remove_pair(actions, ctx, pid)
+        actions.note(
+            "Normal", "OldPairDeleted", f"deleted prefill/decode pair(s) {', '.join(stale)}"
+        )
+        actions.wait()
         return Progress("CleaningUp", f"deleting old pair(s) {', '.join(stale)}")
     return Progress.done()
 
 
-def _recreate(plan: Plan, ctx: RenderContext, active: Pair, old_format: str) -> Progress:
+def _recreate(actions: Actions, ctx: RenderContext, active: Pair, old_format: str) -> Progress:
     """Incompatible change, Recreate: router and both old roles go first, together."""
-    plan.remove(DEPLOYMENT, ctx.role_name(ROUTER))
+    actions.remove(DEPLOYMENT, router_name(ctx.name))
     for role in ROLES:
-        plan.remove(STATEFULSET, _with_pair(ctx, active.id).role_name(role))
-    plan.note(
+        actions.remove(STATEFULSET, _with_pair(ctx, active.id).role_name(role))
+    actions.note(
         "Normal",
         "Recreate",
         f"transfer format changes {old_format} -> {ctx.transfer_format}: stopping the "
         f"router and both roles of pair {active.id} before starting revision {ctx.revision}",
     )
-    plan.wait()
+    actions.wait()
     return Progress("Recreating", "stopping the old pair before starting the new format")
 
 
-def _blue_green(plan: Plan, ctx: RenderContext, active: Pair) -> Progress:
+def _blue_green(actions: Actions, ctx: RenderContext, active: Pair) -> Progress:
     """Incompatible change, BlueGreen: new pair, then the router, then (later) the old pair."""
     green = _with_pair(ctx, ctx.revision)
     objs = [o for role in reversed(ROLES) for o in render_role(green, role)]
-    if not plan.ensure(objs):
-        plan.note(
+    if not actions.ensure(objs):
+        actions.note(
             "Normal",
             "BlueGreenStarted",
             f"starting pair {green.pair} (format {ctx.transfer_format}) next to pair "
             f"{active.id}; the router stays on {active.id} until it is ready",
         )
-        plan.wait()
+        actions.wait()
         return Progress("BlueGreen", f"creating pair {green.pair}")
-    pairs = plan.world.pairs()
+    pairs = actions.world.pairs()
     new = pairs.get(green.pair)
     if new is None or not all(new.rolled(role) for role in ROLES):
-        plan.wait()
+        actions.wait()
         return Progress("BlueGreen", f"waiting for pair {green.pair} to be ready")
-    plan.ensure(render_router(green))
-    plan.note("Normal", "RouterSwitched", f"router now targets pair {green.pair}")
-    plan.wait()
+    actions.ensure(render_router(green))
+    actions.note("Normal", "RouterSwitched", f"router now targets pair {green.pair}")
+    actions.wait()
     return Progress("SwitchingRouter", f"router switching to pair {green.pair}")
 
 
-def _rollout(plan: Plan, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
-    world = plan.world
+def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
+    world = actions.world
     if not spec.monitoring.service_monitor.enabled:
-        plan.remove(SERVICE_MONITOR, ctx.name)
+        actions.remove(SERVICE_MONITOR, ctx.name)
     pairs = world.pairs()
     active_id = world.active_pair_id()
     if active_id is None:
         # No pair: a router could only point at stale names; it goes first. Its pods too
         # must be gone, since a terminating router still holds DNS names the new pair reuses.
-        plan.remove(DEPLOYMENT, ctx.role_name(ROUTER))
+        actions.remove(DEPLOYMENT, router_name(ctx.name))
         leftovers = world.pods
         if leftovers:
-            plan.wait()
+            actions.wait()
             return Progress("Recreating", f"waiting for {len(leftovers)} old pod(s) to stop")
-        fresh = not plan.ensure(
+        fresh = not actions.ensure(
             [o for role in reversed(ROLES) for o in render_role(ctx, role)]
             + render_router(ctx)
             + render_shared(ctx)
         )
         if fresh:
-            plan.note(
+            actions.note(
                 "Normal",
                 "Creating",
                 f"creating revision {ctx.revision} (format {ctx.transfer_format})",
             )
-            plan.wait()
+            actions.wait()
             return Progress("Creating", f"creating revision {ctx.revision}")
         return Progress.done()
     active = pairs[active_id]
     formats = active.formats
     if formats == {ctx.transfer_format} and active.complete:
-        return _roll_in_place(plan, ctx, active, pairs)
+        return _roll_in_place(actions, ctx, active, pairs)
     old_format = ",".join(sorted(formats))
     if spec.rollout.strategy == "BlueGreen" and active.complete and len(formats) == 1:
-        return _blue_green(plan, ctx, active)
-    return _recreate(plan, ctx, active, old_format)
+        return _blue_green(actions, ctx, active)
+    return _recreate(actions, ctx, active, old_format)
 
 
 def _revisions(
-    plan: Plan, contexts: list[RenderContext], settings: Settings, keep: set[str]
+    actions: Actions, contexts: list[RenderContext], settings: ReconcileSettings, keep: set[str]
 ) -> None:
     """Store each context's config once; prune the oldest beyond the history limit."""
-    world = plan.world
+    world = actions.world
     number = next_number(world.revisions)
     for ctx in {c.revision: c for c in contexts}.values():
-        if world.live("ControllerRevision", f"{ctx.name}-{ctx.revision}") is None:
-            plan.decision.create.append(controller_revision(ctx, number))
+        if world.live("ControllerRevision", revision_name(ctx.name, ctx.revision)) is None:
+            actions.decision.create.append(controller_revision(ctx, number))
             number += 1
-            plan.note("Normal", "RevisionCreated", f"stored engine config revision {ctx.revision}")
+            actions.note(
+                "Normal", "RevisionCreated", f"stored engine config revision {ctx.revision}"
+            )
     keep = keep | {c.revision for c in contexts}
     for name in to_prune(world.revisions, settings.revision_history_limit, keep):
-        plan.decision.delete.append((CONTROLLER_REVISION, name))
+        actions.decision.delete.append((CONTROLLER_REVISION, name))
 
 
-def _invalid(plan: Plan, validation: Validation) -> None:
-    previous = {c.get("type"): c for c in plan.world.status_raw.get("conditions", [])}
+def _invalid(actions: Actions, validation: Validation) -> None:
     message = _invalid_message(validation)
-    was = previous.get("Validated", {})
-    if was.get("status") != "False" or was.get("message") != message:
-        plan.note("Warning", "Invalid", message)
+    was = next((c for c in actions.world.status.conditions if c.type == "Validated"), None)
+    if was is None or was.status != "False" or was.message != message:
+        actions.note("Warning", "Invalid", message)
 
 
 def _invalid_message(validation: Validation) -> str:
@@ -194,31 +200,34 @@ def _invalid_message(validation: Validation) -> str:
     )
 
 
-def decide(world: World, settings: Settings | None = None) -> Decision:
+def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     """One reconcile pass."""
-    settings = settings or Settings()
-    plan = Plan(world)
-    validation = validate_spec(world.spec_raw)
+    settings = settings or ReconcileSettings()
+    actions = Actions(world)
+    validation = world.validation
     if not validation.valid or validation.spec is None:
-        _invalid(plan, validation)
-        plan.decision.status = build_status(
+        _invalid(actions, validation)
+        actions.decision.status = build_status(
             world, validation, None, None, _invalid_message(validation)
         )
-        return plan.decision
+        return actions.decision
     spec = validation.spec
     owner = OwnerRef(API_VERSION, KIND, world.name, world.uid)
-    user = build_context(world.name, world.namespace, spec, owner)
-    target, view = guard_pass(plan, spec, user, owner)
+    user = build_context(world.name, world.namespace, spec, owner, memory_plan=validation.plan)
+    target, guard = guard_pass(world, spec, user, owner)
+    decision = actions.decision
+    decision.events += guard.events
+    decision.ooms, decision.rollbacks, decision.cleared = guard.ooms, guard.rollbacks, guard.cleared
     if target is None:
-        progress = Progress("Quarantined", view.no_known_good or "quarantined")
+        progress = Progress("Quarantined", guard.no_known_good or "quarantined")
         target = user
     else:
-        progress = _rollout(plan, target, target.spec)
+        progress = _rollout(actions, target, target.spec)
     keep = {p.revision(r) or "" for p in world.pairs().values() for r in ROLES}
-    keep |= {str(view.last_known_good or ""), user.revision}
-    _revisions(plan, [target, user], settings, keep)
-    plan.decision.status = build_status(world, validation, target, progress, None, view)
-    return plan.decision
+    keep |= {str(guard.last_known_good or ""), user.revision}
+    _revisions(actions, [target, user], settings, keep)
+    decision.status = build_status(world, validation, target, progress, None, guard)
+    return decision
 
 
 __all__ = ["decide"]

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
-APPLIED_ANNOTATION = "dsv4.io/applied-hash"
+from dsv4_operator.names import APPLIED_ANNOTATION
+from dsv4_operator.revisions.hashing import canonical_hash
+
+APPLIED_HASH_LENGTH = 16
 
 
 def content_hash(obj: dict[str, Any]) -> str:
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return canonical_hash(obj, APPLIED_HASH_LENGTH)
 
 
 def stamped(desired: dict[str, Any]) -> dict[str, Any]:

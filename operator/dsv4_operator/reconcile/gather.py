@@ -1,9 +1,15 @@
-"""gather(): read the owner and everything it owns from the API server into a World."""
+"""gather(): read the owner and everything it owns from the API server into a World.
+
+The typed boundary: the owner's spec is validated (parsed, checked, planned) and its status
+parsed here, once per pass; nothing after this reads them as dicts.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from dsv4_operator.api.status import parse_status
+from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import (
@@ -16,8 +22,8 @@ from dsv4_operator.kube.resources import (
     SERVICE_MONITOR,
     STATEFULSET,
 )
+from dsv4_operator.names import DEPLOYMENT_LABEL
 from dsv4_operator.reconcile.world import Obj, World
-from dsv4_operator.render.context import DEPLOYMENT_LABEL
 
 
 def _owned(items: list[Obj], uid: str) -> list[Obj]:
@@ -42,7 +48,6 @@ async def gather(
         return None
     uid = owner["metadata"]["uid"]
     selector = {DEPLOYMENT_LABEL: name}
-    spec_raw = owner.get("spec") or {}
 
     async def owned(res: object) -> list[Obj]:
         return _owned(await client.list(res, namespace, selector), uid)  # type: ignore[arg-type]
@@ -54,8 +59,8 @@ async def gather(
         namespace=namespace,
         uid=uid,
         generation=int(owner["metadata"].get("generation", 0)),
-        spec_raw=spec_raw,
-        status_raw=owner.get("status") or {},
+        validation=validate_spec(owner.get("spec") or {}),
+        status=parse_status(owner.get("status")),
         now=now,
         statefulsets=await owned(STATEFULSET),
         deployments=await owned(DEPLOYMENT),

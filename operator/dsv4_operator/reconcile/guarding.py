@@ -1,128 +1,69 @@
-"""The guard's part of a reconcile pass (pure): quarantine, verdict, rollback target, bake."""
+"""The guard's part of a reconcile pass: hand the world to guard/decision.py, map its target
+revision back to a render context. The decision itself is the guard's."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from functools import lru_cache
 
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
-from dsv4_operator.guard.step import guard_step, stamp
-from dsv4_operator.reconcile.plan import Plan
-from dsv4_operator.reconcile.status import GuardView
+from dsv4_operator.guard.decision import GuardInput, GuardOutcome, decide_guard
+from dsv4_operator.names import CLEAR_QUARANTINE_ANNOTATION, revision_name
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
 
-CLEAR_QUARANTINE_ANNOTATION = "dsv4.io/clear-quarantine"
+
+@lru_cache(maxsize=64)
+def _render_stored(name: str, namespace: str, owner: OwnerRef, spec_json: str) -> RenderContext:
+    """A stored config does not change: its plan and launches are computed once, not per pass."""
+    spec = DSV4DeploymentSpec.model_validate_json(spec_json)
+    return build_context(name, namespace, spec, owner)
 
 
-def _stored_context(world: World, revision: str | None, owner: OwnerRef) -> RenderContext | None:
+def stored_context(world: World, revision: str | None, owner: OwnerRef) -> RenderContext | None:
     """The render context of a stored ControllerRevision (the rollback target)."""
     if not revision:
         return None
-    stored = world.live("ControllerRevision", f"{world.name}-{revision}")
+    stored = world.live("ControllerRevision", revision_name(world.name, revision))
     if stored is None:
         return None
-    spec = DSV4DeploymentSpec.model_validate(stored.get("data", {}).get("spec", {}))
-    return build_context(world.name, world.namespace, spec, owner)
+    spec_json = json.dumps(stored.get("data", {}).get("spec", {}), sort_keys=True)
+    return _render_stored(world.name, world.namespace, owner, spec_json)
 
 
-def _settled(world: World, revision: str) -> bool:
+def _settled_revision(world: World) -> str | None:
+    """The revision every role of the active pair runs, rolled and ready; else None."""
     active = world.pairs().get(world.active_pair_id() or "")
-    return active is not None and all(
-        active.revision(role) == revision and active.rolled(role) for role in ROLES
-    )
-
-
-def _was(world: World, type_: str, status: str) -> bool:
-    return any(
-        c.get("type") == type_ and c.get("status") == status
-        for c in world.status_raw.get("conditions", [])
-    )
+    if active is None:
+        return None
+    revisions = {active.revision(role) for role in ROLES}
+    if len(revisions) != 1 or not all(active.rolled(role) for role in ROLES):
+        return None
+    return next(iter(revisions))
 
 
 def guard_pass(
-    plan: Plan, spec: DSV4DeploymentSpec, user: RenderContext, owner: OwnerRef
-) -> tuple[RenderContext | None, GuardView]:
-    """Quarantine, guard verdict, rollback and bake: which context to roll out, and why."""
-    world, previous = plan.world, plan.world.status_raw
-    cleared = world.annotations.get(CLEAR_QUARANTINE_ANNOTATION)
-    quarantine = [q for q in previous.get("quarantine", []) if q.get("hash") != cleared]
-    previous_guard: dict[str, Any] = previous.get("guard") or {}
-    snapshot = world.canary
-    if len(quarantine) != len(previous.get("quarantine", [])):
-        plan.note("Normal", "QuarantineCleared", f"revision {cleared} released from quarantine")
-        plan.decision.cleared = True
-        # Its old evidence must not quarantine it again at once: a fresh window.
-        if previous_guard.get("revision") == cleared:
-            previous_guard = {}
-        if snapshot is not None and snapshot.revision == cleared:
-            snapshot = None
-    lkg = previous.get("lastKnownGoodRevision")
-    lkg_ctx = _stored_context(world, lkg, owner)
-    rolled_back = next((q for q in quarantine if q.get("hash") == user.revision), None)
-    target: RenderContext | None = user
-    no_known_good: str | None = None
-    if rolled_back is not None:
-        target = lkg_ctx
-        if target is None:
-            no_known_good = (
-                f"revision {user.revision} is quarantined and no known-good revision exists"
-            )
-    guard_status: dict[str, Any] | None = previous.get("guard")
-    blind = False
-    if spec.guard.enabled and target is not None:
-        result = guard_step(
-            spec.guard,
-            previous_guard,
-            snapshot,
-            world.pods,
-            target.revision,
-            baked=lkg == target.revision,
-            settled=_settled(world, target.revision),
+    world: World, spec: DSV4DeploymentSpec, user: RenderContext, owner: OwnerRef
+) -> tuple[RenderContext | None, GuardOutcome]:
+    """Which context to roll out (None: quarantined with nothing to fall back to), and why."""
+    known_good = stored_context(world, world.status.last_known_good_revision, owner)
+    outcome = decide_guard(
+        GuardInput(
+            deployment=world.name,
+            policy=spec.guard,
+            last_known_good=world.status.last_known_good_revision,
+            previous=world.status.guard,
+            quarantine=world.status.quarantine,
+            conditions=world.status.conditions,
+            snapshot=world.canary,
+            pods=world.pods,
+            user_revision=user.revision,
+            known_good_target=known_good.revision if known_good else None,
+            settled_revision=_settled_revision(world),
+            cleared=world.annotations.get(CLEAR_QUARANTINE_ANNOTATION),
             now=world.now,
         )
-        guard_status, blind = result.status, result.blind
-        plan.decision.ooms = result.ooms
-        if result.rollback and rolled_back is None:
-            entry = {
-                "hash": target.revision,
-                "revision": f"{world.name}-{target.revision}",
-                "reason": result.rollback,
-                "message": result.verdict.message,
-                "at": stamp(world.now),
-            }
-            if lkg_ctx is not None and lkg != target.revision:
-                quarantine.append(entry)
-                rolled_back = entry
-                plan.decision.rollbacks.append(result.rollback)
-                plan.note(
-                    "Warning",
-                    "RolledBack",
-                    f"{result.rollback}: {result.verdict.message}; rolling back from "
-                    f"{target.revision} to last known good {lkg}; {target.revision} is "
-                    "quarantined until the spec changes",
-                )
-                target = lkg_ctx
-            else:
-                no_known_good = (
-                    f"{result.verdict.message}; no known-good revision to roll "
-                    "back to, keeping the current one"
-                )
-        elif result.promote and lkg != target.revision:
-            lkg = target.revision
-            plan.note(
-                "Normal",
-                "Baked",
-                f"revision {lkg} passed bakeTime {spec.guard.bake_time} "
-                "and is now the last known good revision",
-            )
-        if blind and not _was(world, "GuardBlind", "True"):
-            plan.note(
-                "Warning",
-                "GuardBlind",
-                f"{result.verdict.message} "
-                f"({result.status['consecutiveErrors']} source errors in a row)",
-            )
-    if no_known_good and not _was(world, "Degraded", "True"):
-        plan.note("Warning", "NoKnownGood", no_known_good)
-    view = GuardView(guard_status, lkg, quarantine, rolled_back, blind, no_known_good)
-    return target, view
+    )
+    if outcome.target is None:
+        return None, outcome
+    return (user if outcome.target == user.revision else known_good), outcome

@@ -5,15 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
+from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
-from dsv4_operator.reconcile.plan import Settings
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -29,7 +28,7 @@ class Reconciler:
     def __init__(
         self,
         client: KubeClient,
-        settings: Settings,
+        settings: ReconcileSettings,
         clock: Clock = utc_now,
         observations: Observations | None = None,
     ) -> None:
@@ -45,26 +44,21 @@ class Reconciler:
         if world is None:
             self.observations.forget(key)
             return None
-        previous = world.status_raw.get("guard") or {}
-        if world.canary is None and previous.get("revision"):  # resume after a restart
-            self.observations.resume(
-                key,
-                previous["revision"],
-                int(previous.get("samples", 0)),
-                int(previous.get("leaks", 0)),
-            )
+        previous = world.status.guard
+        if world.canary is None and previous is not None and previous.revision:
+            # resume the window after a restart
+            self.observations.resume(key, previous.revision, previous.samples, previous.leaks)
         decision = decide(world, self.settings)
         if decision.writes or decision.events:
-            progressing: dict[str, Any] = next(
-                (c for c in decision.status.get("conditions", []) if c["type"] == "Progressing"),
-                {},
+            progressing = next(
+                (c for c in decision.status.conditions if c.type == "Progressing"), None
             )
             log.info(
                 "%s/%s: phase %s (%s); apply %s; delete %s; create %d; events: %s",
                 namespace,
                 name,
-                decision.status.get("phase"),
-                progressing.get("message"),
+                decision.status.phase,
+                progressing.message if progressing else None,
                 [o["metadata"]["name"] for o in decision.apply] or "-",
                 [n for _, n in decision.delete] or "-",
                 len(decision.create),
@@ -75,7 +69,7 @@ class Reconciler:
             self.observations.forget(key)  # the next window starts from nothing
         self.guard_metrics.observe(
             f"{namespace}/{name}",
-            world.spec_raw,
+            world.spec,
             decision.status,
             decision.rollbacks,
             [(e.key, e.role, e.kind) for e in decision.ooms],

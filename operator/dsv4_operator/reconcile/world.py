@@ -1,4 +1,8 @@
-"""The facts one reconcile pass decides on, gathered from the API server (plain data)."""
+"""The facts one reconcile pass decides on, gathered from the API server.
+
+The owner's spec and status arrive as models (parsed once, in gather); the children stay
+the plain objects the API server returned.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from dsv4_operator.api.spec import ROLES, Role
+from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
+from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.observations import Snapshot
-from dsv4_operator.render.context import (
+from dsv4_operator.names import (
     FORMAT_LABEL,
     MAIN_PAIR,
     PAIR_LABEL,
     REVISION_LABEL,
     ROLE_LABEL,
+    TARGET_PAIR_ANNOTATION,
+    router_name,
 )
-from dsv4_operator.render.router import TARGET_PAIR_ANNOTATION
 
 Obj = dict[str, Any]
 
@@ -89,8 +96,9 @@ class World:
     namespace: str
     uid: str
     generation: int
-    spec_raw: Obj
-    status_raw: Obj
+    # The spec, validated once: the model, the findings and the memory plan (when valid).
+    validation: Validation
+    status: DSV4DeploymentStatus  # the previous status (the guard's durable memory)
     now: datetime
     statefulsets: list[Obj] = field(default_factory=list)
     deployments: list[Obj] = field(default_factory=list)
@@ -101,6 +109,11 @@ class World:
     pods: list[Obj] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     canary: Snapshot | None = None
+
+    @property
+    def spec(self) -> DSV4DeploymentSpec | None:
+        """The parsed spec; None when it does not even parse."""
+        return self.validation.spec
 
     def live(self, kind: str, name: str) -> Obj | None:
         pools = {
@@ -125,7 +138,7 @@ class World:
     def active_pair_id(self) -> str | None:
         """The pair the router targets; else the only pair; else `main` if present."""
         pairs = self.pairs()
-        router = self.live("Deployment", f"{self.name}-router")
+        router = self.live("Deployment", router_name(self.name))
         if router is not None:
             target = annotations_of(router).get(TARGET_PAIR_ANNOTATION)
             if target is not None and target in pairs:

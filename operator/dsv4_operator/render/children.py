@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
-from dsv4_operator.render import engine, router
-from dsv4_operator.render.context import (
-    LABEL_PREFIX,
-    Manifest,
-    OwnerRef,
-    RenderContext,
-    build_context,
+from dsv4_operator.names import (
+    DEPLOYMENT_LABEL,
+    FORMAT_LABEL,
+    REVISION_LABEL,
+    ROUTER,
+    revision_name,
+    service_monitor_name,
 )
+from dsv4_operator.render import engine, router
+from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
 
 
 def service_monitor(ctx: RenderContext) -> Manifest:
     """prometheus-operator ServiceMonitor: engines' /metrics on `http`, router's on `metrics`."""
     monitor = ctx.spec.monitoring.service_monitor
-    meta = ctx.metadata(ctx.name)
+    meta = ctx.metadata(service_monitor_name(ctx.name))
     meta["labels"].update(monitor.labels)
     endpoints = [
         {"port": port, "path": "/metrics", "interval": monitor.interval}
@@ -27,7 +29,7 @@ def service_monitor(ctx: RenderContext) -> Manifest:
         "kind": "ServiceMonitor",
         "metadata": meta,
         "spec": {
-            "selector": {"matchLabels": {f"{LABEL_PREFIX}/deployment": ctx.name}},
+            "selector": {"matchLabels": {DEPLOYMENT_LABEL: ctx.name}},
             "endpoints": endpoints,
         },
     }
@@ -47,13 +49,31 @@ def render_router(ctx: RenderContext) -> list[Manifest]:
     return [
         router.service(ctx),
         router.deployment(ctx),
-        engine.disruption_budget(ctx, router.ROUTER),
+        engine.disruption_budget(ctx, ROUTER),
     ]
 
 
 def render_shared(ctx: RenderContext) -> list[Manifest]:
     """Objects that are not per pair or router: the ServiceMonitor when enabled."""
     return [service_monitor(ctx)] if ctx.spec.monitoring.service_monitor.enabled else []
+
+
+def controller_revision(ctx: RenderContext, number: int) -> Manifest:
+    """The stored config of ctx's revision: the spec it was rendered from (for rollback)."""
+    meta = ctx.metadata(revision_name(ctx.name, ctx.revision))
+    meta["labels"][REVISION_LABEL] = ctx.revision
+    meta["labels"][FORMAT_LABEL] = ctx.transfer_format
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": meta,
+        "data": {
+            "spec": ctx.spec.to_wire(),
+            "revision": ctx.revision,
+            "transferFormat": ctx.transfer_format,
+        },
+        "revision": number,
+    }
 
 
 def render(ctx: RenderContext) -> list[Manifest]:

@@ -8,18 +8,23 @@ from typing import Any
 from dsv4_operator.api.spec import ENGINE_PORT, ROLES, DSV4DeploymentSpec, Role
 from dsv4_operator.engine.effective import effective_role, gpus_needed
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
-from dsv4_operator.engine.planner import Plan, plan
+from dsv4_operator.engine.planner import MemoryPlan, plan
+from dsv4_operator.names import (
+    APP_NAME,
+    COMPONENT_LABEL,
+    DEPLOYMENT_LABEL,
+    INSTANCE_LABEL,
+    MAIN_PAIR,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    PAIR_LABEL,
+    ROLE_LABEL,
+    child_name,
+)
 from dsv4_operator.revisions.hashing import config_hash, transfer_format_key
 
 Manifest = dict[str, Any]
-LABEL_PREFIX = "dsv4.io"
-PAIR_LABEL = f"{LABEL_PREFIX}/pair"
-REVISION_LABEL = f"{LABEL_PREFIX}/revision"
-FORMAT_LABEL = f"{LABEL_PREFIX}/transfer-format"
-DEPLOYMENT_LABEL = f"{LABEL_PREFIX}/deployment"
-ROLE_LABEL = f"{LABEL_PREFIX}/role"
-MANAGED_BY = "dsv4-operator"
-MAIN_PAIR = "main"
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class RenderContext:
     name: str
     namespace: str
     spec: DSV4DeploymentSpec
-    plan: Plan
+    plan: MemoryPlan
     launches: dict[Role, Launch]
     gpus: dict[Role, int]
     revision: str
@@ -61,9 +66,7 @@ class RenderContext:
 
     def role_name(self, role: Role | str) -> str:
         """Engine objects carry the pair suffix; the router is one per deployment."""
-        if self.pair == MAIN_PAIR or role not in ROLES:
-            return f"{self.name}-{role}"
-        return f"{self.name}-{role}-{self.pair}"
+        return child_name(self.name, role, self.pair if role in ROLES else MAIN_PAIR)
 
     def engine_urls(self, role: Role) -> list[str]:
         """Stable per-pod DNS names of a StatefulSet behind its headless Service."""
@@ -75,14 +78,14 @@ class RenderContext:
 
     def labels(self, component: str | None = None) -> dict[str, str]:
         labels = {
-            "app.kubernetes.io/name": "dsv4",
-            "app.kubernetes.io/instance": self.name,
-            "app.kubernetes.io/managed-by": MANAGED_BY,
-            f"{LABEL_PREFIX}/deployment": self.name,
+            NAME_LABEL: APP_NAME,
+            INSTANCE_LABEL: self.name,
+            MANAGED_BY_LABEL: MANAGED_BY,
+            DEPLOYMENT_LABEL: self.name,
         }
         if component is not None:
-            labels["app.kubernetes.io/component"] = component
-            labels[f"{LABEL_PREFIX}/role"] = component
+            labels[COMPONENT_LABEL] = component
+            labels[ROLE_LABEL] = component
         return labels
 
     def selector(self, component: str) -> dict[str, str]:
@@ -107,9 +110,13 @@ def build_context(
     spec: DSV4DeploymentSpec,
     owner: OwnerRef | None = None,
     pair: str = MAIN_PAIR,
+    memory_plan: MemoryPlan | None = None,
 ) -> RenderContext:
-    """Plan and launch lines for a spec (assumed validated: profiles resolve)."""
-    the_plan = plan(spec)
+    """Plan and launch lines for a spec (assumed validated: profiles resolve).
+
+    `memory_plan` is the spec's plan when the caller already has it (validation computed it).
+    """
+    the_plan = memory_plan or plan(spec)
     served = served_name(spec, the_plan.profiles.model.served_name)
     launches = {role: engine_launch(spec, the_plan, role, served) for role in ROLES}
     gpus = {role: gpus_needed(effective_role(spec, role)) for role in ROLES}

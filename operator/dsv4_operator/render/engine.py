@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dsv4_operator.api.spec import ENGINE_PORT, Role
 from dsv4_operator.engine.flags import MODEL_MOUNT
-from dsv4_operator.render.context import (
+from dsv4_operator.names import (
     FORMAT_LABEL,
-    LABEL_PREFIX,
+    MAX_TOTAL_TOKENS_ANNOTATION,
     PAIR_LABEL,
     REVISION_LABEL,
-    Manifest,
-    RenderContext,
 )
+from dsv4_operator.render.context import Manifest, RenderContext
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -125,7 +124,7 @@ def statefulset(ctx: RenderContext, role: Role) -> Manifest:
     meta["labels"][REVISION_LABEL] = ctx.revision
     meta["annotations"] = {
         FORMAT_LABEL: ctx.transfer_format,
-        f"{LABEL_PREFIX}/max-total-tokens": str(ctx.plan.roles[role].max_total_tokens),
+        MAX_TOTAL_TOKENS_ANNOTATION: str(ctx.plan.roles[role].max_total_tokens),
     }
     return {
         "apiVersion": "apps/v1",

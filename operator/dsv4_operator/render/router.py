@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 from dsv4_operator.api.spec import ROUTER_METRICS_PORT
-from dsv4_operator.render.context import (
-    FORMAT_LABEL,
-    LABEL_PREFIX,
-    Manifest,
-    RenderContext,
-    router_command,
-)
-
-# Annotation on the router Deployment naming the prefill/decode pair its arguments target.
-TARGET_PAIR_ANNOTATION = f"{LABEL_PREFIX}/target-pair"
-
-ROUTER = "router"
+from dsv4_operator.names import FORMAT_LABEL, ROUTER, TARGET_PAIR_ANNOTATION
+from dsv4_operator.render.context import Manifest, RenderContext, router_command
 
 
 def deployment(ctx: RenderContext) -> Manifest:

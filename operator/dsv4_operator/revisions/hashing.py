@@ -15,14 +15,15 @@ from dsv4_operator.engine.profiles import model_profiles
 HASH_LENGTH = 10
 
 
-def _digest(payload: object) -> str:
+def canonical_hash(payload: object, length: int = HASH_LENGTH) -> str:
+    """SHA-256 of the canonical JSON of `payload` (sorted keys, no spaces), hex, truncated."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
 
 
 def config_hash(image: str, launches: Mapping[Role, Launch], gpus: Mapping[Role, int]) -> str:
     """Hash of what the engines run: image, argv, env and GPUs per role (not replica counts)."""
-    return _digest(
+    return canonical_hash(
         {
             "image": image,
             "roles": {
@@ -43,7 +44,7 @@ def transfer_format_key(spec: DSV4DeploymentSpec) -> str:
     # Rules DSV4-R011 keep these equal across roles; decode's view is the shared one.
     eff = effective_role(spec, "decode")
     flags = eff.flags
-    return _digest(
+    return canonical_hash(
         {
             "model": spec.model.name,
             "profile": spec.model.profile,
@@ -57,4 +58,4 @@ def transfer_format_key(spec: DSV4DeploymentSpec) -> str:
     )
 
 
-__all__ = ["config_hash", "transfer_format_key"]
+__all__ = ["canonical_hash", "config_hash", "transfer_format_key"]

@@ -1,34 +1,15 @@
-"""ControllerRevisions: one per effective engine config, numbered, pruned beyond a history limit."""
+"""ControllerRevisions: one per effective engine config, numbered, pruned beyond a history limit.
+
+The object itself is a child like any other and is built in render/children.py.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dsv4_operator.render.context import FORMAT_LABEL, REVISION_LABEL, Manifest, RenderContext
+from dsv4_operator.names import REVISION_LABEL
 
 Obj = dict[str, Any]
-
-
-def revision_name(deployment: str, revision: str) -> str:
-    return f"{deployment}-{revision}"
-
-
-def controller_revision(ctx: RenderContext, number: int) -> Manifest:
-    """The stored config of ctx's revision: the spec it was rendered from (for rollback)."""
-    meta = ctx.metadata(revision_name(ctx.name, ctx.revision))
-    meta["labels"][REVISION_LABEL] = ctx.revision
-    meta["labels"][FORMAT_LABEL] = ctx.transfer_format
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "ControllerRevision",
-        "metadata": meta,
-        "data": {
-            "spec": ctx.spec.to_wire(),
-            "revision": ctx.revision,
-            "transferFormat": ctx.transfer_format,
-        },
-        "revision": number,
-    }
 
 
 def revision_hash(obj: Obj) -> str:

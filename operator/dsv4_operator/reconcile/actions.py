@@ -1,25 +1,18 @@
-"""What one reconcile pass decided (Decision), and the accumulator decide() fills (Plan)."""
+"""What one reconcile pass decided (Decision), and the accumulator decide() fills (Actions)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.events import EventType, Note
 from dsv4_operator.guard.oom import OomEvent
+from dsv4_operator.guard.policy import RollbackReason
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.reconcile.diff import in_place, stamped
 from dsv4_operator.reconcile.world import Obj, World
 
 WAIT_SECONDS = 5.0  # requeue while a rollout step waits on pods
-
-
-@dataclass(frozen=True)
-class Note:
-    """A Kubernetes Event to post about the owner."""
-
-    type: str  # Normal | Warning
-    reason: str
-    message: str
 
 
 @dataclass
@@ -29,11 +22,11 @@ class Decision:
     apply: list[Obj] = field(default_factory=list)
     delete: list[tuple[Resource, str]] = field(default_factory=list)
     create: list[Obj] = field(default_factory=list)
-    status: dict[str, Any] = field(default_factory=dict)
+    status: DSV4DeploymentStatus = field(default_factory=DSV4DeploymentStatus)
     events: list[Note] = field(default_factory=list)
     requeue_after: float | None = None
     ooms: list[OomEvent] = field(default_factory=list)
-    rollbacks: list[str] = field(default_factory=list)
+    rollbacks: list[RollbackReason] = field(default_factory=list)
     cleared: bool = False  # a quarantine entry was released: the guard's window restarts
 
     @property
@@ -42,13 +35,13 @@ class Decision:
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Knobs decide() needs from the operator settings."""
+class ReconcileSettings:
+    """The knobs decide() takes from the operator settings (settings.OperatorSettings)."""
 
     revision_history_limit: int = 10
 
 
-class Plan:
+class Actions:
     """Accumulates the actions of one pass, skipping objects already in place."""
 
     def __init__(self, world: World) -> None:
@@ -69,7 +62,7 @@ class Plan:
         if self.world.live(res.kind, name) is not None:
             self.decision.delete.append((res, name))
 
-    def note(self, type_: str, reason: str, message: str) -> None:
+    def note(self, type_: EventType, reason: str, message: str) -> None:
         self.decision.events.append(Note(type_, reason, message))
 
     def wait(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from dsv4_operator.devcluster.kubelet import MANUAL_STATUS_ANNOTATION
+from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION
 
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 POD_CIDR = "10.244.0.0/16"

@@ -35,18 +35,18 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 import yaml
 
-from dsv4_operator.devcluster import binaries as _binaries
-from dsv4_operator.devcluster import kwok as _kwok
-from dsv4_operator.devcluster import nodes as _nodes
-from dsv4_operator.devcluster import pki as _pki
-from dsv4_operator.devcluster.process import ManagedProcess, free_port, wait_for
+from dsv4_devcluster import binaries as _binaries
+from dsv4_devcluster import kwok as _kwok
+from dsv4_devcluster import nodes as _nodes
+from dsv4_devcluster import pki as _pki
+from dsv4_devcluster.process import ManagedProcess, free_port, wait_for
 
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 DATA_DIR_PREFIX = "dsv4-devcluster-"
@@ -259,6 +259,26 @@ class ControlPlane:
     # --- start-up ------------------------------------------------------------------------
 
     def _start(self) -> None:
+        """Start the components in dependency order, each waited for before the next."""
+        bins = self._locate_binaries()
+        self._make_data_dir()
+        deadline = time.monotonic() + self.start_timeout
+
+        def remaining() -> float:
+            return max(5.0, deadline - time.monotonic())
+
+        etcd_url = self._start_etcd(bins, remaining)
+        self._start_apiserver(bins, etcd_url, remaining)
+        self._write_kubeconfig()
+        if self.crds:
+            self.install_crds(self.crds, timeout=remaining())
+        self._start_controller_manager(bins, remaining)
+        if self.with_scheduler:
+            self._start_kube_component(bins, "kube-scheduler", [], remaining)
+        if self.with_kwok:
+            self._start_kwok(bins, remaining)
+
+    def _locate_binaries(self) -> _binaries.Binaries:
         needed: tuple[str, ...] = _binaries.CONTROL_PLANE_BINARIES
         if self.with_scheduler:
             needed += ("kube-scheduler",)
@@ -266,31 +286,31 @@ class ControlPlane:
             needed += ("kwok",)
         bins = self._binaries or _binaries.locate(needed)
         bins.require(needed)
+        return bins
 
+    def _make_data_dir(self) -> None:
+        """A fresh data dir (stale ones of dead owners swept first), its logs/ and the PKI."""
         _sweep_stale_data_dirs()
         self._data_dir = Path(tempfile.mkdtemp(prefix=DATA_DIR_PREFIX))
         (self._data_dir / "owner.pid").write_text(str(os.getpid()))
-        logs = self._data_dir / "logs"
-        logs.mkdir()
-        self._pki = pki = _pki.generate(self._data_dir / "pki")
-        deadline = time.monotonic() + self.start_timeout
+        (self._data_dir / "logs").mkdir()
+        self._pki = _pki.generate(self._data_dir / "pki")
 
-        def remaining() -> float:
-            return max(5.0, deadline - time.monotonic())
-
-        # etcd
-        etcd_client, etcd_peer = free_port(), free_port()
+    def _start_etcd(self, bins: _binaries.Binaries, remaining: Callable[[], float]) -> str:
+        """Start etcd and wait for /health; returns its client URL."""
+        client, peer = free_port(), free_port()
+        client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
         etcd = self._spawn(
             "etcd",
             [
                 str(bins.path("etcd")),
                 "--name=devcluster",
-                f"--data-dir={self._data_dir / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
-                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
-                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-                f"--initial-cluster=devcluster=http://127.0.0.1:{etcd_peer}",
+                f"--data-dir={self.data_dir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=devcluster={peer_url}",
                 "--initial-cluster-state=new",
                 "--unsafe-no-fsync",  # throwaway data: skip fsync, much faster on shared disks
                 "--log-level=warn",
@@ -298,23 +318,28 @@ class ControlPlane:
         )
         wait_for(
             "etcd /health",
-            lambda: b'"health":"true"' in _http_get(f"http://127.0.0.1:{etcd_client}/health"),
+            lambda: b'"health":"true"' in _http_get(f"{client_url}/health"),
             remaining(),
             process=etcd,
         )
+        return client_url
 
-        # kube-apiserver
+    def _start_apiserver(
+        self, bins: _binaries.Binaries, etcd_url: str, remaining: Callable[[], float]
+    ) -> None:
+        """Start kube-apiserver on a free loopback port and wait for /readyz."""
+        pki = self._require_pki()
         api_port = free_port()
         self._server_url = f"https://127.0.0.1:{api_port}"
         api_args = {
-            "etcd-servers": f"http://127.0.0.1:{etcd_client}",
+            "etcd-servers": etcd_url,
             "bind-address": "127.0.0.1",
             "advertise-address": "127.0.0.1",
             # The endpoint reconciler refuses a loopback advertise address; nothing in-cluster
             # needs the `kubernetes` Service endpoints here.
             "endpoint-reconciler-type": "none",
             "secure-port": str(api_port),
-            "cert-dir": str(self._data_dir / "apiserver"),
+            "cert-dir": str(self.data_dir / "apiserver"),
             "tls-cert-file": str(pki.serving_cert),
             "tls-private-key-file": str(pki.serving_key),
             "client-ca-file": str(pki.ca_cert),
@@ -333,92 +358,89 @@ class ControlPlane:
         ctx = self._client_ssl_context()
         wait_for(
             "kube-apiserver /readyz",
-            lambda: _http_get(f"{self._server_url}/readyz", ctx) == b"ok",
+            lambda: _http_get(f"{self.server_url}/readyz", ctx) == b"ok",
             remaining(),
             interval=0.5,
             process=apiserver,
         )
-        self._write_kubeconfig()
-        if self.crds:
-            self.install_crds(self.crds, timeout=remaining())
 
-        # kube-controller-manager
-        kcm_port = free_port()
-        kcm = self._spawn(
+    def _start_controller_manager(
+        self, bins: _binaries.Binaries, remaining: Callable[[], float]
+    ) -> None:
+        """Start kube-controller-manager; ready once it has made the default ServiceAccount."""
+        pki = self._require_pki()
+        kcm = self._start_kube_component(
+            bins,
             "kube-controller-manager",
             [
-                str(bins.path("kube-controller-manager")),
-                f"--kubeconfig={self.kubeconfig_path}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={kcm_port}",
-                f"--cert-dir={self._data_dir / 'kube-controller-manager'}",
-                "--leader-elect=false",
                 "--controllers=*",
                 f"--service-account-private-key-file={pki.sa_key}",
                 f"--root-ca-file={pki.ca_cert}",
                 "--use-service-account-credentials=false",
                 "--cluster-name=dsv4-devcluster",
             ],
+            remaining,
         )
-        insecure = _insecure_ssl_context()  # components serve self-signed certs on loopback
-        wait_for(
-            "kube-controller-manager /healthz",
-            lambda: _http_get(f"https://127.0.0.1:{kcm_port}/healthz", insecure) == b"ok",
-            remaining(),
-            interval=0.5,
-            process=kcm,
-        )
+        ctx = self._client_ssl_context()
         wait_for(
             "the default ServiceAccount (created by kube-controller-manager)",
             lambda: _http_get(
-                f"{self._server_url}/api/v1/namespaces/default/serviceaccounts/default", ctx
+                f"{self.server_url}/api/v1/namespaces/default/serviceaccounts/default", ctx
             ),
             remaining(),
             interval=0.5,
             process=kcm,
         )
 
-        if self.with_scheduler:
-            sched_port = free_port()
-            sched = self._spawn(
-                "kube-scheduler",
-                [
-                    str(bins.path("kube-scheduler")),
-                    f"--kubeconfig={self.kubeconfig_path}",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={sched_port}",
-                    f"--cert-dir={self._data_dir / 'kube-scheduler'}",
-                    "--leader-elect=false",
-                ],
-            )
-            wait_for(
-                "kube-scheduler /healthz",
-                lambda: _http_get(f"https://127.0.0.1:{sched_port}/healthz", insecure) == b"ok",
-                remaining(),
-                interval=0.5,
-                process=sched,
-            )
+    def _start_kube_component(
+        self,
+        bins: _binaries.Binaries,
+        name: str,
+        extra_args: Sequence[str],
+        remaining: Callable[[], float],
+    ) -> ManagedProcess:
+        """kube-controller-manager or kube-scheduler: admin kubeconfig, no leader election,
+        serving on a free loopback port; waited for on /healthz."""
+        port = free_port()
+        proc = self._spawn(
+            name,
+            [
+                str(bins.path(name)),
+                f"--kubeconfig={self.kubeconfig_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.data_dir / name}",
+                "--leader-elect=false",
+                *extra_args,
+            ],
+        )
+        insecure = _insecure_ssl_context()  # components serve self-signed certs on loopback
+        wait_for(
+            f"{name} /healthz",
+            lambda: _http_get(f"https://127.0.0.1:{port}/healthz", insecure) == b"ok",
+            remaining(),
+            interval=0.5,
+            process=proc,
+        )
+        return proc
 
-        if self.with_kwok:
-            kwok_port = free_port()
-            kwok_config = self._data_dir / "kwok.yaml"
-            kwok_config.write_text(_kwok.config_yaml(f"127.0.0.1:{kwok_port}"))
-            kwok = self._spawn(
-                "kwok",
-                [
-                    str(bins.path("kwok")),
-                    f"--config={kwok_config}",
-                    f"--kubeconfig={self.kubeconfig_path}",
-                ],
-                env={**os.environ, "HOME": str(self._data_dir)},
-            )
-            wait_for(
-                "kwok /healthz",
-                lambda: _http_get(f"http://127.0.0.1:{kwok_port}/healthz") == b"ok",
-                remaining(),
-                interval=0.5,
-                process=kwok,
-            )
+    def _start_kwok(self, bins: _binaries.Binaries, remaining: Callable[[], float]) -> None:
+        """Start kwok (it plays the kubelet of the fake GPU nodes) and wait for /healthz."""
+        port = free_port()
+        config = self.data_dir / "kwok.yaml"
+        config.write_text(_kwok.config_yaml(f"127.0.0.1:{port}"))
+        kwok = self._spawn(
+            "kwok",
+            [str(bins.path("kwok")), f"--config={config}", f"--kubeconfig={self.kubeconfig_path}"],
+            env={**os.environ, "HOME": str(self.data_dir)},
+        )
+        wait_for(
+            "kwok /healthz",
+            lambda: _http_get(f"http://127.0.0.1:{port}/healthz") == b"ok",
+            remaining(),
+            interval=0.5,
+            process=kwok,
+        )
 
     def _spawn(
         self, name: str, argv: list[str], env: Mapping[str, str] | None = None

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from dsv4_operator.devcluster.kwok import NODE_ANNOTATION
+from dsv4_devcluster.kwok import NODE_ANNOTATION
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -1,4 +1,4 @@
-"""`dsv4 demo`: the main job on one machine, end to end, against a real control plane.
+"""`dsv4-demo` (`make demo`): the main job on one machine, end to end, on a real control plane.
 
 Starts etcd + kube-apiserver + controller-manager + scheduler + kwok (fake GPU nodes), installs
 the CRD, runs the operator (`dsv4 run`) as a child process, applies examples/dsv4.yaml, waits
@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from dsv4_operator.devcluster import ControlPlane
+from dsv4_devcluster import ControlPlane
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
 EXAMPLE = REPO / "examples" / "dsv4.yaml"
 GPU_NODES = (

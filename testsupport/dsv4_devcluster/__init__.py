@@ -6,7 +6,7 @@ optionally, kube-scheduler plus kwok for fake GPU nodes. No mock API server is i
 
 Public API::
 
-    from dsv4_operator.devcluster import ControlPlane
+    from dsv4_devcluster import ControlPlane
 
     with ControlPlane(with_scheduler=True, with_kwok=True) as cp:
         cp.kubeconfig_path          # admin kubeconfig (Path)
@@ -21,23 +21,23 @@ Public API::
 Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificates and keys),
 :mod:`.process` (child processes, teardown), :mod:`.controlplane` (start/stop order, flags),
 :mod:`.nodes` (fake GPU Node objects), :mod:`.kubelet` (pod status reports),
-``python -m dsv4_operator.devcluster`` (run one locally until Ctrl-C).
+``python -m dsv4_devcluster`` (run one locally until Ctrl-C).
 """
 
-from dsv4_operator.devcluster.binaries import (
+from dsv4_devcluster.binaries import (
     K8S_VERSION,
     Binaries,
     BinariesUnavailable,
     locate,
 )
-from dsv4_operator.devcluster.controlplane import ControlPlane, DevClusterError
-from dsv4_operator.devcluster.kubelet import (
+from dsv4_devcluster.controlplane import ControlPlane, DevClusterError
+from dsv4_devcluster.kubelet import (
     MANUAL_STATUS_ANNOTATION,
     report_container_terminated,
     wait_pod_running,
 )
-from dsv4_operator.devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_node_manifest
-from dsv4_operator.devcluster.process import wait_for
+from dsv4_devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_node_manifest
+from dsv4_devcluster.process import wait_for
 
 __all__ = [
     "GPU_PRODUCT_LABEL",

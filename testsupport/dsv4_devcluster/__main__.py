@@ -1,4 +1,4 @@
-"""``python -m dsv4_operator.devcluster``: run a local control plane until Ctrl-C, for demos.
+"""``python -m dsv4_devcluster``: run a local control plane until Ctrl-C, for demos.
 
 Prints the kubeconfig path and an ``export KUBECONFIG=...`` line, then waits. With the
 default options it also starts kube-scheduler and kwok and registers fake GPU nodes, so
@@ -13,7 +13,7 @@ import sys
 import threading
 from types import FrameType
 
-from dsv4_operator.devcluster.controlplane import ControlPlane
+from dsv4_devcluster.controlplane import ControlPlane
 
 DEFAULT_NODES = (
     "gpu-rtxpro-0:8:NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
@@ -33,7 +33,7 @@ def _parse_node(spec: str) -> tuple[str, int, str]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m dsv4_operator.devcluster",
+        prog="python -m dsv4_devcluster",
         description="Run etcd + kube-apiserver + kube-controller-manager (+ kube-scheduler,"
         " kwok fake GPU nodes) on 127.0.0.1 until interrupted.",
     )

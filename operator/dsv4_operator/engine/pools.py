@@ -1,0 +1,227 @@
+"""SGLang's KV pool arithmetic per release: bytes per full token by pool, and the fixed pools.
+
+Pure functions of the model profile, the index-K size and the resolved engine settings. Each
+generation mirrors one release's `DSV4PoolConfigurator` (or the DSA path of
+`DefaultPoolConfigurator`); tests/conformance calls the release's own configurator on CPU and
+asserts the same numbers to the byte. docs/engine-notes.md cites the source lines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dsv4_operator.engine.profiles import ModelProfile
+from dsv4_operator.engine.releases import PoolArithmetic
+
+FP8_QUANT_BLOCK = 128  # quant_block_size = 128: one fp32 scale per 128 index-K values
+STATE_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2}
+# SGLang 0.5.23 kernels/ops/attention/dsv4/kv_layout.py, layout V4 (SGLANG_DSV4_KV_LAYOUT=v4,
+# the default): 576 data + 8 scale bytes per token, page stride padded to 576.
+V4_ROW_BYTES = 584
+V4_PAGE_ALIGN = 576
+SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL default (environ.py)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The resolved engine settings the arithmetic reads (one role, one rank)."""
+
+    indexer_bytes: int
+    state_bytes: int
+    speculative: bool
+    max_running_requests: int
+    mode: str  # "prefill" | "decode"
+    chunked_prefill_size: int
+    overlap_scheduler: bool
+    radix_cache: bool
+    decode_extra_slots: int
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    """What a release's configurator derives: bytes per full token, fixed pools, the SWA rule.
+
+    `bytes_per_full_token` is computed in the engine's own order of float operations so that
+    the token counts match it exactly; `per_token` splits the same bytes by pool for display.
+    """
+
+    bytes_per_full_token: float
+    per_token: dict[str, float]
+    fixed: dict[str, float] = field(default_factory=dict)
+    swa_ratio: float = 0.0
+    swa_cap_tokens: int | None = None
+
+    @property
+    def fixed_bytes(self) -> float:
+        return sum(self.fixed.values())
+
+    def full_tokens(self, available_bytes: float, page_size: int) -> int:
+        """`calculate_pool_sizes`: tokens of the full pool for a KV budget, page-aligned."""
+        for_tokens = max(available_bytes - self.fixed_bytes, 0)
+        return int(for_tokens / self.bytes_per_full_token) // page_size * page_size
+
+    def swa_tokens(self, full_tokens: int, page_size: int) -> int:
+        if self.swa_cap_tokens is not None:
+            return self.swa_cap_tokens
+        return int(full_tokens * self.swa_ratio) // page_size * page_size
+
+
+def indexer_bytes_per_token(dtype: str, head_dim: int) -> int:
+    """Bytes per token per C4 layer of the lightning-indexer keys."""
+    if dtype == "fp8":
+        return head_dim + head_dim // FP8_QUANT_BLOCK * 4  # 132 for head_dim 128
+    if dtype == "bf16":
+        return head_dim * 2  # 256: no scales (the bf16 index-K fork)
+    return head_dim // 2 + head_dim // 32  # fp4: 68 (get_dsv4_indexer_bytes_per_token)
+
+
+def num_req_slots(settings: PoolSettings) -> int:
+    """`_get_num_req_slots`: decode adds the in-transfer slots."""
+    extra = settings.decode_extra_slots if settings.mode == "decode" else 0
+    return settings.max_running_requests + extra + 1
+
+
+def _c128_state_fixed_bytes(model: ModelProfile, settings: PoolSettings) -> int:
+    """`_get_c128_state_fixed_bytes` (offline compression): request-scoped C128 state rows."""
+    if model.c128_layers == 0:
+        return 0
+    ring = model.c128_ring_size_speculative if settings.speculative else model.c128_ring_size
+    rows = math.ceil((num_req_slots(settings) * ring + ring + 1) / 128) * 128
+    attn_head_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+    return rows * 2 * attn_head_dim * settings.state_bytes * model.c128_layers
+
+
+def _c4_ring(model: ModelProfile, settings: PoolSettings) -> int:
+    return model.c4_ring_size_speculative if settings.speculative else model.c4_ring_size
+
+
+def _speculative_inflation(model: ModelProfile, settings: PoolSettings) -> float:
+    """A draft worker is reserved by inflating per-token bytes by (target + 1) / target."""
+    return (model.layers + 1) / model.layers if settings.speculative else 1.0
+
+
+def dsv4_ratio(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
+    """SGLang 0.5.16 `DSV4PoolConfigurator._get_bytes_per_full_token` and its fixed bytes."""
+    kv = model.qk_nope_head_dim + model.qk_rope_head_dim * 2 + 8  # 584
+    attn_head_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+    swa = model.swa_full_tokens_ratio
+    state_ratio = _c4_ring(model, settings) / model.swa_window  # per 128-token SWA page
+    c4_state = 2 * 2 * attn_head_dim * settings.state_bytes
+    c4_indexer_state = 2 * 2 * model.index_head_dim * settings.state_bytes
+    l4, l128 = model.c4_layers, model.c128_layers
+    per_token = {
+        "swa": swa * kv * model.layers,
+        "c4": 1 / 4 * kv * l4,
+        "c128": 1 / 128 * kv * l128,
+        "indexer": 1 / 4 * settings.indexer_bytes * l4,
+        "c4State": swa * state_ratio * c4_state * l4,
+        "c4IndexerState": swa * state_ratio * c4_indexer_state * l4,
+    }
+    total = (
+        per_token["swa"] + per_token["c4"] + per_token["c128"] + per_token["indexer"]
+        + per_token["c4State"] + 0 * l128 + per_token["c4IndexerState"]
+    )  # fmt: skip
+    inflation = _speculative_inflation(model, settings)
+    if settings.speculative:
+        total *= inflation
+    return PoolSizing(
+        bytes_per_full_token=total,
+        per_token={k: v * inflation for k, v in per_token.items()},
+        fixed={"c128State": _c128_state_fixed_bytes(model, settings)},
+        swa_ratio=swa,
+    )
+
+
+def _v4_paged_bytes_per_token(page_tokens: int) -> float:
+    """`KVLayout.V4.page_bytes(page) / page`: a page's rows padded to the TMA stride."""
+    padded = math.ceil(page_tokens * V4_ROW_BYTES / V4_PAGE_ALIGN) * V4_PAGE_ALIGN
+    return padded / page_tokens
+
+
+def swa_request_cap(model: ModelProfile, settings: PoolSettings) -> int:
+    """`compute_swa_request_cap` + radix headroom, page-aligned (`_resolve_swa_cap_tokens`)."""
+    page, window = model.page_size, model.swa_window
+    per_request = window + SWA_EVICTION_INTERVAL * 1 + page + page  # non-speculative
+    if settings.mode == "decode":
+        cap = (
+            per_request * settings.max_running_requests
+            + (window + page) * settings.decode_extra_slots
+        )
+    else:
+        chunks_in_flight = 2 if settings.overlap_scheduler else 1
+        cap = (
+            per_request * settings.max_running_requests
+            + chunks_in_flight * settings.chunked_prefill_size
+            + page
+        )
+    tails = 4 * settings.max_running_requests if settings.radix_cache else 0
+    return math.ceil((cap + tails * (window + page)) / page) * page
+
+
+def dsv4_paged_cap(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
+    """SGLang 0.5.23 `DSV4PoolConfigurator` (V4 KV layout, no HiSparse, no encoder replay).
+
+    Rows are page-padded per pool, the C4 compress state is priced per storage page, and with
+    --max-running-requests set the SWA pool is a fixed request cap instead of a ratio of the
+    full pool. With speculative decoding the operator pins --swa-full-tokens-ratio, which
+    keeps ratio sizing (see docs/engine-notes.md).
+    """
+    attn_head_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+    c4_state = 2 * 2 * attn_head_dim * settings.state_bytes
+    c4_indexer_state = 2 * 2 * model.index_head_dim * settings.state_bytes
+    state_ratio = _c4_ring(model, settings) / model.page_size
+    swa_token_bytes = _v4_paged_bytes_per_token(model.page_size) * model.layers + (
+        state_ratio * (c4_state + c4_indexer_state) * model.c4_layers
+    )
+    c4 = 1 / 4 * _v4_paged_bytes_per_token(model.page_size // 4) + 1 / 4 * settings.indexer_bytes
+    c128 = 1 / 128 * _v4_paged_bytes_per_token(model.page_size // 128)
+    compressed = c4 * model.c4_layers + c128 * model.c128_layers
+    inflation = _speculative_inflation(model, settings)
+    fixed: dict[str, float] = {"c128State": _c128_state_fixed_bytes(model, settings)}
+    cap = None if settings.speculative else swa_request_cap(model, settings)
+    swa_ratio = 0.0 if cap is not None else model.swa_full_tokens_ratio
+    total = swa_ratio * swa_token_bytes + compressed
+    if settings.speculative:
+        total *= inflation
+        swa_token_bytes *= inflation
+    if cap is not None:
+        fixed["swaCap"] = cap * swa_token_bytes
+    per_token = {
+        "swa": swa_ratio * swa_token_bytes,
+        "c4": 1 / 4 * _v4_paged_bytes_per_token(model.page_size // 4) * model.c4_layers,
+        "c128": c128 * model.c128_layers,
+        "indexer": 1 / 4 * settings.indexer_bytes * model.c4_layers,
+    }
+    if settings.speculative:
+        per_token = {k: v * (inflation if k != "swa" else 1) for k, v in per_token.items()}
+    return PoolSizing(
+        bytes_per_full_token=total,
+        per_token=per_token,
+        fixed=fixed,
+        swa_ratio=swa_ratio,
+        swa_cap_tokens=cap,
+    )
+
+
+def dsa(model: ModelProfile, kv_cache_dtype: str, indexer_bytes: int) -> PoolSizing:
+    """V3.2 `DefaultPoolConfigurator._compute_cell_size` with the given indexer size."""
+    if kv_cache_dtype == "bfloat16":
+        kv_layer = float((model.kv_lora_rank + model.qk_rope_head_dim) * 2)
+    else:
+        kv_layer = float(model.mla_fp8_kv_bytes_per_layer)
+    per_token = {"mla": kv_layer * model.layers, "indexer": float(indexer_bytes * model.layers)}
+    return PoolSizing(
+        bytes_per_full_token=per_token["mla"] + per_token["indexer"], per_token=per_token
+    )
+
+
+def pool_sizing(
+    arithmetic: PoolArithmetic, model: ModelProfile, kv_cache_dtype: str, settings: PoolSettings
+) -> PoolSizing:
+    """The sizing a release's configurator computes for this model and these settings."""
+    if model.family == "dsa":
+        return dsa(model, kv_cache_dtype, settings.indexer_bytes)
+    if arithmetic is PoolArithmetic.PAGED_CAP:
+        return dsv4_paged_cap(model, settings)
+    return dsv4_ratio(model, settings)

@@ -1,0 +1,18 @@
+"""A Kubernetes Event the operator posts about a DSV4Deployment (what decide() and the guard
+say happened; reconcile/act.py posts them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class Note:
+    """A Kubernetes Event to post about the owner."""
+
+    type: EventType
+    reason: str
+    message: str

@@ -1,0 +1,96 @@
+"""Every name the operator shares with the cluster, in one place.
+
+The API group, version and kind; the label and annotation keys on children; the names of the
+children themselves; the RFC 3339 time stamps of status and events. Modules import these
+rather than spell them (kubebuilder's `groupversion_info.go`, cert-manager's `constants.go`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+# The custom resource.
+GROUP = "dsv4.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "DSV4Deployment"
+PLURAL = "dsv4deployments"
+SINGULAR = "dsv4deployment"
+SHORT_NAMES = ("dsv4",)
+
+# Who we are: the managed-by label value, the Event reporter, the server-side apply manager.
+OPERATOR = "dsv4-operator"
+MANAGED_BY = OPERATOR
+
+# Well-known Kubernetes labels.
+APP_NAME = "dsv4"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+
+# Our labels (and annotations) on children, under the API group.
+LABEL_PREFIX = GROUP
+DEPLOYMENT_LABEL = f"{LABEL_PREFIX}/deployment"
+ROLE_LABEL = f"{LABEL_PREFIX}/role"
+PAIR_LABEL = f"{LABEL_PREFIX}/pair"
+REVISION_LABEL = f"{LABEL_PREFIX}/revision"
+# The P/D transfer-format key: a label on pods and ControllerRevisions, an annotation on
+# StatefulSets and the router Deployment.
+FORMAT_LABEL = f"{LABEL_PREFIX}/transfer-format"
+MAX_TOTAL_TOKENS_ANNOTATION = f"{LABEL_PREFIX}/max-total-tokens"
+# On the router Deployment: the prefill/decode pair its arguments target.
+TARGET_PAIR_ANNOTATION = f"{LABEL_PREFIX}/target-pair"
+# On every applied child: the hash of the content the operator applied (no-op detection).
+APPLIED_ANNOTATION = f"{LABEL_PREFIX}/applied-hash"
+# Set by a user on the DSV4Deployment to release a quarantined config hash.
+CLEAR_QUARANTINE_ANNOTATION = f"{LABEL_PREFIX}/clear-quarantine"
+
+# Components and pairs.
+ROUTER = "router"
+# The pair with plain names; a BlueGreen pair is named by its revision hash.
+MAIN_PAIR = "main"
+
+
+def child_name(deployment: str, component: str, pair: str = MAIN_PAIR) -> str:
+    """Engine objects (StatefulSet, headless Service, PDB) of a pair, or the router's.
+
+    The main pair and the router have plain names; another pair's engines carry its suffix.
+    """
+    if pair == MAIN_PAIR or component == ROUTER:
+        return f"{deployment}-{component}"
+    return f"{deployment}-{component}-{pair}"
+
+
+def router_name(deployment: str) -> str:
+    """The router Deployment, Service and PodDisruptionBudget (one per deployment)."""
+    return child_name(deployment, ROUTER)
+
+
+def router_url(deployment: str, namespace: str, port: int) -> str:
+    """The in-cluster URL of the router Service."""
+    return f"http://{router_name(deployment)}.{namespace}.svc:{port}"
+
+
+def service_monitor_name(deployment: str) -> str:
+    return deployment
+
+
+def revision_name(deployment: str, revision: str) -> str:
+    """The ControllerRevision that stores the config of `revision`."""
+    return f"{deployment}-{revision}"
+
+
+# RFC 3339 in UTC with second precision, as metav1.Time serializes.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(at: datetime) -> str:
+    return at.strftime(TIME_FORMAT)
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 time as the API server writes it (`Z` suffix); None for none."""
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

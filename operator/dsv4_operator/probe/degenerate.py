@@ -1,0 +1,120 @@
+"""Degenerate text: repetition loops, repeated segments, low diversity, tag soup, garbage.
+
+Degenerate heuristic (each rule looks at one text; a text shorter than 24 characters is skipped):
+
+- tail loop: the text ends in a periodic run, period 2..100 characters, at least 3 periods and
+  48 characters long, whose unit holds a letter (a model stuck in a loop runs to max_tokens);
+- repeated segment: the same line or sentence (>= 8 characters, with a letter) three or more
+  times in a row anywhere;
+- low diversity: at least 60 word/punctuation tokens and fewer than 40% distinct 4-grams;
+- tag soup: at least 6 tag-like fragments (`<x ...>`, `</x>`, `attr="v">`) covering at least
+  60% of the non-space characters;
+- garbage: three or more U+FFFD replacement, control (other than tab/newline/CR) or
+  private-use characters.
+
+Its false-positive rate on normal prose is measured by `bench/detector.py` and pinned by
+`tests/unit/test_dsml.py`. Token salad without any repetition, markup or garbage characters is
+not detected (no language model here); such a turn still fails as `missing_call`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+
+_MIN_TEXT = 24
+_LOOP_MIN_CHARS, _LOOP_MIN_PERIODS, _LOOP_MAX_PERIOD = 48, 3, 100
+_SEGMENT_MIN_CHARS, _SEGMENT_REPEATS = 8, 3
+_NGRAM, _NGRAM_MIN_TOKENS, _NGRAM_MIN_DISTINCT = 4, 60, 0.40
+_TAG_MIN, _TAG_MIN_SHARE = 6, 0.60
+_GARBAGE_MIN = 3
+
+_LETTER = re.compile(r"[^\W\d_]")
+_TOKEN = re.compile(r"\w+|[^\w\s]+")
+_SEGMENT = re.compile(r"[^\n.!?。！？]+[.!?。！？]*")
+_TAG_FRAGMENT = re.compile(
+    r"</?[A-Za-z_][\w:.-]*(?:\s[^<>]{0,80})?/?>|\w+\s*=\s*\"[^\"<>]*\"\s*/?>"
+)
+
+
+def _tail_loop(text: str) -> tuple[int, str] | None:
+    n = len(text)
+    for period in range(2, min(_LOOP_MAX_PERIOD, n // _LOOP_MIN_PERIODS) + 1):
+        span = max(_LOOP_MIN_PERIODS * period, _LOOP_MIN_CHARS)
+        if span > n:
+            break
+        tail = text[n - span :]
+        if tail[period:] == tail[:-period]:  # the last `span` chars are `period`-periodic
+            unit = text[n - period :]
+            if _LETTER.search(unit):
+                # Extend backwards to report where the loop starts.
+                start = n - span
+                while start > 0 and text[start - 1] == text[start - 1 + period]:
+                    start -= 1
+                return start, f"repetition loop of a {period}-char unit to the end of the text"
+    return None
+
+
+def _repeated_segment(text: str) -> tuple[int, str] | None:
+    run, previous, run_start = 1, "", 0
+    for match in _SEGMENT.finditer(text):
+        segment = match.group().strip()
+        if len(segment) < _SEGMENT_MIN_CHARS or not _LETTER.search(segment):
+            run, previous = 1, ""
+        elif segment == previous:
+            run += 1
+            if run >= _SEGMENT_REPEATS:
+                return run_start, f"the same segment {run} times in a row"
+        else:
+            run, previous, run_start = 1, segment, match.start()
+    return None
+
+
+def _low_diversity(text: str) -> tuple[int, str] | None:
+    tokens = _TOKEN.findall(text)
+    if len(tokens) < _NGRAM_MIN_TOKENS:
+        return None
+    grams = [tuple(tokens[i : i + _NGRAM]) for i in range(len(tokens) - _NGRAM + 1)]
+    counts = Counter(grams)
+    distinct = len(counts) / len(grams)
+    if distinct >= _NGRAM_MIN_DISTINCT:
+        return None
+    top = " ".join(counts.most_common(1)[0][0])
+    return max(0, text.find(top)), f"low diversity: {distinct:.0%} distinct {_NGRAM}-grams"
+
+
+def _tag_soup(text: str) -> tuple[int, str] | None:
+    fragments = list(_TAG_FRAGMENT.finditer(text))
+    if len(fragments) < _TAG_MIN:
+        return None
+    covered = sum(len(re.sub(r"\s", "", m.group())) for m in fragments)
+    total = len(re.sub(r"\s", "", text))
+    if total == 0 or covered / total < _TAG_MIN_SHARE:
+        return None
+    return fragments[0].start(), f"tag soup: {len(fragments)} tag fragments"
+
+
+def _garbage(text: str) -> tuple[int, str] | None:
+    positions = [
+        i
+        for i, ch in enumerate(text)
+        if ch == "\ufffd" or (unicodedata.category(ch) in ("Cc", "Co") and ch not in "\t\n\r")
+    ]
+    if len(positions) < _GARBAGE_MIN:
+        return None
+    return positions[0], f"{len(positions)} replacement/control characters"
+
+
+_DEGENERATE_RULES = (_tail_loop, _repeated_segment, _low_diversity, _tag_soup, _garbage)
+
+
+def degenerate_reason(text: str) -> tuple[str, int] | None:
+    """Why `text` looks degenerate (and where), or None for text that looks normal."""
+    if len(text) < _MIN_TEXT:
+        return None
+    for rule in _DEGENERATE_RULES:
+        found = rule(text)
+        if found is not None:
+            return found[1], found[0]
+    return None

@@ -1,0 +1,39 @@
+"""Markup that must never reach a client: DSML, special tokens, tool-call and think tags."""
+
+from __future__ import annotations
+
+import re
+
+# Full-width `｜DSML｜` anywhere; the ASCII form only as a tag (`<|DSML|`, `</|DSML|`) or glued
+# to a DSML tag name, so that a markdown table cell "| DSML |" is not a leak.
+_DSML_TOKEN = re.compile(
+    r"｜DSML[｜|]|\|DSML｜|</?\|DSML\||\|DSML\|(?:invoke|parameter|tool_calls|function_calls)"
+)
+# <｜end▁of▁sentence｜>, <｜tool▁calls▁begin｜>, <|im_end|>, <|endoftext|> ...
+_SPECIAL_TOKEN = re.compile(r"<[｜|][^<>｜|\n]{1,48}[｜|]>")
+_TOOL_TAG = re.compile(
+    r"<\s*invoke\b|</\s*invoke\s*>|<\s*parameter\s+name\s*=|</\s*parameter\s*>"
+    r"|</?\s*(?:function_calls|function_call|tool_calls|tool_call)\s*>",
+    re.IGNORECASE,
+)
+_THINK_TAG = re.compile(r"</?think>")
+
+_MARKUP_CHECKS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("DSML markup", _DSML_TOKEN),
+    ("special token", _SPECIAL_TOKEN),
+    ("tool-call markup", _TOOL_TAG),
+)
+
+
+def find_markup(text: str, *, content: bool = True) -> tuple[str, int] | None:
+    """The first markup kind in `text` and where it starts, or None.
+
+    `content=True` also flags `<think>` tags, which the reasoning parser strips from content.
+    """
+    found: tuple[int, str] | None = None
+    checks = _MARKUP_CHECKS + ((("think tag", _THINK_TAG),) if content else ())
+    for name, pattern in checks:
+        match = pattern.search(text)
+        if match and (found is None or match.start() < found[0]):
+            found = (match.start(), name)
+    return None if found is None else (found[1], found[0])

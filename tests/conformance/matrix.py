@@ -1,0 +1,110 @@
+"""The specs the conformance tier renders: every example plus a generated matrix per release."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dsv4_operator.api.spec import ROLES, Role
+from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
+from dsv4_operator.engine.planner import MemoryPlan
+from dsv4_operator.engine.validation import validate_spec
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+ENGINE_ENTRYPOINT_LEN = 3  # python3 -m sglang.launch_server
+ROUTER_ENTRYPOINT_LEN = 3  # python3 -m sglang_router.launch_router
+
+
+@dataclass(frozen=True)
+class Case:
+    """One spec of the matrix, validated and planned, with what the operator renders for it."""
+
+    id: str
+    spec: dict[str, Any]
+    plan: MemoryPlan
+    launches: dict[Role, Launch]
+    router: Launch
+
+    def engine_argv(self, role: Role) -> list[str]:
+        return list(self.launches[role].command[ENGINE_ENTRYPOINT_LEN:])
+
+    def router_argv(self) -> list[str]:
+        return list(self.router.command[ROUTER_ENTRYPOINT_LEN:])
+
+
+def _set(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        doc = doc.setdefault(part, {})
+    doc[last] = value
+
+
+def _example_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted(EXAMPLES.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "DSV4Deployment":
+                yield path.relative_to(REPO).as_posix(), doc["spec"]
+
+
+def generated_specs(version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """index-K x HiCache x overlap x TP x speculative, on the example, for one release.
+
+    Weights are set small so every TP fits one GPU; safety Warn keeps acknowledgeable findings
+    from blocking the render (what is compared here is the engine's view, not the policy).
+    """
+    base = yaml.safe_load((EXAMPLES / "dsv4.yaml").read_text())["spec"]
+    for index_k, hicache, overlap, tp, speculative in itertools.product(
+        ("fp8", "bf16", "fp4"), (False, True), (False, True), (1, 2, 4, 8), (False, True)
+    ):
+        spec = copy.deepcopy(base)
+        _set(spec, "engine.sglangVersion", version)
+        _set(spec, "engine.indexKDtype", index_k)
+        capabilities = ["bf16IndexK", "poolSizingFix"] if index_k == "bf16" else []
+        _set(spec, "engine.capabilities", capabilities)
+        _set(spec, "engine.hicache", {"enabled": hicache})
+        _set(spec, "engine.overlap", {"scheduler": overlap, "multiStream": False})
+        _set(spec, "model.weightsGiB", 40)
+        _set(spec, "gpu.product", "NVIDIA-B200")
+        for role in ROLES:
+            _set(spec, f"{role}.tensorParallel", tp)
+        if speculative:
+            _set(spec, "engine.extraArgs", ["--speculative-algorithm", "EAGLE"])
+        _set(spec, "safety.policy", "Warn")
+        name = (
+            f"{index_k}-hicache{int(hicache)}-overlap{int(overlap)}-tp{tp}-spec{int(speculative)}"
+        )
+        yield name, spec
+
+
+def cases(version: str, with_examples: bool = True) -> list[Case]:
+    """Every valid spec of the matrix for `version`, rendered (invalid ones are skipped here:
+    the unit tests cover refusals)."""
+    sources = list(generated_specs(version))
+    if with_examples:
+        sources += [
+            (name, spec)
+            for name, spec in _example_specs()
+            if spec.get("engine", {}).get("sglangVersion") == version
+        ]
+    out: list[Case] = []
+    for name, spec in sources:
+        validation = validate_spec(spec)
+        if not validation.valid or validation.spec is None or validation.plan is None:
+            continue
+        parsed, plan = validation.spec, validation.plan
+        served = served_name(parsed, plan.profiles.model.served_name)
+        launches = {role: engine_launch(parsed, plan, role, served) for role in ROLES}
+        router = router_launch(
+            parsed,
+            ["http://p-0.p.ns.svc:30000"],
+            ["http://d-0.d.ns.svc:30000"],
+        )
+        out.append(Case(name, spec, plan, launches, router))
+    return out

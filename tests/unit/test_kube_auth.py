@@ -1,0 +1,193 @@
+"""The REST client's credentials: a rotated token file is picked up, a 401 logs in once again.
+
+`httpx.MockTransport` stands for the API server's authentication layer: it accepts the tokens
+it is told are valid and answers 401 Unauthorized to anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from dsv4_operator.kube.client import (
+    ConfigurationCredentials,
+    KubeAuth,
+    KubeClient,
+    KubeError,
+    TokenFile,
+    http_client_for,
+    load_credentials,
+)
+from dsv4_operator.kube.resources import POD
+
+SERVER = "https://kube.test:6443"
+
+
+class AuthServer:
+    """An API server that knows which bearer tokens are valid and records what it was sent."""
+
+    def __init__(self, *valid: str) -> None:
+        self.valid = set(valid)
+        self.seen: list[str | None] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        header = request.headers.get("Authorization")
+        self.seen.append(header)
+        if header is None or header.removeprefix("Bearer ") not in self.valid:
+            status = {"kind": "Status", "reason": "Unauthorized", "message": "Unauthorized"}
+            return httpx.Response(401, json=status)
+        return httpx.Response(200, json={"kind": "Pod", "metadata": {"name": "p"}})
+
+    def client(self, auth: httpx.Auth) -> KubeClient:
+        return KubeClient(
+            httpx.AsyncClient(base_url=SERVER, transport=httpx.MockTransport(self), auth=auth)
+        )
+
+
+def projected_token(root: Path, token: str, generation: int) -> Path:
+    """Write `token` the way the kubelet does: a new dir, then `..data` swapped to it."""
+    data = root / f"..{generation}"
+    data.mkdir()
+    (data / "token").write_text(token)
+    link = root / "..data_tmp"
+    link.symlink_to(data.name)
+    link.replace(root / "..data")
+    path = root / "token"
+    if not path.is_symlink():
+        path.symlink_to("..data/token")
+    return path
+
+
+async def test_a_token_file_rotated_under_a_running_client_is_used_on_the_next_request(
+    tmp_path: Path,
+) -> None:
+    server = AuthServer("first", "second")
+    path = projected_token(tmp_path, "first", 1)
+    client = server.client(KubeAuth(TokenFile(path)))
+    assert await client.get(POD, "ns", "p") is not None
+    projected_token(tmp_path, "second", 2)
+    server.valid.discard("first")  # the old token is revoked: only the new one works
+    assert await client.get(POD, "ns", "p") is not None
+    await client.close()
+    assert server.seen == ["Bearer first", "Bearer second"]
+
+
+async def test_a_token_file_rewritten_in_place_is_read_again(tmp_path: Path) -> None:
+    server = AuthServer("token-a", "token-b")
+    path = tmp_path / "token"
+    path.write_text("token-a\n")
+    client = server.client(KubeAuth(TokenFile(path)))
+    await client.get(POD, "ns", "p")
+    path.write_text("token-b\n")
+    os.utime(path, ns=(1, 1))  # a different mtime even on a coarse clock
+    await client.get(POD, "ns", "p")
+    await client.close()
+    assert server.seen == ["Bearer token-a", "Bearer token-b"]
+
+
+class Login:
+    """Credentials that hand out `login-1`, `login-2`, ... one per (re-)login."""
+
+    def __init__(self) -> None:
+        self.logins = 1
+
+    def header(self) -> str | None:
+        return f"Bearer login-{self.logins}"
+
+    def relogin(self) -> None:
+        self.logins += 1
+
+
+async def test_a_401_is_followed_by_one_relogin_and_the_retry_succeeds() -> None:
+    server, login = AuthServer("login-2"), Login()
+    client = server.client(KubeAuth(login))
+    assert await client.get(POD, "ns", "p") == {"kind": "Pod", "metadata": {"name": "p"}}
+    await client.close()
+    assert server.seen == ["Bearer login-1", "Bearer login-2"] and login.logins == 2
+
+
+async def test_a_second_401_raises_a_kube_error_401_after_one_relogin() -> None:
+    server, login = AuthServer(), Login()
+    client = server.client(KubeAuth(login))
+    with pytest.raises(KubeError) as info:
+        await client.get(POD, "ns", "p")
+    await client.close()
+    assert info.value.status == 401 and info.value.reason == "Unauthorized"
+    assert server.seen == ["Bearer login-1", "Bearer login-2"] and login.logins == 2
+
+
+async def test_requests_that_fail_together_log_in_once() -> None:
+    server, login = AuthServer("login-2"), Login()
+    client = server.client(KubeAuth(login))
+    results = await asyncio.gather(*(client.get(POD, "ns", f"p{i}") for i in range(5)))
+    await client.close()
+    assert all(r is not None for r in results) and login.logins == 2
+
+
+def test_the_sync_flow_also_logs_in_once_on_a_401() -> None:
+    server, login = AuthServer("login-2"), Login()
+    with httpx.Client(transport=httpx.MockTransport(server), auth=KubeAuth(login)) as http:
+        assert http.get(f"{SERVER}/api/v1/pods").status_code == 200
+    assert login.logins == 2
+
+
+def exec_kubeconfig(tmp_path: Path) -> tuple[Path, Callable[[], int]]:
+    """A kubeconfig whose user is an exec plugin handing out `exec-1`, `exec-2`, ..."""
+    counter = tmp_path / "runs"
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(
+        "import json, pathlib, sys\n"
+        f"runs = pathlib.Path({str(counter)!r})\n"
+        "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
+        "runs.write_text(str(n))\n"
+        "json.dump({'apiVersion': 'client.authentication.k8s.io/v1beta1',\n"
+        "           'kind': 'ExecCredential', 'status': {'token': f'exec-{n}'}}, sys.stdout)\n"
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "c", "cluster": {"server": SERVER, "insecure-skip-tls-verify": True}}
+        ],
+        "users": [
+            {
+                "name": "u",
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": sys.executable,
+                        "args": [str(plugin)],
+                    }
+                },
+            }
+        ],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path, lambda: int(counter.read_text())
+
+
+async def test_an_exec_plugin_kubeconfig_is_run_again_on_a_401(tmp_path: Path) -> None:
+    kubeconfig, runs = exec_kubeconfig(tmp_path)
+    cfg, credentials = load_credentials(str(kubeconfig))
+    assert isinstance(credentials, ConfigurationCredentials) and runs() == 1
+    server = AuthServer("exec-2")  # the first credential has been revoked
+    http = http_client_for(cfg, credentials=credentials, transport=httpx.MockTransport(server))
+    client = KubeClient(http)
+    assert await client.get(POD, "ns", "p") is not None
+    assert runs() == 2 and server.seen == ["Bearer exec-1", "Bearer exec-2"]
+    server.valid = set()
+    with pytest.raises(KubeError) as info:
+        await client.get(POD, "ns", "p")
+    await client.close()
+    assert info.value.status == 401 and runs() == 3
+    assert server.seen[-2:] == ["Bearer exec-2", "Bearer exec-3"]
