@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install lint k8s-binaries tools unit bench
+.PHONY: demo test install lint k8s-binaries tools conformance-envs unit bench
 
 $(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,18 @@ k8s-binaries:
 tools: install
 	$(BIN)/python tools/devtools.py
 
+# A CPU-only environment per supported SGLang release, with that release's own wheels, for
+# tests/conformance (first run: minutes and ~6 GB each; reused after). See tools/conformance_env.py.
+conformance-envs: install
+	for v in $$($(BIN)/python -c 'from dsv4_operator.engine.releases import supported_versions as s; print(*s())'); do \
+		$(PYTHON) tools/conformance_env.py $$v > /dev/null || exit 1; \
+	done
+
 unit: install
 	$(BIN)/python -m pytest tests/unit
 
 # pytest exits 5 when it collected nothing; make treats any non-zero exit as failure.
-test: install lint k8s-binaries tools
+test: install lint k8s-binaries tools conformance-envs
 	$(BIN)/python -m pytest
 
 bench: install k8s-binaries

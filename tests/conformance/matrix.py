@@ -20,6 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 ENGINE_ENTRYPOINT_LEN = 3  # python3 -m sglang.launch_server
 ROUTER_ENTRYPOINT_LEN = 3  # python3 -m sglang_router.launch_router
+# DeepSeek-V4 runs EAGLE only with topk 1 and explicit steps/draft tokens (DSV4-R021).
+EAGLE = [
+    "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1",
+    "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ def generated_specs(version: str) -> Iterator[tuple[str, dict[str, Any]]]:
         spec = copy.deepcopy(base)
         _set(spec, "engine.sglangVersion", version)
         _set(spec, "engine.indexKDtype", index_k)
-        capabilities = ["bf16IndexK", "poolSizingFix"] if index_k == "bf16" else []
+        # the unpatched wheels are compared, so no poolSizingFix (test_patches covers the fix)
+        capabilities = ["bf16IndexK"] if index_k == "bf16" else []
         _set(spec, "engine.capabilities", capabilities)
         _set(spec, "engine.hicache", {"enabled": hicache})
         _set(spec, "engine.overlap", {"scheduler": overlap, "multiStream": False})
@@ -75,7 +81,7 @@ def generated_specs(version: str) -> Iterator[tuple[str, dict[str, Any]]]:
         for role in ROLES:
             _set(spec, f"{role}.tensorParallel", tp)
         if speculative:
-            _set(spec, "engine.extraArgs", ["--speculative-algorithm", "EAGLE"])
+            _set(spec, "engine.extraArgs", EAGLE)
         _set(spec, "safety.policy", "Warn")
         name = (
             f"{index_k}-hicache{int(hicache)}-overlap{int(overlap)}-tp{tp}-spec{int(speculative)}"
@@ -83,16 +89,20 @@ def generated_specs(version: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield name, spec
 
 
-def cases(version: str, with_examples: bool = True) -> list[Case]:
-    """Every valid spec of the matrix for `version`, rendered (invalid ones are skipped here:
-    the unit tests cover refusals)."""
+def cases(version: str) -> list[Case]:
+    """Every valid spec of the matrix and the examples for `version`, rendered (invalid ones
+    are skipped here: the unit tests cover refusals)."""
     sources = list(generated_specs(version))
-    if with_examples:
-        sources += [
-            (name, spec)
-            for name, spec in _example_specs()
-            if spec.get("engine", {}).get("sglangVersion") == version
-        ]
+    sources += [
+        (name, spec)
+        for name, spec in _example_specs()
+        if spec.get("engine", {}).get("sglangVersion") == version
+    ]
+    return cases_from(sources)
+
+
+def cases_from(sources: list[tuple[str, dict[str, Any]]]) -> list[Case]:
+    """Validate, plan and render each (name, spec); invalid specs are left out."""
     out: list[Case] = []
     for name, spec in sources:
         validation = validate_spec(spec)
@@ -101,10 +111,6 @@ def cases(version: str, with_examples: bool = True) -> list[Case]:
         parsed, plan = validation.spec, validation.plan
         served = served_name(parsed, plan.profiles.model.served_name)
         launches = {role: engine_launch(parsed, plan, role, served) for role in ROLES}
-        router = router_launch(
-            parsed,
-            ["http://p-0.p.ns.svc:30000"],
-            ["http://d-0.d.ns.svc:30000"],
-        )
+        router = router_launch(parsed, ["http://p-0.p.ns.svc:30000"], ["http://d-0.d.ns.svc:30000"])
         out.append(Case(name, spec, plan, launches, router))
     return out

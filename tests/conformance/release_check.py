@@ -15,33 +15,33 @@ import os
 import sys
 from typing import Any
 
+from pool_check import server_args  # same folder: sys.path[0] is this script's
 
-def parse_engine(argv: list[str]) -> dict[str, Any]:
-    """`prepare_server_args`: the parser of `python -m sglang.launch_server` plus the
-    resolution and validation hooks that run without a GPU."""
+
+def parse_engine(argv: list[str], model_dir: str, gpu_arch: str) -> dict[str, Any]:
+    """The parser of `python -m sglang.launch_server`, then `prepare_server_args` and (0.5.23)
+    the resolution pipeline with the model's config.json: the hooks that refuse a bad
+    combination at start-up, as far as they run without a GPU."""
     import argparse
 
-    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="sglang serve")
     ServerArgs.add_cli_args(parser)
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            namespace = parser.parse_args(argv)
+            parser.parse_args(argv)
     except SystemExit:
-        return {"ok": False, "stage": "argparse", "error": stderr.getvalue().strip()[-600:]}
-    answer: dict[str, Any] = {"ok": True, "dests": sorted(vars(namespace))}
+        errors = [line for line in stderr.getvalue().splitlines() if "error:" in line]
+        return {"ok": False, "stage": "argparse", "error": (errors or ["exit 2"])[-1][-600:]}
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            prepare_server_args(argv)
-        answer["validated"] = True
-    except SystemExit as error:  # the parser again: cannot happen after parse_args succeeded
-        return {"ok": False, "stage": "prepare_server_args", "error": f"exit {error.code}"}
-    except Exception as error:  # a hook that needs a GPU or a checkpoint: recorded, not fatal
-        answer["validated"] = False
-        answer["validationError"] = f"{type(error).__name__}: {error}"[:600]
-    return answer
+            server_args(argv, model_dir, gpu_arch)
+    except BaseException as error:  # an assert or ValueError of a hook is the engine refusing
+        message = f"{type(error).__name__}: {error}"[:800]
+        return {"ok": False, "stage": "resolution", "error": message}
+    return {"ok": True}
 
 
 def parse_router(argv: list[str]) -> dict[str, Any]:
@@ -66,8 +66,12 @@ def main() -> None:
     logging.disable(logging.CRITICAL)
     os.environ.setdefault("SGLANG_LOG_LEVEL", "error")
     request = json.load(sys.stdin)
+    model_dir = request.get("modelDir", "")
     answer: dict[str, Any] = {
-        "engine": {key: parse_engine(argv) for key, argv in request.get("engine", {}).items()},
+        "engine": {
+            key: parse_engine(item["argv"], model_dir, item["gpuArch"])
+            for key, item in request.get("engine", {}).items()
+        },
         "router": {key: parse_router(argv) for key, argv in request.get("router", {}).items()},
     }
     if request.get("env"):

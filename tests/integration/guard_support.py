@@ -33,6 +33,28 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "DSV4_DOUBLE_"))}
 
 
+def _hicache_flags(command: list[str]) -> list[str]:
+    """`--enable-hierarchical-cache` and the `--hicache-*` flags (with values) of a command."""
+    out: list[str] = []
+    for i, arg in enumerate(command):
+        if arg == "--enable-hierarchical-cache":
+            out.append(arg)
+        elif arg.startswith("--hicache-") and i + 1 < len(command):
+            out += [arg, command[i + 1]]
+    return out
+
+
+def _with_pair_hicache(decode: list[str], prefill: list[str]) -> list[str]:
+    """The decode command, plus the prefill's HiCache flags if only the prefill has HiCache.
+
+    The one double stands in for the prefill/decode pair behind the canary's endpoint, so it
+    gets the pair's HiCache: the renderer may put HiCache on prefill only (PD decode disables
+    the radix cache HiCache extends), and the seeds' race follows HiCache wherever it runs."""
+    if "--enable-hierarchical-cache" in decode:
+        return decode
+    return [*decode, *_hicache_flags(prefill)]
+
+
 def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
     out = list(args)
     if flag in out:
@@ -77,10 +99,15 @@ class EngineKubelet:
         self.proc = None
 
     def _desired(self) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None:
-        sts = self.cluster.children(self.name).get(("StatefulSet", f"{self.name}-decode"))
+        children = self.cluster.children(self.name)
+        sts = children.get(("StatefulSet", f"{self.name}-decode"))
         if sts is None:
             return None
         container = sts["spec"]["template"]["spec"]["containers"][0]
+        prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
+        prefill_command = (
+            prefill["spec"]["template"]["spec"]["containers"][0]["command"] if prefill else []
+        )
         revision = sts["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"]
         stored = next(
             (
@@ -97,7 +124,8 @@ class EngineKubelet:
         env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(capabilities)
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"  # no effect on verdicts; keeps canary runs short
-        return tuple(container["command"]), tuple(sorted(env.items()))
+        command = _with_pair_hicache(list(container["command"]), list(prefill_command))
+        return tuple(command), tuple(sorted(env.items()))
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,6 @@ from dsv4_operator.engine.pools import (
     PoolSettings,
     _c128_state_fixed_bytes,
     indexer_bytes_per_token,
-    swa_request_cap,
 )
 from dsv4_operator.engine.profiles import model_profiles
 
@@ -96,9 +96,6 @@ SETTINGS = PoolSettings(
     speculative=False,
     max_running_requests=64,
     mode="decode",
-    chunked_prefill_size=8192,
-    overlap_scheduler=False,
-    radix_cache=False,
     decode_extra_slots=0,
 )
 
@@ -107,30 +104,24 @@ def test_c128_state_fixed_matches_engine_formula() -> None:
     model = model_profiles()[V4]
     # 65 slots (64 running + 1): rows = ceil((65*128 + 128 + 1) / 128) * 128 = 8576
     assert _c128_state_fixed_bytes(model, SETTINGS) == 8576 * 2 * 512 * 4 * 20
+    # PD decode with a small batch adds 2x the batch of in-transfer slots
+    small = dataclasses.replace(SETTINGS, max_running_requests=16, decode_extra_slots=32)
+    # 49 slots: rows = ceil((49*128 + 128 + 1) / 128) * 128 = 6528
+    assert _c128_state_fixed_bytes(model, small) == 6528 * 2 * 512 * 4 * 20
 
 
-def test_0_5_23_pages_rows_and_sizes_swa_by_request_cap(
+def test_0_5_23_pads_rows_to_pages_and_prices_state_per_storage_page(
     variant: Callable[..., dict[str, Any]],
 ) -> None:
     p = _plan(variant({"engine.sglangVersion": "0.5.23", "engine.capabilities": []}))
-    decode, prefill = p.roles["decode"], p.roles["prefill"]
-    # C4 21 x (585/4 + 132/4) + C128 20 x 864/128: rows padded to 576-byte strides
-    assert decode.bytes_per_full_token == pytest.approx(3899.25)
-    # decode: 64 requests x (128 window + 128 eviction + 2 pages), radix cache off in PD
-    assert decode.swa_tokens == 64 * (128 + 128 + 256 + 256)
-    # prefill: + one 8192-token chunk in flight + a page, + radix headroom 4 x 64 x (128+256)
-    assert prefill.swa_tokens == 64 * 768 + 8192 + 256 + 4 * 64 * 384
-    # each SWA slot: 43 x 585 + 21 x 8/256 x (8192 + 2048) compress state
-    assert decode.sizing.fixed["swaCap"] == decode.swa_tokens * 31875
+    decode = p.roles["decode"]
+    pools = decode.sizing.per_token
+    # SWA: 0.1 x (43 x 585 + 21 x 8/256 x 10,240); rows of 584 B padded to 576-byte strides
+    assert pools["swa"] == pytest.approx(0.1 * (43 * 585 + 21 * 8 / 256 * 10240))
+    assert pools["c4"] == pytest.approx(21 * 585 / 4)
+    assert pools["c128"] == pytest.approx(20 * 864 / 128)
+    assert decode.bytes_per_full_token == pytest.approx(7086.75)
     assert decode.max_total_tokens > _plan(variant({})).roles["decode"].max_total_tokens
-
-
-def test_request_cap_counts_in_transfer_slots_for_small_batches() -> None:
-    model = model_profiles()[V4]
-    small = PoolSettings(
-        **{**SETTINGS.__dict__, "max_running_requests": 16, "decode_extra_slots": 32}
-    )
-    assert swa_request_cap(model, small) == 16 * 768 + 32 * (128 + 256)
 
 
 def test_unknown_release_names_the_supported_ones(variant: Callable[..., dict[str, Any]]) -> None:
@@ -142,7 +133,9 @@ def test_unknown_release_names_the_supported_ones(variant: Callable[..., dict[st
 
 def test_speculative_inflates_by_draft_layer(variant: Callable[..., dict[str, Any]]) -> None:
     base = _plan(variant({})).roles["decode"].bytes_per_full_token
-    spec = _plan(variant({"engine.extraArgs": ["--speculative-algorithm", "EAGLE"]}))
+    eagle = ["--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "1"]
+    eagle += ["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4"]
+    spec = _plan(variant({"engine.extraArgs": eagle}))
     # ring 16 doubles the c4 state; then (43 + 1) / 43 for the draft layer
     pools = spec.roles["decode"].sizing.per_token
     assert pools["c4State"] == pytest.approx(0.1 * 16 / 128 * 8192 * 21 * 44 / 43)

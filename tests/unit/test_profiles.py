@@ -29,7 +29,9 @@ def test_every_model_number_has_a_source(key: str) -> None:
 @pytest.mark.parametrize("key", sorted(gpu_profiles()))
 def test_every_gpu_number_has_a_source(key: str) -> None:
     profile = gpu_profiles()[key]
-    missing = [f for f in (*_numeric_fields(profile), "fp4Indexer") if f not in profile.sources]
+    missing = [
+        f for f in (*_numeric_fields(profile), "computeCapability") if f not in profile.sources
+    ]
     assert missing == [], f"{key}: no source for {missing}"
 
 
@@ -50,6 +52,7 @@ def test_v4_layer_layout_adds_up() -> None:
     assert v4.swa_only_layers + v4.c4_layers + v4.c128_layers == v4.layers
 
 
-def test_hopper_has_no_fp4_indexer_and_blackwell_does() -> None:
+def test_compute_capability_matches_the_architecture() -> None:
     for profile in gpu_profiles().values():
-        assert profile.fp4_indexer == (profile.arch == "blackwell")
+        hopper = profile.compute_capability == "sm90"
+        assert hopper == (profile.arch == "hopper"), profile.key

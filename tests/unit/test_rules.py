@@ -11,6 +11,16 @@ from dsv4_operator.engine.rules import CATALOGUE, RULES_BY_ID
 from dsv4_operator.engine.validation import validate_spec
 
 BF16 = {"engine.indexKDtype": "bf16", "engine.capabilities": ["bf16IndexK", "poolSizingFix"]}
+EAGLE = [
+    "--speculative-algorithm",
+    "EAGLE",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-num-draft-tokens",
+    "4",
+]
 V0523 = {"engine.sglangVersion": "0.5.23", "engine.capabilities": []}
 V32 = {
     "model.profile": "deepseek-v3.2",
@@ -38,8 +48,12 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         BF16,
     ),
     "DSV4-R004": (
-        {"engine.indexKDtype": "fp4", "gpu.product": "NVIDIA-H200"},
-        {"engine.indexKDtype": "fp4", "gpu.product": "NVIDIA-B200"},
+        # 0.5.16 runs the FP4 indexer on sm100 only, 0.5.23 on sm120 too
+        {
+            "engine.indexKDtype": "fp4",
+            "gpu.product": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+        },
+        {**V0523, "engine.indexKDtype": "fp4"},
     ),
     "DSV4-R005": (
         {"decode.overrides": {"overlap": {"scheduler": True}}},
@@ -100,9 +114,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "DSV4-R017": (
         {
             "engine.hicache": {"enabled": True},
-            "engine.extraArgs": ["--speculative-algorithm", "EAGLE"],
+            "engine.extraArgs": EAGLE,
         },
-        {"engine.extraArgs": ["--speculative-algorithm", "EAGLE"]},
+        {"engine.extraArgs": EAGLE},
     ),
     "DSV4-R018": (
         {"engine.extraArgs": ["--enable-mixed-chunks"]},
@@ -111,6 +125,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "DSV4-R019": (
         {"engine.env": [{"name": "SGLANG_DSV4_COMPRES_STATE_DTYPE", "value": "bf16"}]},
         {"engine.env": [{"name": "SGLANG_DSV4_COMPRESS_STATE_DTYPE", "value": "bf16"}]},
+    ),
+    "DSV4-R021": (
+        {"engine.extraArgs": ["--speculative-algorithm", "EAGLE"]},
+        {"engine.extraArgs": EAGLE},
     ),
     "DSV4-R020": (
         {"engine.extraArgs": ["--enable-hisparse"]},

@@ -169,14 +169,6 @@ class EngineSpec(ApiModel):
         default=0.85, gt=0.0, lt=1.0, description="--mem-fraction-static (weights + KV pool share)."
     )
     context_length: int = Field(default=131072, ge=1024, description="--context-length.")
-    chunked_prefill_size: int = Field(
-        default=8192,
-        ge=512,
-        le=1048576,
-        description="--chunked-prefill-size: tokens per prefill chunk. Pinned because SGLang "
-        "0.5.23 sizes the SWA pool from it (request-cap mode) and otherwise derives it from GPU "
-        "memory.",
-    )
     tool_call_parser: str = Field(default="deepseekv4", description="--tool-call-parser.")
     reasoning_parser: str = Field(default="deepseek-v4", description="--reasoning-parser.")
     extra_args: list[str] = Field(

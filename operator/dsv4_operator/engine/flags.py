@@ -13,7 +13,6 @@ from dsv4_operator.api.spec import (
 )
 from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.planner import MemoryPlan
-from dsv4_operator.engine.releases import PoolArithmetic
 
 MODEL_MOUNT = "/models"  # where spec.model.cache is mounted; HF_HOME points here
 ENGINE_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
@@ -60,26 +59,23 @@ def engine_launch(
         "--mem-fraction-static", f"{eff.mem_fraction_static:g}",
         "--max-running-requests", str(eff.max_running_requests),
     ]  # fmt: skip
-    # 0.5.23 split the flag per phase; prefill keeps that release's own prefill-graph default.
+    # The decode graph size bounds eager fallback; prefill keeps its release's own default.
     graph_flag = release.cuda_graph_max_bs_flag.get(role)
     if graph_flag is not None:
         args += [graph_flag, str(eff.cuda_graph_max_bs)]
     args += [
         "--context-length", str(engine.context_length),
-        "--chunked-prefill-size", str(engine.chunked_prefill_size),
         # Pinned from the plan: the engine's own configurator may size index-K at 132 B.
         "--max-total-tokens", str(plan.roles[role].max_total_tokens),
         "--tool-call-parser", engine.tool_call_parser,
         "--reasoning-parser", engine.reasoning_parser,
         "--enable-metrics",
     ]  # fmt: skip
-    if release.pool_arithmetic is PoolArithmetic.PAGED_CAP and eff.speculative:
-        # Ratio sizing of the SWA pool: the request-cap formula under speculative decoding
-        # depends on draft settings the planner does not model.
-        args += ["--swa-full-tokens-ratio", f"{plan.profiles.model.swa_full_tokens_ratio:g}"]
     if not eff.overlap_scheduler:
         args.append("--disable-overlap-schedule")
-    if engine.hicache.enabled:
+    # HiCache extends the radix cache, which PD decode disables: both releases refuse the two
+    # together, so HiCache runs on prefill (docs/engine-notes.md#hicache-in-pd).
+    if engine.hicache.enabled and role == "prefill":
         args += ["--enable-hierarchical-cache", "--hicache-ratio", f"{engine.hicache.ratio:g}"]
         if engine.hicache.size_gb > 0:
             args += ["--hicache-size", str(engine.hicache.size_gb)]

@@ -33,7 +33,6 @@ OWNED_FLAGS: dict[str, str] = {
     "--cuda-graph-max-bs-decode": _OVERRIDABLE.format(field="cudaGraphMaxBs"),
     "--cuda-graph-config": _OVERRIDABLE.format(field="cudaGraphMaxBs")
     + " (its JSON would override the rendered graph size)",
-    "--chunked-prefill-size": "spec.engine.chunkedPrefillSize",
     "--swa-full-tokens-ratio": "nothing: the planner sizes the SWA pool (see `dsv4 plan`)",
     "--disaggregation-decode-extra-slots": "nothing: the planner sizes the request slots",
     "--max-running-requests": _OVERRIDABLE.format(field="maxRunningRequests"),

@@ -189,14 +189,9 @@ class MemoryPlan:
         }
 
 
-def pool_settings(spec: DSV4DeploymentSpec, eff: EffectiveRole, indexer_bytes: int) -> PoolSettings:
+def pool_settings(eff: EffectiveRole, indexer_bytes: int) -> PoolSettings:
     """The engine settings the pool arithmetic reads, as the release resolves them."""
-    flags = eff.flags
     mrr = eff.max_running_requests // eff.attention_dp
-    if eff.role == "decode":
-        radix = "--disaggregation-decode-enable-radix-cache" in flags
-    else:
-        radix = "--disable-radix-cache" not in flags
     return PoolSettings(
         indexer_bytes=indexer_bytes,
         state_bytes=STATE_DTYPE_BYTES.get(
@@ -205,9 +200,6 @@ def pool_settings(spec: DSV4DeploymentSpec, eff: EffectiveRole, indexer_bytes: i
         speculative=eff.speculative,
         max_running_requests=mrr,
         mode=eff.role,
-        chunked_prefill_size=spec.engine.chunked_prefill_size,
-        overlap_scheduler=eff.overlap_scheduler,
-        radix_cache=radix,
         decode_extra_slots=2 * max(1, mrr) if mrr <= SMALL_BATCH else 0,
     )
 
@@ -218,7 +210,7 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
     eff = effective_role(spec, role)
     role_spec = spec.role(role)
     actual_indexer = indexer_bytes_per_token(spec.engine.index_k_dtype, model.index_head_dim)
-    settings = pool_settings(spec, eff, actual_indexer)
+    settings = pool_settings(eff, actual_indexer)
     sizing = pool_sizing(arithmetic, model, spec.engine.kv_cache_dtype, settings)
     # What the engine's own configurator reserves: the fp8 formula unless the image is fixed.
     if Capability.POOL_SIZING_FIX in spec.engine.capabilities:

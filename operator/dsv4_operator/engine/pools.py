@@ -20,7 +20,6 @@ STATE_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2}
 # the default): 576 data + 8 scale bytes per token, page stride padded to 576.
 V4_ROW_BYTES = 584
 V4_PAGE_ALIGN = 576
-SWA_EVICTION_INTERVAL = 128  # SGLANG_SWA_EVICTION_INTERVAL default (environ.py)
 
 
 @dataclass(frozen=True)
@@ -32,9 +31,6 @@ class PoolSettings:
     speculative: bool
     max_running_requests: int
     mode: str  # "prefill" | "decode"
-    chunked_prefill_size: int
-    overlap_scheduler: bool
-    radix_cache: bool
     decode_extra_slots: int
 
 
@@ -50,7 +46,6 @@ class PoolSizing:
     per_token: dict[str, float]
     fixed: dict[str, float] = field(default_factory=dict)
     swa_ratio: float = 0.0
-    swa_cap_tokens: int | None = None
 
     @property
     def fixed_bytes(self) -> float:
@@ -62,8 +57,6 @@ class PoolSizing:
         return int(for_tokens / self.bytes_per_full_token) // page_size * page_size
 
     def swa_tokens(self, full_tokens: int, page_size: int) -> int:
-        if self.swa_cap_tokens is not None:
-            return self.swa_cap_tokens
         return int(full_tokens * self.swa_ratio) // page_size * page_size
 
 
@@ -139,33 +132,13 @@ def _v4_paged_bytes_per_token(page_tokens: int) -> float:
     return padded / page_tokens
 
 
-def swa_request_cap(model: ModelProfile, settings: PoolSettings) -> int:
-    """`compute_swa_request_cap` + radix headroom, page-aligned (`_resolve_swa_cap_tokens`)."""
-    page, window = model.page_size, model.swa_window
-    per_request = window + SWA_EVICTION_INTERVAL * 1 + page + page  # non-speculative
-    if settings.mode == "decode":
-        cap = (
-            per_request * settings.max_running_requests
-            + (window + page) * settings.decode_extra_slots
-        )
-    else:
-        chunks_in_flight = 2 if settings.overlap_scheduler else 1
-        cap = (
-            per_request * settings.max_running_requests
-            + chunks_in_flight * settings.chunked_prefill_size
-            + page
-        )
-    tails = 4 * settings.max_running_requests if settings.radix_cache else 0
-    return math.ceil((cap + tails * (window + page)) / page) * page
-
-
-def dsv4_paged_cap(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
+def dsv4_paged(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
     """SGLang 0.5.23 `DSV4PoolConfigurator` (V4 KV layout, no HiSparse, no encoder replay).
 
-    Rows are page-padded per pool, the C4 compress state is priced per storage page, and with
-    --max-running-requests set the SWA pool is a fixed request cap instead of a ratio of the
-    full pool. With speculative decoding the operator pins --swa-full-tokens-ratio, which
-    keeps ratio sizing (see docs/engine-notes.md).
+    Rows are page-padded per pool and the C4 compress state is priced per storage page. The
+    SWA pool stays a ratio of the full pool: 0.5.23 also has a request-cap mode, but its DSV4
+    override sets the ratio before the cap is considered, so the release never uses it for
+    DeepSeek-V4 (docs/engine-notes.md; tests/conformance checks it).
     """
     attn_head_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
     c4_state = 2 * 2 * attn_head_dim * settings.state_bytes
@@ -174,33 +147,25 @@ def dsv4_paged_cap(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
     swa_token_bytes = _v4_paged_bytes_per_token(model.page_size) * model.layers + (
         state_ratio * (c4_state + c4_indexer_state) * model.c4_layers
     )
-    c4 = 1 / 4 * _v4_paged_bytes_per_token(model.page_size // 4) + 1 / 4 * settings.indexer_bytes
+    c4_row = _v4_paged_bytes_per_token(model.page_size // 4)
+    c4 = 1 / 4 * c4_row + 1 / 4 * settings.indexer_bytes
     c128 = 1 / 128 * _v4_paged_bytes_per_token(model.page_size // 128)
-    compressed = c4 * model.c4_layers + c128 * model.c128_layers
+    swa = model.swa_full_tokens_ratio
+    total = swa * swa_token_bytes + (c4 * model.c4_layers + c128 * model.c128_layers)
     inflation = _speculative_inflation(model, settings)
-    fixed: dict[str, float] = {"c128State": _c128_state_fixed_bytes(model, settings)}
-    cap = None if settings.speculative else swa_request_cap(model, settings)
-    swa_ratio = 0.0 if cap is not None else model.swa_full_tokens_ratio
-    total = swa_ratio * swa_token_bytes + compressed
     if settings.speculative:
         total *= inflation
-        swa_token_bytes *= inflation
-    if cap is not None:
-        fixed["swaCap"] = cap * swa_token_bytes
     per_token = {
-        "swa": swa_ratio * swa_token_bytes,
-        "c4": 1 / 4 * _v4_paged_bytes_per_token(model.page_size // 4) * model.c4_layers,
+        "swa": swa * swa_token_bytes,
+        "c4": 1 / 4 * c4_row * model.c4_layers,
         "c128": c128 * model.c128_layers,
         "indexer": 1 / 4 * settings.indexer_bytes * model.c4_layers,
     }
-    if settings.speculative:
-        per_token = {k: v * (inflation if k != "swa" else 1) for k, v in per_token.items()}
     return PoolSizing(
         bytes_per_full_token=total,
-        per_token=per_token,
-        fixed=fixed,
-        swa_ratio=swa_ratio,
-        swa_cap_tokens=cap,
+        per_token={k: v * inflation for k, v in per_token.items()},
+        fixed={"c128State": _c128_state_fixed_bytes(model, settings)},
+        swa_ratio=swa,
     )
 
 
@@ -222,6 +187,6 @@ def pool_sizing(
     """The sizing a release's configurator computes for this model and these settings."""
     if model.family == "dsa":
         return dsa(model, kv_cache_dtype, settings.indexer_bytes)
-    if arithmetic is PoolArithmetic.PAGED_CAP:
-        return dsv4_paged_cap(model, settings)
+    if arithmetic is PoolArithmetic.PAGED:
+        return dsv4_paged(model, settings)
     return dsv4_ratio(model, settings)

@@ -55,7 +55,7 @@ class GpuProfile(_Profile):
     name: str
     memory_gib: float = Field(alias="memoryGiB")
     arch: Literal["hopper", "blackwell"]
-    fp4_indexer: bool = Field(alias="fp4Indexer")
+    compute_capability: str = Field(alias="computeCapability")
 
 
 def _load(name: str) -> dict[str, dict[str, Any]]:

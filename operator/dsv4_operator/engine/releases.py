@@ -21,8 +21,8 @@ class PoolArithmetic(StrEnum):
 
     RATIO = "dsv4-ratio"
     """0.5.16: 584 B rows, compress state per 128-token SWA page, SWA = full x ratio."""
-    PAGED_CAP = "dsv4-paged-cap"
-    """0.5.23: page-padded rows, compress state per storage page, SWA sized by a request cap."""
+    PAGED = "dsv4-paged"
+    """0.5.23: page-padded rows (KV layout V4), compress state per 256-token storage page."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class EngineRelease:
     router_version: str
     cuda_graph_max_bs_flag: Mapping[Role, str]
     pool_arithmetic: PoolArithmetic
+    fp4_indexer_archs: frozenset[str]
     native_capabilities: frozenset[Capability]
     engine: ParserCatalog
     router: ParserCatalog
@@ -139,6 +140,7 @@ def _release(version: str, table: Mapping[str, Any]) -> EngineRelease:
         router_version=table["router"],
         cuda_graph_max_bs_flag=dict(table["cudaGraphMaxBsFlag"]),
         pool_arithmetic=PoolArithmetic(table["poolArithmetic"]),
+        fp4_indexer_archs=frozenset(table["fp4IndexerArchs"]),
         native_capabilities=frozenset(Capability(c) for c in table["nativeCapabilities"]),
         engine=_parser(catalog["engine"]),
         router=_parser(catalog["router"]),

@@ -199,19 +199,26 @@ def bf16_index_k_without_fork(ctx: RuleContext) -> Iterator[Hit]:
 
 @rule(
     "DSV4-R004",
-    "fp4 index-K on a GPU without FP4 indexer support",
+    "fp4 index-K on a GPU the release has no FP4 indexer for",
     "error",
     reference=f"{NOTES}#fp4-index-k",
     reads=("engine.indexKDtype", "gpu.product"),
 )
-def fp4_index_k_without_blackwell(ctx: RuleContext) -> Iterator[Hit]:
-    gpu = ctx.profiles.gpu
-    if ctx.spec.engine.index_k_dtype == "fp4" and (gpu is None or not gpu.fp4_indexer):
-        what = f"{gpu.name} ({gpu.arch})" if gpu else f"unknown GPU {ctx.spec.gpu.product!r}"
+def fp4_index_k_without_support(ctx: RuleContext) -> Iterator[Hit]:
+    gpu, archs = ctx.profiles.gpu, ctx.release.fp4_indexer_archs
+    if ctx.spec.engine.index_k_dtype == "fp4" and (
+        gpu is None or gpu.compute_capability not in archs
+    ):
+        what = (
+            f"{gpu.name} ({gpu.compute_capability})"
+            if gpu
+            else f"unknown GPU {ctx.spec.gpu.product!r}"
+        )
         yield Hit(
             "spec.engine.indexKDtype",
-            f"indexKDtype fp4 on {what}, which has no FP4 indexer support "
-            "(--enable-deepseek-v4-fp4-indexer needs Blackwell). Use indexKDtype fp8.",
+            f"indexKDtype fp4 on {what}: SGLang {ctx.release.version} runs the FP4 indexer "
+            f"(--enable-deepseek-v4-fp4-indexer) only on {', '.join(sorted(archs))} and refuses "
+            "to start otherwise. Use indexKDtype fp8.",
         )
 
 
@@ -646,6 +653,42 @@ def pool_arithmetic_not_modelled(ctx: RuleContext) -> Iterator[Hit]:
                     "the operator's memory plan does not model. Remove it, or acknowledge this "
                     "rule and check the engine's `DSV4 pool sizes` log line yourself.",
                 )
+
+
+@rule(
+    "DSV4-R021",
+    "speculative algorithm DeepSeek-V4 does not run",
+    "error",
+    reference=f"{NOTES}#speculative-decoding",
+    reads=("extraArgs --speculative-algorithm/--speculative-eagle-topk", "model.profile"),
+    ack=False,
+)
+def speculative_algorithm_refused(ctx: RuleContext) -> Iterator[Hit]:
+    if ctx.profiles.model.family != "dsv4":
+        return
+    for role, eff in ctx.roles.items():
+        algorithm = eff.flags.get("--speculative-algorithm", (0, None))[1]
+        if algorithm is None:
+            continue
+        if algorithm not in ("EAGLE", "DSPARK"):
+            problem = f"--speculative-algorithm {algorithm}: only EAGLE or DSPARK run"
+        elif algorithm == "EAGLE" and (
+            eff.flags.get("--speculative-eagle-topk", (0, None))[1] != "1"
+            or "--speculative-num-steps" not in eff.flags
+            or "--speculative-num-draft-tokens" not in eff.flags
+        ):
+            problem = (
+                "EAGLE needs --speculative-eagle-topk 1 together with --speculative-num-steps "
+                "and --speculative-num-draft-tokens (automatic choice asserts without them)"
+            )
+        else:
+            continue
+        yield Hit(
+            "spec.engine.extraArgs",
+            f"{problem} on {role}: SGLang {ctx.release.version} refuses to start DeepSeek-V4 "
+            "otherwise.",
+        )
+        return
 
 
 CATALOGUE.sort(key=lambda r: r.id)

@@ -1,0 +1,409 @@
+#!/usr/bin/env python3
+"""Create (or reuse) a cached, CPU-only Python environment for one SGLang release.
+
+The environment is just enough for the engine's own code to import and run on a
+machine without a GPU, so a conformance tier can check our rendered commands and
+memory arithmetic against the real release:
+
+  * sglang.srt.server_args       (prepare_server_args, ServerArgs, resolution)
+  * sglang.srt.environ           (the envs registry)
+  * sglang.srt.model_executor.pool_configurator (DSV4PoolConfigurator, ...)
+  * sglang.srt.configs.deepseek_v4 / model_config
+  * sglang_router.launch_router  (parse_router_args / RouterArgs)
+
+Recipe: `pip install --no-deps` of an exact, pinned package list (sglang and
+sglang-router without their dependency trees, PyPI's torch plus the CUDA runtime
+wheels its shared libraries link against, and only the pure-Python/CPU
+packages the imports above actually load). No GPU kernels packages
+(flashinfer, sgl-kernel, deep-gemm, ...) are installed.
+
+Usage:
+    python3 tools/conformance_env.py 0.5.23            # prints the venv's python
+    python3 tools/conformance_env.py 0.5.16 --router 0.3.2
+    python3 tools/conformance_env.py --list            # known releases
+    python3 tools/conformance_env.py 0.5.23 --requirements   # print the pin list
+
+The venv lives at ~/.cache/dsv4-operator/sglang/<version>/venv (override the
+root with --cache-root or $DSV4_CONFORMANCE_CACHE). It is reused when its marker
+file matches the requirement list; otherwise it is rebuilt. A lock file makes
+concurrent invocations safe. Standard library only. Packages come from the
+package index pip is configured with (PyPI by default); no other host is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+try:
+    import fcntl  # POSIX only
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+# --------------------------------------------------------------------------
+# Pins. Each release: the Python it needs (the sglang wheels are cp311) and the
+# exact list installed with --no-deps. Derived by importing the modules named in
+# the docstring in a fresh venv and adding only what they load.
+# --------------------------------------------------------------------------
+
+# Shared pure-Python / small-wheel packages the import graph loads in both releases.
+_COMMON = [
+    "aiohappyeyeballs==2.7.1",
+    "aiohttp==3.14.5",
+    "aiosignal==1.4.0",
+    "annotated-doc==0.0.7",
+    "annotated-types==0.8.0",
+    "anyio==4.16.0",
+    "apache-tvm-ffi==0.1.11",
+    "attrs==26.1.0",
+    "certifi==2026.10.19.post1",
+    "charset-normalizer==3.5.3",
+    "click==8.5.1",
+    "dill==0.4.1",
+    "fastapi==0.165.0",
+    "filelock==4.3.1",
+    "frozenlist==1.8.0",
+    "fsspec==2026.9.0",
+    "gguf==0.19.0",
+    "h11==0.16.0",
+    "hf-xet==1.8.0",
+    "idna==3.20",
+    "ipython==9.18.1",
+    "jinja2==3.1.6",
+    "loguru==0.7.3",
+    "markdown-it-py==4.3.0",
+    "markupsafe==3.0.4",
+    "mdurl==0.1.2",
+    "mpmath==1.3.0",
+    "msgspec==0.23.0",
+    "multidict==7.2.1",
+    "networkx==3.6.1",
+    "numpy==2.4.6",
+    "opentelemetry-api==1.45.2",
+    "orjson==3.13.0",
+    "packaging==26.4",
+    "pillow==13.0.0",
+    "propcache==0.5.4",
+    "psutil==7.2.2",
+    "pybase64==1.5.1",
+    "pydantic==2.14.4",
+    "pydantic-core==2.50.5",
+    "pygments==2.21.0",
+    "pyzmq==27.3.0",
+    "regex==2026.11.19",
+    "requests==2.34.2",
+    "rich==15.0.0",
+    "safetensors==0.8.0",
+    "setproctitle==1.3.8",
+    "shellingham==1.5.4",
+    "starlette==1.10.0",
+    "sympy==1.14.0",
+    "tqdm==4.70.1",
+    "traitlets==5.16.1",
+    "typer==0.29.2",
+    "typing-extensions==4.16.0",
+    "typing-inspection==0.4.5",
+    "urllib3==2.8.0",
+    "uvicorn==0.54.0",
+    "yarl==1.25.1",
+]
+
+# CUDA runtime wheels: PyPI's Linux torch links libtorch_cuda.so against these
+# sonames (libcudart, libcublas(Lt), libcusparse(Lt), libcufft, libcufile,
+# libcurand, libnccl, libcudnn, libnvrtc, nvshmem), so `import torch` fails
+# without them even though no GPU is ever used. Versions are the ones torch's
+# own metadata pins (cuda-toolkit[...] extras).
+_CUDA_13_0_3 = [
+    "cuda-toolkit==13.0.3",
+    "nvidia-cublas==13.1.1.3",
+    "nvidia-cuda-cupti==13.0.85",
+    "nvidia-cuda-nvrtc==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cufft==12.0.0.61",
+    "nvidia-cufile==1.15.1.6",
+    "nvidia-curand==10.4.0.35",
+    "nvidia-cusolver==12.0.4.66",
+    "nvidia-cusparse==12.6.3.3",
+    "nvidia-nvjitlink==13.5.37",
+    "nvidia-nvtx==13.0.85",
+]
+_CUDA_13_0_2 = [
+    "cuda-toolkit==13.0.2",
+    "nvidia-cublas==13.1.0.3",
+    "nvidia-cuda-cupti==13.0.85",
+    "nvidia-cuda-nvrtc==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "nvidia-cufft==12.0.0.61",
+    "nvidia-cufile==1.15.1.6",
+    "nvidia-curand==10.4.0.35",
+    "nvidia-cusolver==12.0.4.66",
+    "nvidia-cusparse==12.6.3.3",
+    "nvidia-nvjitlink==13.0.88",
+    "nvidia-nvtx==13.0.85",
+]
+
+RELEASES = {
+    "0.5.23": {
+        "python": (3, 11),
+        "router": "0.3.2",
+        "requirements": [
+            "sglang==0.5.23",
+            "torch==2.14.1",
+            "torchvision==0.29.2",
+            "triton==3.8.0",
+            *_CUDA_13_0_3,
+            "nvidia-cudnn-cu13==9.24.0.43",
+            "nvidia-cusparselt-cu13==0.8.1",
+            "nvidia-nccl-cu13==2.30.7",
+            "nvidia-nvshmem-cu13==3.4.5",
+            *_COMMON,
+            "compressed-tensors==0.18.0",
+            "httpcore2==2.16.2",
+            "httpx2==2.16.2",
+            "huggingface-hub==2.4.0",
+            "pyyaml==6.0.4",
+            "sentencepiece==0.2.1",
+            "tokenizers==0.23.2",
+            "transformers==5.19.0",
+            "truststore==0.10.5",
+        ],
+    },
+    "0.5.16": {
+        "python": (3, 11),
+        "router": "0.3.2",
+        "requirements": [
+            "sglang==0.5.16",
+            "torch==2.11.0",
+            "torchvision==0.26.0",
+            "triton==3.6.0",
+            "cuda-bindings==13.5.0",
+            "cuda-pathfinder==1.9.1",
+            *_CUDA_13_0_2,
+            "nvidia-cudnn-cu13==9.19.0.56",
+            "nvidia-cusparselt-cu13==0.8.0",
+            "nvidia-nccl-cu13==2.28.9",
+            "nvidia-nvshmem-cu13==3.4.5",
+            *_COMMON,
+            "compressed-tensors==0.20.1",
+            "distro==1.9.0",
+            "einops==0.8.2",
+            "httpcore==1.0.9",
+            "httpx==0.28.1",
+            "huggingface-hub==1.33.0",
+            "openai==2.6.1",
+            "partial-json-parser==0.2.1.1.post7",
+            "pyyaml==6.0.4",
+            "sentencepiece==0.2.3",
+            "sniffio==1.3.1",
+            "tokenizers==0.22.2",
+            "transformers==5.12.1",
+            "xgrammar==0.2.1",
+        ],
+    },
+}
+
+SMOKE_IMPORTS = [
+    "sglang.srt.environ",
+    "sglang.srt.server_args",
+    "sglang.srt.configs.deepseek_v4",
+    "sglang.srt.model_executor.pool_configurator",
+    "sglang_router.launch_router",
+]
+
+MARKER = ".dsv4-conformance.json"
+
+
+def requirement_list(version: str, router: str | None) -> list[str]:
+    rel = RELEASES[version]
+    reqs = list(rel["requirements"])
+    reqs.append("sglang-router==%s" % (router or rel["router"]))
+    return reqs
+
+
+def marker_payload(version: str, reqs: list[str], py: tuple[int, int]) -> dict:
+    digest = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()
+    return {
+        "sglang": version,
+        "python": f"{py[0]}.{py[1]}",
+        "requirements_sha256": digest,
+        "smoke_imports": SMOKE_IMPORTS,
+    }
+
+
+def find_python(want: tuple[int, int], explicit: str | None) -> str:
+    candidates = (
+        [explicit]
+        if explicit
+        else [
+            sys.executable,
+            f"python{want[0]}.{want[1]}",
+            "python3",
+        ]
+    )
+    for cand in candidates:
+        if not cand:
+            continue
+        path = cand if os.path.sep in cand else shutil.which(cand)
+        if not path:
+            continue
+        try:
+            out = subprocess.run(
+                [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        if out == f"{want[0]}.{want[1]}":
+            return path
+    raise SystemExit(
+        f"conformance_env: need Python {want[0]}.{want[1]} (the sglang wheels are "
+        f"cp{want[0]}{want[1]}); pass --python"
+    )
+
+
+def log(msg: str) -> None:
+    print("conformance_env: " + msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+") as fh:
+        if fcntl is not None:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def venv_python(venv: str) -> str:
+    return os.path.join(venv, "bin", "python")
+
+
+def read_marker(venv: str):
+    try:
+        with open(os.path.join(venv, MARKER)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def smoke(py: str) -> None:
+    code = "import warnings; warnings.simplefilter('ignore')\n" + "\n".join(
+        f"import {m}" for m in SMOKE_IMPORTS
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"conformance_env: smoke import failed in {py}:\n{r.stderr[-4000:]}")
+
+
+def build(venv: str, base_python: str, reqs: list[str]) -> None:
+    if os.path.exists(venv):
+        shutil.rmtree(venv)
+    os.makedirs(os.path.dirname(venv), exist_ok=True)
+    subprocess.run([base_python, "-m", "venv", venv], check=True)
+    req_file = os.path.join(venv, "conformance-requirements.txt")
+    with open(req_file, "w") as fh:
+        fh.write("\n".join(reqs) + "\n")
+    cmd = [
+        venv_python(venv),
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--only-binary",
+        ":all:",
+        "-r",
+        req_file,
+    ]
+    env = dict(os.environ)
+    # Only the configured index: a stray local wheel directory must not satisfy a pin.
+    env.pop("PIP_FIND_LINKS", None)
+    subprocess.run(cmd, check=True, env=env, stdout=sys.stderr)
+
+
+def ensure(
+    version: str, router: str | None, cache_root: str, python: str | None, force: bool
+) -> str:
+    rel = RELEASES[version]
+    reqs = requirement_list(version, router)
+    want = marker_payload(version, reqs, rel["python"])
+    venv = os.path.join(cache_root, version, "venv")
+    with locked(os.path.join(cache_root, version, ".lock")):
+        if not force and read_marker(venv) == want and os.path.exists(venv_python(venv)):
+            return venv_python(venv)
+        base = find_python(rel["python"], python)
+        log(f"building {venv} (sglang {version}, {len(reqs)} pinned packages)")
+        t0 = time.monotonic()
+        marker = os.path.join(venv, MARKER)
+        if os.path.exists(marker):
+            os.remove(marker)
+        build(venv, base, reqs)
+        smoke(venv_python(venv))
+        with open(marker, "w") as fh:
+            json.dump(want, fh, indent=1)
+        log("ready in %.0fs" % (time.monotonic() - t0))
+    return venv_python(venv)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("version", nargs="?", help="sglang release, e.g. 0.5.23")
+    ap.add_argument("--router", help="sglang-router version (default: per release)")
+    ap.add_argument(
+        "--cache-root",
+        default=os.environ.get(
+            "DSV4_CONFORMANCE_CACHE",
+            os.path.join(os.path.expanduser("~"), ".cache", "dsv4-operator", "sglang"),
+        ),
+    )
+    ap.add_argument("--python", help="base interpreter (must match the release's Python)")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the marker matches")
+    ap.add_argument("--list", action="store_true", help="print known releases")
+    ap.add_argument("--requirements", action="store_true", help="print the pin list and exit")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 0 and print the python if the cached venv is ready, else exit 1 (no build)",
+    )
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(sorted(RELEASES)))
+        return 0
+    if not args.version:
+        ap.error("version is required")
+    if args.version not in RELEASES:
+        ap.error("unknown release {} (known: {})".format(args.version, ", ".join(sorted(RELEASES))))
+    if args.requirements:
+        print("\n".join(requirement_list(args.version, args.router)))
+        return 0
+    if args.check:
+        rel = RELEASES[args.version]
+        venv = os.path.join(args.cache_root, args.version, "venv")
+        want = marker_payload(
+            args.version, requirement_list(args.version, args.router), rel["python"]
+        )
+        if read_marker(venv) == want and os.path.exists(venv_python(venv)):
+            print(venv_python(venv))
+            return 0
+        return 1
+    print(ensure(args.version, args.router, args.cache_root, args.python, args.force))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
