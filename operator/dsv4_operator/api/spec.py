@@ -1,4 +1,4 @@
-"""Typed `DSV4Deployment.spec`: the API contract of DESIGN.md section 2."""
+"""Typed `DSV4Deployment.spec`: the API contract (docs/crd-reference.md is generated from it)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from dsv4_operator.api.base import ApiModel, Duration
 # The engine's HTTP port inside every engine pod (sglang `--port`); fixed so probes and the
 # router can be rendered without reading the pod.
 ENGINE_PORT = 30000
-# sgl-model-gateway `--prometheus-port` default (reference 1.3).
+# sgl-model-gateway `--prometheus-port` default (sglang_router router_args.py).
 ROUTER_METRICS_PORT = 29000
 
 IndexKDtype = Literal["fp8", "bf16", "fp4"]
-# DSV4 accepts only fp8_e4m3 and bfloat16; V3.2 also fp8_e5m2 (reference 2.3, --kv-cache-dtype).
+# DSV4 accepts only fp8_e4m3 and bfloat16; V3.2 also fp8_e5m2 (docs/engine-notes.md#kv-cache-dtype).
 KvCacheDtype = Literal["fp8_e4m3", "fp8_e5m2", "bfloat16"]
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
@@ -31,9 +31,9 @@ class Capability(StrEnum):
     INDEX_K_HICACHE_GATE = "indexKHiCacheGate"
     """Every index-K getter waits for the HiCache layer transfer (sglang PR #22811 class)."""
     POOL_SIZING_FIX = "poolSizingFix"
-    """The pool configurator sizes index-K with the real dtype (seeds 000/001)."""
+    """The pool configurator sizes index-K with the real dtype (docs/engine-notes.md)."""
     MULTI_STREAM_INDEX_K_FIX = "multiStreamIndexKFix"
-    """The alt-stream indexer does not alias bf16 transients in the CUDA-graph pool (seed 003)."""
+    """The alt-stream indexer does not alias bf16 transients in the CUDA-graph pool."""
 
 
 class EnvVar(ApiModel):
@@ -129,7 +129,7 @@ class OverlapSpec(ApiModel):
     multi_stream: bool = Field(
         default=False,
         description="DSV4 alt-stream overlap, rendered as SGLANG_OPT_USE_MULTI_STREAM_OVERLAP "
-        "(upstream default on; unsafe with bf16 index-K, seed 003).",
+        "(upstream default on; unsafe with bf16 index-K, DSV4-R002).",
     )
 
 

@@ -11,7 +11,7 @@ from dsv4_operator.engine.releases import Option, ParserCatalog, release
 T = TypeVar("T")
 
 
-# sglang's argparse aliases (reference 1.2), compared in their canonical form.
+# sglang's argparse aliases (docs/engine-notes.md), compared in their canonical form.
 FLAG_ALIASES = {
     "--tp": "--tp-size",
     "--tensor-parallel-size": "--tp-size",

@@ -96,7 +96,7 @@ def engine_launch(
 def router_launch(
     spec: DSV4DeploymentSpec, prefill_urls: list[str], decode_urls: list[str]
 ) -> Launch:
-    """sgl-model-gateway in PD mode; each prefill carries its bootstrap port (reference 1.3)."""
+    """sgl-model-gateway in PD mode; each prefill carries its bootstrap port."""
     args: list[str] = [
         *ROUTER_ENTRYPOINT,
         "--pd-disaggregation",

@@ -51,7 +51,7 @@ OWNED_ENV: dict[str, str] = {
     "HF_HOME": "spec.model.cache (mounted at /models)",
 }
 
-# Passthrough settings that change what travels between prefill and decode (reference 1.1:
+# Passthrough settings that change what travels between prefill and decode (docs/engine-notes.md:
 # page size, attention backend layout, speculative state, compress-state dtype, KV layout).
 TRANSFER_FORMAT_FLAGS: frozenset[str] = frozenset(
     {

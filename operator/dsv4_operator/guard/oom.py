@@ -2,7 +2,7 @@
 
 Engine containers use terminationMessagePolicy FallbackToLogsOnError, so the kubelet copies
 the log tail of a failed container into its termination message: the CUDA OOM and
-"Not enough memory" signatures of reference 4.4 are read from there, no log API call needed.
+"Not enough memory" signatures of docs/engine-notes.md are read from there, no log API call needed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from dsv4_operator.api.spec import ROLES
 from dsv4_operator.names import REVISION_LABEL, ROLE_LABEL, parse_time
 
-# reference 4.4: how memory failures show up
+# docs/engine-notes.md: how memory failures show up
 SIGNATURES: tuple[tuple[str, str], ...] = (
     ("CUDA out of memory", "CudaOOM"),
     ("OutOfMemoryError", "CudaOOM"),

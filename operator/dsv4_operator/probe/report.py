@@ -3,7 +3,7 @@
 Two leak rates are reported. Per response: leaks / classified responses (error verdicts are
 excluded: they are not evidence about corruption). Per session: sessions with a leak / sessions
 that leaked or completed every round; sessions are the independent unit (rounds of one
-conversation share its context), which is what the seeds' "17% of sessions" counts.
+conversation share its context), which is what the incident's "17% of sessions" counts.
 """
 
 from __future__ import annotations

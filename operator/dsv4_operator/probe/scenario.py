@@ -1,11 +1,11 @@
 """The canary's scenario: its tools, system prompt, per-session steps and fake tool results.
 
-Like the seeds' 60x4 / 80x6 repro harness: each session is an agent conversation whose every
+Like the incident's 60x4 / 80x6 repro harness: each session is an agent conversation whose every
 round must call one of three tools (`get_weather`, `search_docs`, `run_sql`, with JSON
 schemas). The first round's user message lists R steps; after each tool call the harness
 appends the assistant message and a fake tool result (which names the next step) and sends the
 conversation again. A round whose response is not `ok` ends its session: a corrupted turn has
-no tool call to answer, so the conversation cannot go on (as in the seeds' harness).
+no tool call to answer, so the conversation cannot go on (as in the incident's harness).
 """
 
 from __future__ import annotations

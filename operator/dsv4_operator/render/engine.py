@@ -18,7 +18,7 @@ PROBE_PERIOD_SECONDS = 10
 # Loading ~150 GiB of weights and capturing CUDA graphs takes 20-60 minutes; the startup probe
 # allows 60 minutes before the kubelet restarts the container.
 STARTUP_SECONDS = 60 * 60
-# sglang's /health_generate gives up after SGLANG_HEALTH_CHECK_TIMEOUT = 20 s (reference 4.3).
+# sglang's /health_generate gives up after SGLANG_HEALTH_CHECK_TIMEOUT = 20 s.
 PROBE_TIMEOUT_SECONDS = 25
 SHM_SIZE = "32Gi"
 
@@ -92,7 +92,7 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
                     "env": [{"name": k, "value": v} for k, v in launch.env],
                     "ports": ports,
                     # The kubelet copies the log tail of a failed container here: the guard
-                    # reads CUDA OOM signatures from it (reference 4.4).
+                    # reads CUDA OOM signatures from it (docs/engine-notes.md).
                     "terminationMessagePolicy": "FallbackToLogsOnError",
                     "resources": _resources(ctx, role),
                     "volumeMounts": [
@@ -106,7 +106,7 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
                     ),
                     "readinessProbe": _probe("/health_generate", PROBE_PERIOD_SECONDS, 3),
                     # /health generates one token too; four misses (2 min) outlast a
-                    # scheduler hiccup but not the 300 s watchdog (reference 4.3/4.4).
+                    # scheduler hiccup but not the 300 s watchdog (docs/engine-notes.md).
                     "livenessProbe": _probe("/health", 30, 4),
                 }
             ],

@@ -38,7 +38,7 @@ def transfer_format_key(spec: DSV4DeploymentSpec) -> str:
     """Hash of everything that changes what travels between prefill and decode.
 
     Two revisions with the same key can run old prefill against new decode; different keys
-    must never be mixed (DESIGN.md section 4, transfer-format epochs).
+    must never be mixed (transfer-format epochs, docs/engine-notes.md#transfer-format).
     """
     profile = model_profiles().get(spec.model.profile)
     # Rules DSV4-R011 keep these equal across roles; decode's view is the shared one.
