@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -291,3 +292,39 @@ def test_ambiguous_abbreviation_is_refused(variant: Callable[..., dict[str, Any]
     spec = variant({**V0523, "engine.extraArgs": ["--cuda-graph-max-bs", "8"]})
     hits = [f for f in validate_spec(spec).findings if f.rule in ("DSV4-R013", "DSV4-R018")]
     assert hits and all(f.severity == "error" for f in hits)
+
+
+def _spellings_of_owned_flags() -> list[tuple[str, str]]:
+    """Every spelling the release's parser accepts for an owned flag: each alias, every
+    prefix argparse would expand, `_` for `-`, and the `=value` form (version, token)."""
+    from dsv4_operator.engine.ownership import OWNED_FLAGS
+    from dsv4_operator.engine.releases import releases
+
+    out: list[tuple[str, str]] = []
+    for version, release in releases().items():
+        for option in release.engine.options:
+            names = {*option.flags, "--" + option.dest.replace("_", "-")}
+            if not names & set(OWNED_FLAGS):
+                continue
+            for flag in option.flags:
+                for end in range(4, len(flag) + 1):
+                    out.append((version, flag[:end]))
+                out.append((version, flag + "=1"))
+                out.append((version, "--" + flag[2:].replace("-", "_")))
+    return out
+
+
+def test_no_spelling_of_an_owned_flag_is_accepted(variant: Callable[..., dict[str, Any]]) -> None:
+    spellings = _spellings_of_owned_flags()
+    assert len(spellings) > 500
+    base = variant({})
+    accepted = []
+    for version, token in spellings:
+        spec = copy.deepcopy(base)
+        spec["engine"].update(sglangVersion=version, capabilities=[], extraArgs=[token, "1"])
+        findings = validate_spec(spec).findings
+        if not any(
+            f.rule in ("DSV4-R013", "DSV4-R018") and f.severity == "error" for f in findings
+        ):
+            accepted.append((version, token))
+    assert accepted == []
