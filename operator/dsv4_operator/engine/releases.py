@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
@@ -71,9 +71,6 @@ class ParserCatalog:
     def flags(self) -> frozenset[str]:
         return frozenset(self._by_flag)
 
-    def option(self, flag: str) -> Option | None:
-        return self._by_flag.get(flag)
-
     def resolve(self, token: str) -> Resolution:
         """Resolve `--name` or `--name=value` the way argparse's `_parse_optional` does."""
         name = token.split("=", 1)[0]
@@ -107,9 +104,6 @@ class EngineRelease:
     router: ParserCatalog
     env: frozenset[str]
     sources: Mapping[str, str]
-
-    def has_env(self, name: str) -> bool:
-        return name in self.env
 
 
 # Env names only a patched image understands, and the capability that declares them.
@@ -164,5 +158,6 @@ def release(version: str) -> EngineRelease | None:
     return releases().get(version)
 
 
-def versions_text(versions: Iterable[str] | None = None) -> str:
-    return ", ".join(versions if versions is not None else supported_versions())
+def versions_text() -> str:
+    """The supported releases, for messages: "0.5.23, 0.5.16"."""
+    return ", ".join(supported_versions())
