@@ -120,9 +120,8 @@ _COMMON = [
 # libcurand, libnccl, libcudnn, libnvrtc, nvshmem), so `import torch` fails
 # without them even though no GPU is ever used. Versions are the ones torch's
 # own metadata pins (cuda-toolkit[...] extras).
-_CUDA_13_0_3 = [
-    "cuda-toolkit==13.0.3",
-    "nvidia-cublas==13.1.1.3",
+# The CUDA 13.0 runtime wheels both torch builds pin identically.
+_CUDA_13_0_SHARED = [
     "nvidia-cuda-cupti==13.0.85",
     "nvidia-cuda-nvrtc==13.0.88",
     "nvidia-cuda-runtime==13.0.96",
@@ -131,20 +130,18 @@ _CUDA_13_0_3 = [
     "nvidia-curand==10.4.0.35",
     "nvidia-cusolver==12.0.4.66",
     "nvidia-cusparse==12.6.3.3",
+]
+_CUDA_13_0_3 = [
+    "cuda-toolkit==13.0.3",
+    "nvidia-cublas==13.1.1.3",
+    *_CUDA_13_0_SHARED,
     "nvidia-nvjitlink==13.5.37",
     "nvidia-nvtx==13.0.85",
 ]
 _CUDA_13_0_2 = [
     "cuda-toolkit==13.0.2",
     "nvidia-cublas==13.1.0.3",
-    "nvidia-cuda-cupti==13.0.85",
-    "nvidia-cuda-nvrtc==13.0.88",
-    "nvidia-cuda-runtime==13.0.96",
-    "nvidia-cufft==12.0.0.61",
-    "nvidia-cufile==1.15.1.6",
-    "nvidia-curand==10.4.0.35",
-    "nvidia-cusolver==12.0.4.66",
-    "nvidia-cusparse==12.6.3.3",
+    *_CUDA_13_0_SHARED,
     "nvidia-nvjitlink==13.0.88",
     "nvidia-nvtx==13.0.85",
 ]
