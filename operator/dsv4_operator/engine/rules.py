@@ -457,7 +457,9 @@ def passthrough_sets_owned(ctx: RuleContext) -> Iterator[Hit]:
             if owned:
                 yield Hit(
                     f"{prefix}.extraArgs",
-                    f"{token.split('=', 1)[0]} resolves to {owned[0]}, which the operator owns; "
+                    f"{token.split('=', 1)[0]} "
+                    f"{'can resolve' if resolution.ambiguous else 'resolves'} to {owned[0]}, "
+                    "which the operator owns; "
                     f"use {OWNED_FLAGS[owned[0]]} instead.",
                 )
         for name in env_names:
