@@ -218,7 +218,10 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
     else:
         fp8 = indexer_bytes_per_token("fp8", model.index_head_dim)
         engine_sizing = pool_sizing(
-            arithmetic, model, spec.engine.kv_cache_dtype, _with_indexer(settings, fp8)
+            arithmetic,
+            model,
+            spec.engine.kv_cache_dtype,
+            dataclasses.replace(settings, indexer_bytes=fp8),
         )
 
     gpu_bytes = int(profiles.gpu_memory_gib * GIB)
@@ -256,10 +259,6 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
         workload_bytes=int(sessions_per_replica * context * sizing.bytes_per_full_token),
         unpatched_overcommit_bytes=max(int(overcommit), 0),
     )
-
-
-def _with_indexer(settings: PoolSettings, indexer_bytes: int) -> PoolSettings:
-    return dataclasses.replace(settings, indexer_bytes=indexer_bytes)
 
 
 def plan(spec: DSV4DeploymentSpec) -> MemoryPlan:
