@@ -104,11 +104,13 @@ class EngineKubelet:
         if sts is None:
             return None
         container = sts["spec"]["template"]["spec"]["containers"][0]
-        prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
-        prefill_command = (
-            prefill["spec"]["template"]["spec"]["containers"][0]["command"] if prefill else []
-        )
         revision = sts["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"]
+        prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
+        if prefill is None or (
+            prefill["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"] != revision
+        ):
+            return None  # the pair is mid-rollout: serve nothing rather than half of it
+        prefill_command = prefill["spec"]["template"]["spec"]["containers"][0]["command"]
         stored = next(
             (
                 r
