@@ -19,6 +19,7 @@ from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
 from dsv4_operator.probe.cli import probe_command
 from dsv4_operator.render.children import render_spec
+from dsv4_operator.settings import OperatorSettings
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -52,10 +53,12 @@ def _documents(path: str) -> Iterator[Document]:
         _fail(f"{path} is not valid YAML: {error}")
     if not docs:
         _fail(f"{path} holds no YAML document")
+    # The same trust policy as an operator configured by these DSV4_* variables.
+    policy = OperatorSettings().trust_policy
     results = []
     for index, doc in enumerate(docs):
         try:
-            validation = validate_object(doc)
+            validation = validate_object(doc, policy)
         except NotADeployment as error:
             _fail(f"{path} document {index + 1}: not a DSV4Deployment: {error}")
         meta = doc.get("metadata") or {}
@@ -219,7 +222,6 @@ def rules(output: str) -> None:
 def run() -> None:
     """Start the operator (configured by DSV4_* environment variables; see the README)."""
     from dsv4_operator.handlers.registration import run as run_operator
-    from dsv4_operator.settings import OperatorSettings
 
     run_operator(OperatorSettings())
 

@@ -48,8 +48,21 @@ CLEAR_QUARANTINE_ANNOTATION = f"{LABEL_PREFIX}/clear-quarantine"
 
 # Components and pairs.
 ROUTER = "router"
+ENGINE_COMPONENTS = ("prefill", "decode")
 # The pair with plain names; a BlueGreen pair is named by its revision hash.
 MAIN_PAIR = "main"
+# Hex digits of a revision hash (revision names, BlueGreen pair suffixes).
+REVISION_HASH_LENGTH = 10
+
+# Object names. Children are Services (DNS-1035 labels: no dots, a letter first) and
+# StatefulSets, whose pods carry `controller-revision-hash: <statefulset>-<10 chars>`, a label
+# value of at most 63 characters: a StatefulSet name may have 52. The longest child is a
+# BlueGreen pair's prefill StatefulSet, `<name>-prefill-<hash>`, which bounds the object's name.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+STATEFULSET_NAME_LIMIT = 52
+MAX_DEPLOYMENT_NAME_LENGTH = (
+    STATEFULSET_NAME_LIMIT - len(f"-{max(ENGINE_COMPONENTS, key=len)}-") - REVISION_HASH_LENGTH
+)
 
 
 def child_name(deployment: str, component: str, pair: str = MAIN_PAIR) -> str:
@@ -60,6 +73,11 @@ def child_name(deployment: str, component: str, pair: str = MAIN_PAIR) -> str:
     if pair == MAIN_PAIR or component == ROUTER:
         return f"{deployment}-{component}"
     return f"{deployment}-{component}-{pair}"
+
+
+def longest_child_name(deployment: str) -> str:
+    """The longest name derived from `deployment` (a BlueGreen pair's prefill StatefulSet)."""
+    return child_name(deployment, max(ENGINE_COMPONENTS, key=len), "0" * REVISION_HASH_LENGTH)
 
 
 def router_name(deployment: str) -> str:

@@ -8,7 +8,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dsv4_operator.api.base import DURATION_PATTERN
 from dsv4_operator.names import GROUP, OPERATOR
+from dsv4_operator.trust import TrustPolicy, split_list
 
 
 class OperatorSettings(BaseSettings):
@@ -42,6 +44,40 @@ class OperatorSettings(BaseSettings):
     workers: int = Field(default=4, ge=1, description="Concurrent reconciles.")
     revision_history_limit: int = Field(default=10, ge=1, description="ControllerRevisions kept.")
     field_manager: str = Field(default=OPERATOR, description="Server-side apply manager.")
+    canary_endpoint_allow: str = Field(
+        default="",
+        description="Comma-separated URL prefixes a canary may probe besides the deployment's "
+        "own router Service (docs/security.md).",
+    )
+    prometheus_url: str = Field(
+        default="", description="The Prometheus the guard queries when a spec has queries."
+    )
+    prometheus_url_allow: str = Field(
+        default="",
+        description="Comma-separated URL prefixes spec.guard.prometheus.url may name.",
+    )
+    host_path_prefixes: str = Field(
+        default="",
+        description="Comma-separated node directories spec.model.cache.hostPath may name "
+        "(empty: hostPath refused).",
+    )
+    cluster_domain: str = Field(default="cluster.local", description="The cluster's DNS domain.")
+    min_canary_interval: str = Field(
+        default="10s",
+        pattern=DURATION_PATTERN,
+        description="The shortest spec.guard.canary.interval the operator runs.",
+    )
+
+    @property
+    def trust_policy(self) -> TrustPolicy:
+        return TrustPolicy(
+            canary_endpoints=split_list(self.canary_endpoint_allow),
+            prometheus_url=self.prometheus_url or None,
+            prometheus_urls=split_list(self.prometheus_url_allow),
+            host_path_prefixes=split_list(self.host_path_prefixes),
+            cluster_domain=self.cluster_domain,
+            min_canary_interval=self.min_canary_interval,
+        )
 
     @property
     def namespace_list(self) -> list[str]:

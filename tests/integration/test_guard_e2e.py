@@ -61,8 +61,42 @@ def gpu_pool_e2e(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[
 
 
 @pytest.fixture
-def engine(cluster: Cluster, tmp_path: Path) -> Iterator[EngineKubelet]:
-    kubelet = EngineKubelet(cluster, free_port(), tmp_path).start()
+def engine_port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def prometheus_port() -> int:
+    """A port nothing listens on: the operator's configured Prometheus, unreachable."""
+    return free_port()
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    engine_port: int,
+    prometheus_port: int,
+) -> Iterator[OperatorProcess]:
+    """The operator as an admin would configure it for this test bench: the canary may probe
+    the double outside the cluster, every 1-2 s, and the guard's Prometheus is configured."""
+    op = OperatorProcess(
+        control_plane.kubeconfig_path,
+        namespace,
+        tmp_path,
+        DSV4_CANARY_ENDPOINT_ALLOW=f"http://127.0.0.1:{engine_port}",
+        DSV4_MIN_CANARY_INTERVAL="1s",
+        DSV4_PROMETHEUS_URL=f"http://127.0.0.1:{prometheus_port}",
+    ).start()
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
+
+
+@pytest.fixture
+def engine(cluster: Cluster, tmp_path: Path, engine_port: int) -> Iterator[EngineKubelet]:
+    kubelet = EngineKubelet(cluster, engine_port, tmp_path).start()
     yield kubelet
     kubelet.stop()
 
@@ -141,13 +175,13 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
 def test_prometheus_unreachable_holds_then_guard_blind_without_rollback(
     cluster: Cluster, operator: OperatorProcess
 ) -> None:
-    closed = free_port()
+    # No URL in the spec: the guard queries the operator's configured (unreachable) Prometheus.
     doc = example(
         cluster.namespace,
         guard={
             "enabled": True,
             "canary": {"enabled": False, "interval": "1s"},
-            "prometheus": {"url": f"http://127.0.0.1:{closed}", "leakRateQuery": "sum(x)"},
+            "prometheus": {"leakRateQuery": "sum(x)"},
             "errorLimit": 3,
             "noData": "Hold",
         },

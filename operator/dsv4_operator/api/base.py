@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Annotated
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 
 class ApiModel(BaseModel):
@@ -19,6 +22,8 @@ class ApiModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         validate_default=True,
+        # .inf and .nan are valid YAML floats; no field of the API means either.
+        allow_inf_nan=False,
     )
 
     @staticmethod
@@ -34,14 +39,61 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-_DURATION_RE = re.compile(r"^(\d+)(ms|s|m|h)$")
+# At most 9 digits: every duration the pattern admits fits a timedelta and a Go
+# time.Duration (999999999h would not fit the latter, but the bounds below cap far lower).
+_DURATION_RE = re.compile(r"^([0-9]{1,9})(ms|s|m|h)$")
 DURATION_PATTERN = _DURATION_RE.pattern
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
-Duration = Annotated[
-    str,
-    Field(pattern=DURATION_PATTERN, examples=["60s", "10m"]),
-]
+
+@dataclass(frozen=True)
+class DurationBounds:
+    """Annotated metadata: a Duration between two bounds, checked by pydantic and the CRD.
+
+    The same two bounds produce the CEL rules the API server enforces (Kubernetes CEL has
+    `duration()`, which reads these strings as Go durations) and the check pydantic runs, so
+    `dsv4 validate`, the webhook and the API server refuse the same values.
+    """
+
+    minimum: str
+    maximum: str
+
+    def rules(self) -> list[JsonDict]:
+        return [
+            {
+                "rule": f"duration(self) >= duration('{self.minimum}')",
+                "message": f"must be at least {self.minimum}",
+            },
+            {
+                "rule": f"duration(self) <= duration('{self.maximum}')",
+                "message": f"must be at most {self.maximum}",
+            },
+        ]
+
+    def _within(self, text: str) -> str:
+        value = parse_duration(text)
+        if value < parse_duration(self.minimum):
+            raise ValueError(f"must be at least {self.minimum}")
+        if value > parse_duration(self.maximum):
+            raise ValueError(f"must be at most {self.maximum}")
+        return text
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._within, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        out["x-kubernetes-validations"] = self.rules()
+        return out
+
+
+# The shape every Duration field shares; its bounds come with a DurationBounds next to it:
+# `Annotated[str, DURATION_SHAPE, DurationBounds("10s", "24h")]`.
+DURATION_SHAPE = Field(pattern=DURATION_PATTERN, max_length=12, examples=["60s", "10m"])
 
 
 def parse_duration(text: str) -> timedelta:

@@ -6,9 +6,10 @@ the reconcile loop read the same expressions back from the generated schema and 
 them here, so the two can never disagree on wording or on what a rule checks.
 
 Only the small part of CEL the rules use is understood: `has(self.a.b)`, field paths
-`self.a.b`, integer, string and boolean literals, and one comparison (`==`, `!=`, `<`, `<=`,
-`>`, `>=`). A rule outside that subset fails loudly when the table is built (a unit test
-builds it), so a new rule cannot be silently skipped.
+`self` and `self.a.b`, integer, string and boolean literals, `duration(...)` of a path or a
+literal, and one comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`). A rule outside that subset
+fails loudly when the table is built (a unit test builds it), so a new rule cannot be silently
+skipped.
 
 A rule whose message names a DSV4 rule id (for example `(DSV4-R007)`) is the API server's
 copy of that rule: the rule engine reports it with its own id, so it is not reported twice.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.crd import openapi_schema
 
 _RULE_ID = re.compile(r"\(DSV4-R\d+\)")
@@ -35,9 +37,10 @@ _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
 }
 _COMPARISON = re.compile(r"^\s*(.+?)\s*(==|!=|<=|>=|<|>)\s*(.+?)\s*$")
-_PATH = r"self((?:\.[A-Za-z_][A-Za-z0-9_]*)+)"
+_PATH = r"self((?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
 _HAS = re.compile(rf"^has\({_PATH}\)$")
 _FIELD = re.compile(rf"^{_PATH}$")
+_DURATION = re.compile(r"^duration\((.+)\)$")
 _MISSING = object()
 
 Operand = Callable[[Mapping[str, Any]], Any]
@@ -56,6 +59,19 @@ def _lookup(node: Any, path: tuple[str, ...]) -> Any:
 
 
 def _operand(text: str, rule: str) -> Operand:
+    if match := _DURATION.match(text):
+        inner = _operand(match.group(1), rule)
+
+        def as_duration(obj: Any) -> Any:
+            value = inner(obj)
+            if not isinstance(value, str):
+                return _MISSING
+            try:
+                return parse_duration(value)
+            except ValueError:
+                return _MISSING  # the field's pattern reports the shape
+
+        return as_duration
     if match := _HAS.match(text):
         path = tuple(match.group(1).split(".")[1:])
         return lambda obj: _lookup(obj, path) is not _MISSING
@@ -148,7 +164,7 @@ def broken(rules: tuple[CelRule, ...], wire: Mapping[str, Any]) -> list[CelRule]
     out: list[CelRule] = []
     for rule in rules:
         obj = _lookup(wire, rule.node)
-        if isinstance(obj, Mapping) and not rule.holds(obj):
+        if obj is not _MISSING and not rule.holds(obj):
             out.append(rule)
     return out
 

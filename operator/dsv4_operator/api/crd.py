@@ -9,7 +9,17 @@ import yaml
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
-from dsv4_operator.names import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from dsv4_operator.names import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    MAX_DEPLOYMENT_NAME_LENGTH,
+    NAME_PATTERN,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
 
 JsonSchema = dict[str, Any]
 
@@ -41,6 +51,25 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+# The object's name bounds its children's names (names.py); the API server checks it here,
+# the webhook and `dsv4 validate` through trust.name_findings, from the same constants.
+NAME_RULES: list[dict[str, Any]] = [
+    {
+        "rule": f"self.metadata.name.matches('{NAME_PATTERN}')",
+        "message": "metadata.name must be a DNS-1035 label (lower-case letters, digits and "
+        "'-', a letter first, no dots): it names the deployment's Services",
+        "fieldPath": ".metadata.name",
+    },
+    {
+        "rule": f"size(self.metadata.name) <= {MAX_DEPLOYMENT_NAME_LENGTH}",
+        "message": f"metadata.name must be at most {MAX_DEPLOYMENT_NAME_LENGTH} characters: "
+        "the longest child, a BlueGreen pair's prefill StatefulSet '<name>-prefill-<10-char "
+        "hash>', must fit the 52 characters a StatefulSet name may have",
+        "fieldPath": ".metadata.name",
+    },
+]
+
+
 def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     """Inline `$ref`s, keeping sibling keys (description, default) of the referring node."""
     if "$ref" in node:
@@ -61,6 +90,10 @@ def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if node.get("x-kubernetes-int-or-string"):
             out = {"x-kubernetes-int-or-string": True}
+            # String constraints apply to the string form only (OpenAPI `pattern`).
+            for branch in branches:
+                if branch.get("type") == "string":
+                    out.update({k: branch[k] for k in ("pattern", "maxLength") if k in branch})
         elif len(branches) == 1:
             out = structural({**branches[0], **rest}, defs)
             if rest.get("default", "absent") is None:
@@ -118,6 +151,7 @@ def openapi_schema() -> JsonSchema:
     status.pop("required", None)
     return {
         "type": "object",
+        "x-kubernetes-validations": NAME_RULES,
         "description": "A DeepSeek-V4-class model served on SGLang with prefill/decode "
         "disaggregation, validated against known-unsafe engine configurations and guarded "
         "by a tool-call leak canary with automatic rollback.",

@@ -8,13 +8,39 @@ from typing import Annotated, Literal
 from pydantic import Field
 from pydantic.config import JsonDict
 
-from dsv4_operator.api.base import ApiModel, Duration
+from dsv4_operator.api.base import DURATION_SHAPE, ApiModel, DurationBounds
 
 # The engine's HTTP port inside every engine pod (sglang `--port`); fixed so probes and the
 # router can be rendered without reading the pod.
 ENGINE_PORT = 30000
 # sgl-model-gateway `--prometheus-port` default (sglang_router router_args.py).
 ROUTER_METRICS_PORT = 29000
+
+# Durations, each with the range that keeps one object's cost to the operator bounded.
+# The canary's hard floor; the operator's configuration sets a higher one (10s by default,
+# trust.TrustPolicy.min_canary_interval) that tests lower to keep their runs short.
+CanaryInterval = Annotated[str, DURATION_SHAPE, DurationBounds("1s", "24h")]
+OomWindow = Annotated[str, DURATION_SHAPE, DurationBounds("1m", "24h")]
+BakeTime = Annotated[str, DURATION_SHAPE, DurationBounds("0s", "168h")]
+ScrapeInterval = Annotated[str, DURATION_SHAPE, DurationBounds("5s", "1h")]
+
+# Upper bounds of the numbers (docs/security.md#bounds): far above any real deployment, low
+# enough that one object cannot make the operator render, probe or plan without end.
+MAX_ROLE_REPLICAS = 128
+MAX_ROUTER_REPLICAS = 32
+MAX_GPUS_PER_NODE = 64
+MAX_CONTEXT_TOKENS = 1 << 24
+MAX_CANARY_SESSIONS = 64
+MAX_CANARY_ROUNDS = 16
+MAX_LIST_ITEMS = 128
+MAX_ARG_LENGTH = 4096
+MAX_VALUE_LENGTH = 32768
+# A label value (apimachinery's validation.IsValidLabelValue).
+LabelValue = Annotated[
+    str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+]
+# Printable ASCII without '=' (what the API server accepts as an environment variable name).
+ENV_NAME_PATTERN = r"^[!-<>-~]+$"
 
 IndexKDtype = Literal["fp8", "bf16", "fp4"]
 # DSV4 accepts only fp8_e4m3 and bfloat16; V3.2 also fp8_e5m2 (docs/engine-notes.md#kv-cache-dtype).
@@ -39,21 +65,28 @@ class Capability(StrEnum):
 class EnvVar(ApiModel):
     """A literal environment variable passed to the engine container."""
 
-    name: str = Field(min_length=1, description="Variable name.")
-    value: str = Field(default="", description="Literal value.")
+    name: str = Field(
+        min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name."
+    )
+    value: str = Field(default="", max_length=MAX_VALUE_LENGTH, description="Literal value.")
 
 
 class PvcSource(ApiModel):
     """Model weights on a PersistentVolumeClaim."""
 
-    claim_name: str = Field(min_length=1, description="Name of the PVC in the same namespace.")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of the PVC in the same namespace.",
+    )
     read_only: bool = Field(default=True, description="Mount the claim read-only.")
 
 
 class HostPathSource(ApiModel):
     """Model weights on a directory of the node."""
 
-    path: str = Field(pattern=r"^/", description="Absolute directory on the node.")
+    path: str = Field(pattern=r"^/", max_length=4096, description="Absolute directory on the node.")
 
 
 class ModelCache(ApiModel):
@@ -73,18 +106,23 @@ class ModelCache(ApiModel):
 class ModelSpec(ApiModel):
     """The model to serve."""
 
-    name: str = Field(min_length=1, description="Model path or hub id (sglang --model-path).")
+    name: str = Field(
+        min_length=1, max_length=1024, description="Model path or hub id (sglang --model-path)."
+    )
     served_name: str | None = Field(
         default=None,
+        max_length=256,
         description="Name clients use (sglang --served-model-name); defaults to the profile name.",
     )
     profile: str = Field(
         default="deepseek-v4-flash",
+        max_length=64,
         description="Built-in architecture profile the planner and rules use "
         "(`dsv4 rules` and the README list them): deepseek-v4-flash or deepseek-v3.2.",
     )
     checkpoint: str | None = Field(
         default=None,
+        max_length=64,
         description="Checkpoint format of the weights, one of the profile's formats "
         "(deepseek-v4-flash: fp4-experts, nvfp4, fp8; deepseek-v3.2: fp8); "
         "defaults to the profile's default format.",
@@ -93,6 +131,7 @@ class ModelSpec(ApiModel):
         default=None,
         alias="weightsGiB",
         gt=0,
+        le=1 << 16,
         description="Override of the profile's weight size in GiB (all ranks together).",
     )
     cache: ModelCache = Field(description="Where the weights live.")
@@ -105,12 +144,14 @@ class HiCacheSpec(ApiModel):
     ratio: float = Field(
         default=2.0,
         gt=1.0,
+        le=100.0,
         description="Host pool size as a ratio of the device pool (--hicache-ratio).",
     )
     size_gb: int = Field(
         default=0,
         alias="sizeGB",
         ge=0,
+        le=1 << 16,
         description="Host pool size in GB; overrides ratio when > 0 (--hicache-size).",
     )
     write_policy: Literal["write_back", "write_through", "write_through_selective"] = Field(
@@ -137,10 +178,13 @@ class EngineSpec(ApiModel):
     """ONE engine configuration shared by prefill and decode."""
 
     image: str = Field(
-        min_length=1, description="Engine image (patched SGLang), pinned by tag or digest."
+        min_length=1,
+        max_length=512,
+        description="Engine image (patched SGLang), pinned by tag or digest.",
     )
     sglang_version: str = Field(
         alias="sglangVersion",
+        max_length=32,
         pattern=r"^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$",
         description="The SGLang release the image is built on (its `dsv4.io/sglang-version` "
         "label); selects flag names, env names and pool arithmetic. `dsv4 rules` lists the "
@@ -162,22 +206,35 @@ class EngineSpec(ApiModel):
     hicache: HiCacheSpec = Field(default_factory=HiCacheSpec, description="Hierarchical KV cache.")
     overlap: OverlapSpec = Field(default_factory=OverlapSpec, description="Overlap switches.")
     cuda_graph_max_bs: int = Field(
-        default=64, ge=1, description="--cuda-graph-max-bs; larger decode batches run eager."
+        default=64,
+        ge=1,
+        le=4096,
+        description="--cuda-graph-max-bs; larger decode batches run eager.",
     )
-    max_running_requests: int = Field(default=64, ge=1, description="--max-running-requests.")
+    max_running_requests: int = Field(
+        default=64, ge=1, le=1 << 16, description="--max-running-requests."
+    )
     mem_fraction_static: float = Field(
         default=0.85, gt=0.0, lt=1.0, description="--mem-fraction-static (weights + KV pool share)."
     )
-    context_length: int = Field(default=131072, ge=1024, description="--context-length.")
-    tool_call_parser: str = Field(default="deepseekv4", description="--tool-call-parser.")
-    reasoning_parser: str = Field(default="deepseek-v4", description="--reasoning-parser.")
-    extra_args: list[str] = Field(
+    context_length: int = Field(
+        default=131072, ge=1024, le=MAX_CONTEXT_TOKENS, description="--context-length."
+    )
+    tool_call_parser: str = Field(
+        default="deepseekv4", max_length=64, description="--tool-call-parser."
+    )
+    reasoning_parser: str = Field(
+        default="deepseek-v4", max_length=64, description="--reasoning-parser."
+    )
+    extra_args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
+        max_length=MAX_LIST_ITEMS,
         description="Passthrough sglang arguments for both roles; "
         "flags the operator owns are refused.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
+        max_length=MAX_LIST_ITEMS,
         description="Passthrough environment for both roles; names the operator owns are refused.",
     )
 
@@ -185,40 +242,62 @@ class EngineSpec(ApiModel):
 class GpuSpec(ApiModel):
     """The GPU product the engine pods run on."""
 
-    product: str = Field(
+    product: LabelValue = Field(
         default="NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
         description="Node label nvidia.com/gpu.product; also selects the built-in GPU profile.",
     )
     memory_gib: float | None = Field(
-        default=None, alias="memoryGiB", gt=0, description="Override of the profile's GPU memory."
+        default=None,
+        alias="memoryGiB",
+        gt=0,
+        le=4096,
+        description="Override of the profile's GPU memory.",
     )
     per_node: int = Field(
-        default=8, ge=1, description="GPUs per node; a role replica never spans nodes."
+        default=8,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="GPUs per node; a role replica never spans nodes.",
     )
 
 
 class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
-    key: str | None = Field(default=None, description="Taint key.")
+    key: str | None = Field(default=None, max_length=317, description="Taint key.")
     operator: Literal["Exists", "Equal"] | None = Field(
         default=None, description="Exists or Equal."
     )
-    value: str | None = Field(default=None, description="Taint value.")
+    value: LabelValue | None = Field(default=None, description="Taint value.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect."
     )
-    toleration_seconds: int | None = Field(default=None, description="For NoExecute.")
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=1 << 31, description="For NoExecute."
+    )
 
 
-Quantity = Annotated[int | str, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+# A Kubernetes resource quantity without a sign (apimachinery's quantity grammar).
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = Annotated[
+    Annotated[int, Field(ge=0, le=1 << 53)]
+    | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
 
 
 class Resources(ApiModel):
     """Extra container resources (cpu, memory); GPUs come from the parallelism."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests.")
-    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=16, description="Resource requests."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, max_length=16, description="Resource limits."
+    )
 
 
 class RoleOverrides(ApiModel):
@@ -227,16 +306,24 @@ class RoleOverrides(ApiModel):
     overlap: OverlapOverride | None = Field(
         default=None, description="Overlap scheduler for this role."
     )
-    cuda_graph_max_bs: int | None = Field(default=None, ge=1, description="--cuda-graph-max-bs.")
+    cuda_graph_max_bs: int | None = Field(
+        default=None, ge=1, le=4096, description="--cuda-graph-max-bs."
+    )
     max_running_requests: int | None = Field(
-        default=None, ge=1, description="--max-running-requests."
+        default=None, ge=1, le=1 << 16, description="--max-running-requests."
     )
     mem_fraction_static: float | None = Field(
         default=None, gt=0.0, lt=1.0, description="--mem-fraction-static."
     )
-    extra_args: list[str] = Field(default_factory=list, description="Appended to engine.extraArgs.")
+    extra_args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        description="Appended to engine.extraArgs.",
+    )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Added to engine.env (wins on name)."
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        description="Added to engine.env (wins on name).",
     )
 
 
@@ -252,16 +339,22 @@ RoleOverrides.model_rebuild()
 class RoleSpec(ApiModel):
     """One engine role (prefill or decode)."""
 
-    replicas: int = Field(default=1, ge=0, description="Engine replicas of this role.")
-    tensor_parallel: int = Field(default=4, ge=1, description="--tp-size; GPUs per replica.")
+    replicas: int = Field(
+        default=1, ge=0, le=MAX_ROLE_REPLICAS, description="Engine replicas of this role."
+    )
+    tensor_parallel: int = Field(
+        default=4, ge=1, le=MAX_GPUS_PER_NODE, description="--tp-size; GPUs per replica."
+    )
     overrides: RoleOverrides = Field(
         default_factory=RoleOverrides,
         description="Role-safe settings that differ from spec.engine.",
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Added to the GPU product selector."
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Added to the GPU product selector."
     )
-    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Pod tolerations."
+    )
     resources: Resources = Field(
         default_factory=Resources, description="cpu/memory for the engine."
     )
@@ -270,13 +363,13 @@ class RoleSpec(ApiModel):
 class RouterSpec(ApiModel):
     """sglang router / sgl-model-gateway in PD mode."""
 
-    replicas: int = Field(default=1, ge=0, description="Router replicas.")
+    replicas: int = Field(default=1, ge=0, le=MAX_ROUTER_REPLICAS, description="Router replicas.")
     policy: Literal["random", "round_robin", "power_of_two", "cache_aware"] = Field(
         default="cache_aware", description="--policy."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port (OpenAI API).")
     image: str | None = Field(
-        default=None, description="Router image; defaults to spec.engine.image."
+        default=None, max_length=512, description="Router image; defaults to spec.engine.image."
     )
 
 
@@ -287,7 +380,9 @@ class TransferSpec(ApiModel):
         default="mooncake", description="--disaggregation-transfer-backend."
     )
     ib_devices: str | None = Field(
-        default=None, description="--disaggregation-ib-device (mlx5_0, a list, or per-GPU JSON)."
+        default=None,
+        max_length=4096,
+        description="--disaggregation-ib-device (mlx5_0, a list, or per-GPU JSON).",
     )
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535, description="--disaggregation-bootstrap-port on prefill."
@@ -298,9 +393,11 @@ class WorkloadSpec(ApiModel):
     """The capacity target the planner checks the KV pool against."""
 
     concurrent_sessions: int = Field(
-        default=60, ge=1, description="Concurrent multi-turn sessions."
+        default=60, ge=1, le=1_000_000, description="Concurrent multi-turn sessions."
     )
-    context_tokens: int = Field(default=80000, ge=1, description="Context tokens per session.")
+    context_tokens: int = Field(
+        default=80000, ge=1, le=MAX_CONTEXT_TOKENS, description="Context tokens per session."
+    )
 
 
 class SafetyPolicy(StrEnum):
@@ -315,8 +412,9 @@ class SafetySpec(ApiModel):
         default=SafetyPolicy.ENFORCE,
         description="Enforce rejects error findings unless acknowledged; Warn records them.",
     )
-    acknowledge: list[Annotated[str, Field(pattern=r"^DSV4-R\d{3}$")]] = Field(
+    acknowledge: list[Annotated[str, Field(pattern=r"^DSV4-R\d{3}$", max_length=9)]] = Field(
         default_factory=list,
+        max_length=64,
         description="Rule ids whose errors are accepted (reported as warnings).",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -336,11 +434,22 @@ class CanarySpec(ApiModel):
     """Multi-turn tool-calling canary sessions against the router."""
 
     enabled: bool = Field(default=True, description="Run the canary.")
-    sessions: int = Field(default=8, ge=1, description="Concurrent canary sessions.")
-    rounds: int = Field(default=4, ge=1, description="Tool-calling rounds per session.")
-    interval: Duration = Field(default="60s", description="Time between canary runs.")
+    sessions: int = Field(
+        default=8, ge=1, le=MAX_CANARY_SESSIONS, description="Concurrent canary sessions."
+    )
+    rounds: int = Field(
+        default=4, ge=1, le=MAX_CANARY_ROUNDS, description="Tool-calling rounds per session."
+    )
+    interval: CanaryInterval = Field(
+        default="60s",
+        description="Time between canary runs (at least the operator's floor, "
+        "10s by default; at most 24h).",
+    )
     endpoint: str | None = Field(
-        default=None, description="Base URL to probe; defaults to the router Service."
+        default=None,
+        max_length=2048,
+        description="Base URL to probe; defaults to the router Service. Another URL must lie "
+        "under the operator's allow-list (docs/security.md).",
     )
 
 
@@ -348,7 +457,9 @@ class LeakRateSpec(ApiModel):
     """When the tool-call leak rate counts as a failure."""
 
     threshold: float = Field(default=0.02, gt=0.0, lt=1.0, description="Leak rate that fails.")
-    min_samples: int = Field(default=30, ge=1, description="Responses needed before a verdict.")
+    min_samples: int = Field(
+        default=30, ge=1, le=100_000, description="Responses needed before a verdict."
+    )
     confidence: float = Field(
         default=0.999,
         gt=0.5,
@@ -361,18 +472,27 @@ class LeakRateSpec(ApiModel):
 class OomSpec(ApiModel):
     """When OOM events count as a failure."""
 
-    max_events: int = Field(default=1, ge=1, description="OOM events in the window that fail.")
-    window: Duration = Field(default="10m", description="Sliding window.")
+    max_events: int = Field(
+        default=1, ge=1, le=1000, description="OOM events in the window that fail."
+    )
+    window: OomWindow = Field(default="10m", description="Sliding window (1m to 24h).")
 
 
 class PrometheusSpec(ApiModel):
     """Optional Prometheus source for the guard."""
 
-    url: str | None = Field(default=None, description="Prometheus base URL.")
-    leak_rate_query: str | None = Field(
-        default=None, description="Instant query giving a leak rate."
+    url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Prometheus base URL; unset uses the operator's. Another URL must lie "
+        "under the operator's allow-list (docs/security.md).",
     )
-    oom_query: str | None = Field(default=None, description="Instant query giving OOM events.")
+    leak_rate_query: str | None = Field(
+        default=None, max_length=4096, description="Instant query giving a leak rate."
+    )
+    oom_query: str | None = Field(
+        default=None, max_length=4096, description="Instant query giving OOM events."
+    )
 
 
 class GuardSpec(ApiModel):
@@ -390,10 +510,11 @@ class GuardSpec(ApiModel):
         description="Hold never rolls back on missing data; Fail treats it as failure.",
     )
     error_limit: int = Field(
-        default=4, ge=1, description="Consecutive source errors before GuardBlind."
+        default=4, ge=1, le=100, description="Consecutive source errors before GuardBlind."
     )
-    bake_time: Duration = Field(
-        default="10m", description="Passing time before a revision becomes last known good."
+    bake_time: BakeTime = Field(
+        default="10m",
+        description="Passing time before a revision becomes last known good (0s to 168h).",
     )
 
 
@@ -401,9 +522,9 @@ class ServiceMonitorSpec(ApiModel):
     """A prometheus-operator ServiceMonitor for the engines and the router."""
 
     enabled: bool = Field(default=False, description="Render a ServiceMonitor.")
-    interval: Duration = Field(default="30s", description="Scrape interval.")
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="Extra labels (for selectors)."
+    interval: ScrapeInterval = Field(default="30s", description="Scrape interval (5s to 1h).")
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Extra labels (for selectors)."
     )
 
 

@@ -15,6 +15,7 @@ from dsv4_operator.engine.ownership import TRANSFER_FORMAT_SPEC_FIELDS
 from dsv4_operator.engine.planner import MemoryPlan, PlanningError, plan, resolve_profiles
 from dsv4_operator.engine.rules import RULES_BY_ID, context, run_rules
 from dsv4_operator.names import API_VERSION, KIND
+from dsv4_operator.trust import Placement, TrustPolicy, name_findings, spec_trust_findings
 
 SCHEMA_RULE = "schema"
 
@@ -72,7 +73,7 @@ def _schema_findings(error: ValidationError) -> list[Finding]:
                 )
             )
             continue
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = (
                 f"unknown field {loc[-1]!r}; check the spelling against `kubectl explain dsv4.spec`"
@@ -91,13 +92,26 @@ def _cel_mirror(spec: DSV4DeploymentSpec) -> list[Finding]:
     ]
 
 
-def validate_spec(raw_spec: Mapping[str, Any]) -> Validation:
-    """Validate a spec mapping (as stored in Kubernetes) into findings with the policy applied."""
+def validate_spec(
+    raw_spec: Mapping[str, Any],
+    where: Placement | None = None,
+    policy: TrustPolicy | None = None,
+) -> Validation:
+    """Validate a spec mapping (as stored in Kubernetes) into findings with the policy applied.
+
+    `where` is the object's name and namespace (names and the own-router URL are checked when
+    known); `policy` is the operator's trust configuration (the safest when None).
+    """
+    where, policy = where or Placement(), policy or TrustPolicy()
+    names = name_findings(where.name)
     try:
         spec = DSV4DeploymentSpec.model_validate(raw_spec)
     except ValidationError as error:
-        return Validation(findings=_schema_findings(error))
-    result = Validation(spec=spec, findings=_cel_mirror(spec))
+        return Validation(findings=[*names, *_schema_findings(error)])
+    result = Validation(
+        spec=spec,
+        findings=[*names, *_cel_mirror(spec), *spec_trust_findings(spec, where, policy)],
+    )
     try:
         profiles = resolve_profiles(spec)
     except PlanningError as error:
@@ -132,7 +146,7 @@ def validate_spec(raw_spec: Mapping[str, Any]) -> Validation:
     return result
 
 
-def validate_object(obj: Any) -> Validation:
+def validate_object(obj: Any, policy: TrustPolicy | None = None) -> Validation:
     """Validate a whole object; raise NotADeployment when it is not a DSV4Deployment."""
     if not isinstance(obj, Mapping):
         raise NotADeployment(f"expected a mapping, got {type(obj).__name__}")
@@ -141,16 +155,27 @@ def validate_object(obj: Any) -> Validation:
             f"expected apiVersion {API_VERSION} and kind {KIND}, got "
             f"{obj.get('apiVersion')!r} {obj.get('kind')!r}"
         )
+    meta = obj.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, Mapping):
+        raise NotADeployment(f"metadata must be a mapping, got {type(meta).__name__}")
+    name, namespace = meta.get("name"), meta.get("namespace")
+    where = Placement(
+        name=name if isinstance(name, str) else None,
+        namespace=namespace if isinstance(namespace, str) else None,
+    )
     raw_spec = obj.get("spec")
     if not isinstance(raw_spec, Mapping):
         return Validation(
             findings=[
+                *name_findings(where.name),
                 Finding(
                     rule=SCHEMA_RULE,
                     severity="error",
                     field="spec",
                     message="spec is missing or not a mapping",
-                )
+                ),
             ]
         )
-    return validate_spec(raw_spec)
+    return validate_spec(raw_spec, where, policy)

@@ -37,6 +37,12 @@ from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.names import router_url
 from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
+from dsv4_operator.trust import (
+    Placement,
+    TrustPolicy,
+    effective_prometheus_url,
+    spec_trust_findings,
+)
 
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
@@ -79,9 +85,11 @@ class GuardSupervisor:
         wake: Callable[[Key], None],
         runner: CanaryRunner = probe_runner,
         http: httpx.AsyncClient | None = None,
+        policy: TrustPolicy | None = None,
     ) -> None:
         self.client, self.observations, self.wake, self.runner = client, observations, wake, runner
-        self.http = http or httpx.AsyncClient(timeout=10.0)
+        self.http = http or httpx.AsyncClient(timeout=10.0, follow_redirects=False)
+        self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
 
     def ensure(self, key: Key, spec_raw: dict[str, Any]) -> None:
@@ -91,10 +99,19 @@ class GuardSupervisor:
         except ValueError:
             self.stop(key)  # an invalid spec is reported by reconcile; nothing to probe
             return
+        # Never fetch a URL the trust policy refuses, even if the object got past admission
+        # (created before the policy changed, or with the webhook down): reconcile reports it.
+        if spec_trust_findings(spec, Placement(key[1], key[0]), self.policy):
+            self.stop(key)
+            return
         guard = spec.guard
-        wanted = guard.enabled and (guard.canary.enabled or bool(guard.prometheus.url))
+        prometheus_url = effective_prometheus_url(spec, self.policy)
+        wanted = guard.enabled and (guard.canary.enabled or prometheus_url is not None)
         fingerprint = (
-            guard.model_dump_json() + spec.router.model_dump_json() + (spec.model.served_name or "")
+            guard.model_dump_json()
+            + spec.router.model_dump_json()
+            + (spec.model.served_name or "")
+            + (prometheus_url or "")
         )
         current = self._tasks.get(key)
         if current is not None and (not wanted or current[0] != fingerprint):
@@ -129,8 +146,9 @@ class GuardSupervisor:
         status = parse_status((owner or {}).get("status"))
         revision = status.current_revision
         label = f"{namespace}/{name}"
-        if spec.guard.prometheus.url:
-            await self._prometheus(key, spec)
+        prometheus_url = effective_prometheus_url(spec, self.policy)
+        if prometheus_url is not None:
+            await self._prometheus(key, spec, prometheus_url)
         if spec.guard.canary.enabled and revision and status.phase in SETTLED_PHASES:
             endpoint = spec.guard.canary.endpoint or default_endpoint(name, namespace, spec)
             model = spec.model.served_name or spec.model.profile
@@ -139,7 +157,11 @@ class GuardSupervisor:
                 counts = await self.runner(endpoint, model, spec)
             except Exception as error:  # the canary itself failed: count toward errorLimit
                 log.warning("%s: canary against %s failed: %s", label, endpoint, error)
-                self.observations.record_error(key, f"canary: {type(error).__name__}: {error}", now)
+                # The class only: the error text may quote the reply, and status is readable
+                # by anyone who can read the object.
+                self.observations.record_error(
+                    key, f"canary against {endpoint}: {type(error).__name__}", now
+                )
             else:
                 leaks = sum(counts.get(v, 0) for v in LEAK_KINDS)
                 answered = sum(c for v, c in counts.items() if v != VerdictKind.ERROR)
@@ -154,18 +176,15 @@ class GuardSupervisor:
                 metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
         self.wake(key)
 
-    async def _prometheus(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+    async def _prometheus(self, key: Key, spec: DSV4DeploymentSpec, url: str) -> None:
         prom = spec.guard.prometheus
-        assert prom.url is not None
         try:
             leak = (
-                await instant_value(self.http, prom.url, prom.leak_rate_query)
+                await instant_value(self.http, url, prom.leak_rate_query)
                 if prom.leak_rate_query
                 else None
             )
-            oom = (
-                await instant_value(self.http, prom.url, prom.oom_query) if prom.oom_query else None
-            )
+            oom = await instant_value(self.http, url, prom.oom_query) if prom.oom_query else None
         except PrometheusError as error:
             self.observations.record_error(key, f"prometheus: {error}", datetime.now(UTC))
             return

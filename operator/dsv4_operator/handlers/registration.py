@@ -97,12 +97,14 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         observations = Observations()
         reconciler = _Counted(
             client,
-            ReconcileSettings(revision_history_limit=op.revision_history_limit),
+            ReconcileSettings(
+                revision_history_limit=op.revision_history_limit, trust=op.trust_policy
+            ),
             observations=observations,
         )
         queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
         memo.client, memo.queue = client, queue
-        memo.guards = GuardSupervisor(client, observations, wake=queue.add)
+        memo.guards = GuardSupervisor(client, observations, wake=queue.add, policy=op.trust_policy)
         memo.task = asyncio.create_task(queue.run())
         if op.metrics_port:
             metrics.serve(op.metrics_port)
@@ -152,7 +154,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         )(child_changed)
 
     if op.webhook:
-        admission.register(registry)
+        admission.register(registry, op.trust_policy)
     return registry
 
 

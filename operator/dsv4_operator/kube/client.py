@@ -255,7 +255,9 @@ class KubeClient:
                 method,
                 path,
                 params=params,
-                content=json.dumps(body) if body is not None else None,
+                # Raw UTF-8, never \u escapes: an apply-patch+yaml body is read as YAML,
+                # which refuses the surrogate pairs json.dumps writes for non-BMP characters.
+                content=json.dumps(body, ensure_ascii=False).encode() if body is not None else None,
                 headers={"Content-Type": content_type} if body is not None else None,
             )
         except httpx.HTTPError as error:

@@ -11,6 +11,7 @@ from dsv4_operator.guard.policy import RollbackReason
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.reconcile.diff import in_place, stamped
 from dsv4_operator.reconcile.world import Obj, World
+from dsv4_operator.trust import TrustPolicy
 
 WAIT_SECONDS = 5.0  # requeue while a rollout step waits on pods
 
@@ -39,6 +40,7 @@ class ReconcileSettings:
     """The knobs decide() takes from the operator settings (settings.OperatorSettings)."""
 
     revision_history_limit: int = 10
+    trust: TrustPolicy = field(default_factory=TrustPolicy)
 
 
 class Actions:

@@ -24,6 +24,7 @@ from dsv4_operator.kube.resources import (
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL
 from dsv4_operator.reconcile.world import Obj, World
+from dsv4_operator.trust import Placement, TrustPolicy
 
 
 def _owned(items: list[Obj], uid: str) -> list[Obj]:
@@ -41,6 +42,7 @@ async def gather(
     name: str,
     now: datetime,
     observations: Observations | None = None,
+    policy: TrustPolicy | None = None,
 ) -> World | None:
     """The world of one DSV4Deployment, or None when it no longer exists."""
     owner = await client.get(DSV4, namespace, name)
@@ -59,7 +61,7 @@ async def gather(
         namespace=namespace,
         uid=uid,
         generation=int(owner["metadata"].get("generation", 0)),
-        validation=validate_spec(owner.get("spec") or {}),
+        validation=validate_spec(owner.get("spec") or {}, Placement(name, namespace), policy),
         status=parse_status(owner.get("status")),
         now=now,
         statefulsets=await owned(STATEFULSET),

@@ -40,7 +40,9 @@ class Reconciler:
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
-        world = await gather(self.client, namespace, name, self.clock(), self.observations)
+        world = await gather(
+            self.client, namespace, name, self.clock(), self.observations, self.settings.trust
+        )
         if world is None:
             self.observations.forget(key)
             return None

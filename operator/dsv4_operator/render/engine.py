@@ -11,6 +11,7 @@ from dsv4_operator.names import (
     REVISION_LABEL,
 )
 from dsv4_operator.render.context import Manifest, RenderContext
+from dsv4_operator.render.security import container_security, pod_security
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -83,6 +84,7 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
             "nodeSelector": {**role_spec.node_selector, GPU_PRODUCT_LABEL: ctx.spec.gpu.product},
             "tolerations": tolerations,
             "enableServiceLinks": False,
+            **pod_security(),
             "terminationGracePeriodSeconds": 120,
             "containers": [
                 {
@@ -91,6 +93,7 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
                     "command": list(launch.command),
                     "env": [{"name": k, "value": v} for k, v in launch.env],
                     "ports": ports,
+                    "securityContext": container_security(),
                     # The kubelet copies the log tail of a failed container here: the guard
                     # reads CUDA OOM signatures from it (docs/engine-notes.md).
                     "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dsv4_operator.api.spec import ROUTER_METRICS_PORT
 from dsv4_operator.names import FORMAT_LABEL, ROUTER, TARGET_PAIR_ANNOTATION
 from dsv4_operator.render.context import Manifest, RenderContext, router_command
+from dsv4_operator.render.security import container_security, pod_security
 
 
 def deployment(ctx: RenderContext) -> Manifest:
@@ -25,6 +26,7 @@ def deployment(ctx: RenderContext) -> Manifest:
                 "metadata": {"labels": labels},
                 "spec": {
                     "enableServiceLinks": False,
+                    **pod_security(),
                     "containers": [
                         {
                             "name": "router",
@@ -34,6 +36,7 @@ def deployment(ctx: RenderContext) -> Manifest:
                                 {"name": "api", "containerPort": ctx.spec.router.port},
                                 {"name": "metrics", "containerPort": ROUTER_METRICS_PORT},
                             ],
+                            "securityContext": container_security(),
                             "readinessProbe": {
                                 "httpGet": {"path": "/readiness", "port": "api"},
                                 "periodSeconds": 10,

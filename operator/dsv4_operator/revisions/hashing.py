@@ -11,8 +11,9 @@ from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.flags import Launch
 from dsv4_operator.engine.ownership import TRANSFER_FORMAT_ENV, TRANSFER_FORMAT_FLAGS
 from dsv4_operator.engine.profiles import model_profiles
+from dsv4_operator.names import REVISION_HASH_LENGTH
 
-HASH_LENGTH = 10
+HASH_LENGTH = REVISION_HASH_LENGTH
 
 
 def canonical_hash(payload: object, length: int = HASH_LENGTH) -> str:
