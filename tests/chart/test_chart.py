@@ -366,6 +366,10 @@ def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
         ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
         ({"ports": {"health": 0}}, "/ports/health"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"guard": {"allowedCanaryEndpoints": ["canary.llm:9000"]}}, "allowedCanaryEndpoints/0"),
+        ({"guard": {"allowedCanaryEndpoints": ["http://a,b"]}}, "allowedCanaryEndpoints/0"),
+        ({"guard": {"minCanaryInterval": "soon"}}, "/guard/minCanaryInterval"),
+        ({"security": {"hostPathPrefixes": ["relative/path"]}}, "/security/hostPathPrefixes/0"),
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
@@ -443,3 +447,41 @@ def test_operator_settings_accept_the_environment_the_chart_sets(values: dict[st
             for m in _container(objects)["volumeMounts"]
             if m["name"] == "webhook-tls"
         )
+
+
+def test_trust_values_reach_the_operator_policy() -> None:
+    from dsv4_operator.settings import OperatorSettings
+    from dsv4_operator.trust import TrustPolicy
+
+    defaults = _env(render({}))
+    policy = OperatorSettings(
+        **{k.removeprefix("DSV4_").lower(): v for k, v in defaults.items()}
+    ).trust_policy
+    assert policy == TrustPolicy(), "the chart's defaults are the safest policy"
+    env = _env(
+        render(
+            {
+                "clusterDomain": "corp.internal",
+                "guard": {
+                    "allowedCanaryEndpoints": ["http://canary.llm:9000", "https://c.example/v1"],
+                    "minCanaryInterval": "30s",
+                    "prometheus": {
+                        "url": "http://prometheus.monitoring.svc:9090",
+                        "allowedUrls": ["http://thanos.monitoring.svc:9090"],
+                    },
+                },
+                "security": {"hostPathPrefixes": ["/mnt/models", "/data/hf"]},
+            }
+        )
+    )
+    policy = OperatorSettings(
+        **{k.removeprefix("DSV4_").lower(): v for k, v in env.items()}
+    ).trust_policy
+    assert policy == TrustPolicy(
+        canary_endpoints=("http://canary.llm:9000", "https://c.example/v1"),
+        prometheus_url="http://prometheus.monitoring.svc:9090",
+        prometheus_urls=("http://thanos.monitoring.svc:9090",),
+        host_path_prefixes=("/mnt/models", "/data/hf"),
+        cluster_domain="corp.internal",
+        min_canary_interval="30s",
+    )

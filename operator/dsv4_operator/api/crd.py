@@ -53,19 +53,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 
 # The object's name bounds its children's names (names.py); the API server checks it here,
 # the webhook and `dsv4 validate` through trust.name_findings, from the same constants.
+# (No fieldPath: the API server accepts only paths into the schema, and metadata has none.)
 NAME_RULES: list[dict[str, Any]] = [
     {
         "rule": f"self.metadata.name.matches('{NAME_PATTERN}')",
         "message": "metadata.name must be a DNS-1035 label (lower-case letters, digits and "
         "'-', a letter first, no dots): it names the deployment's Services",
-        "fieldPath": ".metadata.name",
     },
     {
         "rule": f"size(self.metadata.name) <= {MAX_DEPLOYMENT_NAME_LENGTH}",
         "message": f"metadata.name must be at most {MAX_DEPLOYMENT_NAME_LENGTH} characters: "
         "the longest child, a BlueGreen pair's prefill StatefulSet '<name>-prefill-<10-char "
         "hash>', must fit the 52 characters a StatefulSet name may have",
-        "fieldPath": ".metadata.name",
     },
 ]
 
