@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import click
 import yaml
+from pydantic import ValidationError
 
 from dsv4_operator.api.crd import crd_yaml
 from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
@@ -54,7 +55,12 @@ def _documents(path: str) -> Iterator[Document]:
     if not docs:
         _fail(f"{path} holds no YAML document")
     # The same trust policy as an operator configured by these DSV4_* variables.
-    policy = OperatorSettings().trust_policy
+    try:
+        policy = OperatorSettings().trust_policy
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = "DSV4_" + "_".join(str(p) for p in first["loc"]).upper()
+        _fail(f"environment variable {name}: {first['msg']}")
     results = []
     for index, doc in enumerate(docs):
         try:

@@ -146,3 +146,29 @@ def test_crd_and_rules_commands() -> None:
     rules = json.loads(out)
     assert code == 0 and all(re.fullmatch(r"DSV4-R\d{3}", r["id"]) for r in rules)
     assert {"id", "severity", "acknowledgeable", "reference", "fixedBy"} <= set(rules[0])
+
+
+def test_validate_applies_the_operators_trust_policy_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["model"]["cache"] = {"hostPath": {"path": "/mnt/models/dsv4"}}
+    path = tmp_path / "host.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, out = run("validate", "-f", str(path))
+    assert code == 1 and "allows no hostPath" in out
+    monkeypatch.setenv("DSV4_HOST_PATH_PREFIXES", "/mnt/models")
+    assert run("validate", "-f", str(path))[0] == 0
+    monkeypatch.setenv("DSV4_MIN_CANARY_INTERVAL", "soon")
+    code, out = run("validate", "-f", str(path))
+    assert code == 2 and "DSV4_MIN_CANARY_INTERVAL" in out
+
+
+def test_a_list_as_metadata_is_bad_input_not_a_crash() -> None:
+    code, out = run(
+        "validate",
+        "-f",
+        "-",
+        stdin="apiVersion: dsv4.io/v1alpha1\nkind: DSV4Deployment\nmetadata: [x]\nspec: {}\n",
+    )
+    assert code == 2 and "metadata must be a mapping" in out
