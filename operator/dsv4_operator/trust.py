@@ -23,6 +23,7 @@ from dsv4_operator.api.status import Finding
 from dsv4_operator.names import (
     MAX_DEPLOYMENT_NAME_LENGTH,
     NAME_PATTERN,
+    STATEFULSET_NAME_LIMIT,
     longest_child_name,
     router_name,
 )
@@ -81,11 +82,12 @@ def name_findings(name: str | None) -> list[Finding]:
         problem = (
             f"is {len(name)} characters; at most {MAX_DEPLOYMENT_NAME_LENGTH} fit, because the "
             f"longest child, the StatefulSet {longest_child_name(name)!r}, must stay within "
-            "52 characters (the 63-character controller-revision-hash label of its pods)"
+            f"{STATEFULSET_NAME_LIMIT} characters (the 63-character controller-revision-hash "
+            "label of its pods)"
         )
     if problem is None:
         return []
-    return [Finding(rule=NAME_RULE, severity="error", field="metadata.name", message=f"{problem}")]
+    return [Finding(rule=NAME_RULE, severity="error", field="metadata.name", message=problem)]
 
 
 # --- URLs -----------------------------------------------------------------------------------
@@ -136,14 +138,11 @@ def _own_router(url: _Url, spec: DSV4DeploymentSpec, where: Placement, domain: s
     """The deployment's router Service, by any of its in-cluster DNS names."""
     if url.scheme != "http" or url.port != spec.router.port or url.path != "/":
         return False
-    if where.name is None:  # offline: the name is not known, only the shape can be checked
-        first, _, rest = url.host.partition(".")
-        if not first.endswith("-router"):
-            return False
-    else:
-        first, _, rest = url.host.partition(".")
-        if first != router_name(where.name):
-            return False
+    first, _, rest = url.host.partition(".")
+    # Offline (a file without a name) only the shape of the router's name can be checked.
+    expected = router_name(where.name) if where.name is not None else None
+    if first != expected and not (expected is None and first.endswith("-router")):
+        return False
     if not rest:
         return True
     namespace, _, tail = rest.partition(".")
