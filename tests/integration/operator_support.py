@@ -34,6 +34,14 @@ POOL = "operator"
 RTX = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
 
 
+def rtx_pool(control_plane: Any, prefix: str, count: int, pool: str = POOL) -> list[str]:
+    """`count` 8-GPU RTX PRO nodes named `<prefix>-<i>`, labelled into the test pool `pool`."""
+    names = [f"{prefix}-{i}" for i in range(count)]
+    for name in names:
+        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: pool})
+    return names
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

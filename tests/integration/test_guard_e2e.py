@@ -22,7 +22,7 @@ from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
 from tests.engine_double.config import parse_config, session_corruption_probability
 
 from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet
-from .operator_support import Cluster, OperatorProcess, example, free_port
+from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +52,7 @@ def cluster(dyn: Any, namespace: str, gpu_pool_e2e: list[str]) -> Cluster:
 
 @pytest.fixture(scope="module")
 def gpu_pool_e2e(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    from .operator_support import POOL, POOL_LABEL, RTX
-
-    names = [f"guard-rtx-{i}" for i in range(3)]
-    for name in names:
-        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: POOL})
-    return names
+    return rtx_pool(control_plane, "guard-rtx", 3)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.children import render_spec
 from tests.engine_double.process import DoubleProcess, launch_from_statefulset
 
-from .operator_support import POOL_LABEL, RTX, Cluster, OperatorProcess, example
+from .operator_support import POOL_LABEL, Cluster, OperatorProcess, example, rtx_pool
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +40,7 @@ HOSTILE_POOL = "hostile"
 
 @pytest.fixture(scope="module")
 def hostile_pool(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    names = [f"hostile-rtx-{i}" for i in range(2)]
-    for name in names:
-        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: HOSTILE_POOL})
-    return names
+    return rtx_pool(control_plane, "hostile-rtx", 2, HOSTILE_POOL)
 
 
 def _pinned(namespace: str, name: str, pool: str, **changes: Any) -> dict[str, Any]:

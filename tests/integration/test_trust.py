@@ -4,7 +4,6 @@ refusing URLs and node paths its configuration does not allow."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,9 @@ from .test_crd import rejection
 pytestmark = pytest.mark.integration
 
 
-def _set(doc: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(doc)
-    *parents, last = dotted.split(".")
-    node = out
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-    return out
+def _changed(namespace: str, field: str, value: Any) -> dict[str, Any]:
+    """The example with one `spec.`-prefixed field set (operator_support.example's changes)."""
+    return example(namespace, **{field.removeprefix("spec."): value})
 
 
 @pytest.mark.parametrize(
@@ -74,7 +68,7 @@ HOSTILE_VALUES = [
 def test_the_crd_refuses_values_outside_the_bounds(
     dyn: Any, dsv4_crd: dict[str, Any], namespace: str, field: str, value: Any, message: str
 ) -> None:
-    doc = _set(example(namespace), field, value)
+    doc = _changed(namespace, field, value)
     status, text = rejection(dyn, doc)
     assert status == 422 and field.removeprefix("spec.") in text and message in text, text
 
@@ -137,7 +131,7 @@ def test_rendered_pods_pass_pod_security_baseline(dyn: Any, namespace: str) -> N
         resource.create(body=pod, namespace=namespace, dry_run="All")
     # What the operator allows only through its hostPath allow-list does not pass baseline:
     # docs/security.md says so, and this is why no prefix is allowed by default.
-    host = _set(doc, "spec.model.cache", {"hostPath": {"path": "/mnt/models"}})
+    host = _changed(namespace, "spec.model.cache", {"hostPath": {"path": "/mnt/models"}})
     [engine, *_] = _pods_of(
         render_spec("dsv4-flash", namespace, DSV4DeploymentSpec.model_validate(host["spec"])),
         namespace,
@@ -164,7 +158,7 @@ def test_the_webhook_refuses_what_the_operator_does_not_allow(
     cluster = Cluster(dyn, namespace)
     webhook = webhook_operator(control_plane.kubeconfig_path, namespace, tmp_path)
     try:
-        probe = _set(example(namespace), *REFUSED_BY_POLICY[0][:2])
+        probe = _changed(namespace, *REFUSED_BY_POLICY[0][:2])
 
         def refused() -> str | None:
             try:
@@ -176,7 +170,7 @@ def test_the_webhook_refuses_what_the_operator_does_not_allow(
 
         wait_for("the API server to call the webhook", refused, timeout=60)
         for field, value, message in REFUSED_BY_POLICY:
-            status, text = rejection(dyn, _set(example(namespace), field, value))
+            status, text = rejection(dyn, _changed(namespace, field, value))
             assert status == 422 and "[trust]" in text and message in text, text
             assert field in text, text
         cluster.apply(example(namespace))  # the example itself is admitted
@@ -193,7 +187,7 @@ def test_a_refused_url_past_admission_is_reported_and_never_fetched(
     """Without the webhook (or from before a policy change) the reconcile refuses the spec,
     and the guard has nothing to report: it never fetched the URL."""
     cluster = Cluster(dyn, namespace)
-    cluster.apply(_set(example(namespace), "spec.guard.canary.endpoint", "http://10.0.0.1:80"))
+    cluster.apply(_changed(namespace, "spec.guard.canary.endpoint", "http://10.0.0.1:80"))
     obj = cluster.wait_phase("Invalid", timeout=60)
     [finding] = [f for f in obj["status"]["findings"] if f["rule"] == "trust"]
     assert finding["field"] == "spec.guard.canary.endpoint"
