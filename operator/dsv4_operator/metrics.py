@@ -15,7 +15,25 @@ from dsv4_operator.names import revision_name
 RECONCILES = Counter("dsv4_reconciles_total", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("dsv4_reconcile_duration_seconds", "Duration of one reconcile pass.")
 WRITES = Counter(
-    "dsv4_api_writes_total", "API write requests made by reconciles (no growth when idle)."
+    "dsv4_api_writes_total",
+    "API write requests the operator made, by verb and resource (flat when nothing changes).",
+    ["verb", "resource"],
+)
+READS = Counter(
+    "dsv4_api_reads_total",
+    "API reads the operator made outside its watch cache, by verb and resource.",
+    ["verb", "resource"],
+)
+WATCH_LISTS = Counter(
+    "dsv4_watch_lists_total",
+    "LIST+WATCH sessions of the watch cache (start-up, then only after 410 Gone or a break).",
+    ["resource"],
+)
+WATCH_ERRORS = Counter(
+    "dsv4_watch_errors_total", "Watch streams that failed and were restarted.", ["resource"]
+)
+EVENTS_POSTED = Counter(
+    "dsv4_events_total", "Kubernetes Events posted, new or aggregated into one.", ["action"]
 )
 LEAK_RATE = Gauge(
     "dsv4_leak_rate",

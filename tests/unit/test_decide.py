@@ -78,7 +78,8 @@ def test_fresh_create_applies_everything(variant: Callable[..., dict[str, Any]])
     assert [o["kind"] for o in decision.create] == ["ControllerRevision"]
     assert {n.reason for n in decision.events} == {"Creating", "RevisionCreated"}
     assert decision.status.phase == "Progressing"
-    assert decision.requeue_after is not None
+    # Waiting for the children is event-driven: no timer.
+    assert decision.waiting and decision.requeue_after is None
 
 
 def test_settled_world_needs_no_write(variant: Callable[..., dict[str, Any]]) -> None:

@@ -33,7 +33,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
 from dsv4_operator.guard.observations import Key, Observations
 from dsv4_operator.guard.prometheus import PrometheusError, instant_value
-from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.cache import Reader
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.names import router_url
 from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
@@ -80,7 +80,7 @@ class GuardSupervisor:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: Reader,
         observations: Observations,
         wake: Callable[[Key], None],
         runner: CanaryRunner = probe_runner,

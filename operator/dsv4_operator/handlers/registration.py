@@ -1,4 +1,4 @@
-"""kopf registration: watch events enqueue keys; the work queue runs the reconciles."""
+"""kopf registration: the watch cache's changes enqueue keys; the work queue runs reconciles."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,41 +17,100 @@ from dsv4_operator.guard.daemon import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
 from dsv4_operator.handlers.queue import WorkQueue
+from dsv4_operator.kube.cache import Listener, WatchCache, Watched
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.names import (
-    DEPLOYMENT_LABEL,
-    GROUP,
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    PLURAL,
-    VERSION,
+from dsv4_operator.kube.errors import Forbidden
+from dsv4_operator.kube.resources import (
+    CONTROLLER_REVISION,
+    DEPLOYMENT,
+    DSV4,
+    PDB,
+    POD,
+    SERVICE,
+    SERVICE_MONITOR,
+    STATEFULSET,
+    Resource,
 )
+from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.webhook_certs import self_signed
 
-# Children whose changes move a rollout forward (ready replicas, deletions).
-WATCHED_CHILDREN = (
-    ("apps", "v1", "statefulsets"),
-    ("apps", "v1", "deployments"),
-    ("", "v1", "pods"),
+log = logging.getLogger(__name__)
+
+# Every kind a reconcile reads, kept by the watch cache. Children and their pods carry the
+# operator's labels, so the API server filters them (never every pod in the cluster).
+CHILD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
+WATCHED = (
+    Watched(DSV4),
+    *(
+        Watched(res, label_selector=CHILD_SELECTOR)
+        for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB, CONTROLLER_REVISION, POD)
+    ),
+    Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
 )
+
+
+def _count_request(verb: str, resource: str) -> None:
+    counter = metrics.READS if verb in ("get", "list") else metrics.WRITES
+    counter.labels(verb, resource).inc()
 
 
 class _Counted(Reconciler):
     async def __call__(self, key: tuple[str, str]) -> float | None:
-        before = self.client.writes
         with metrics.RECONCILE_SECONDS.time():
             try:
                 again = await super().__call__(key)
             except Exception:
                 metrics.RECONCILES.labels("error").inc()
                 raise
-            finally:
-                metrics.WRITES.inc(self.client.writes - before)
         metrics.RECONCILES.labels("ok").inc()
         return again
+
+
+def _watchable(client: KubeClient, namespaces: list[str]) -> Callable[[Resource], Awaitable[bool]]:
+    """Whether an optional kind (ServiceMonitor) is served and the operator may list it."""
+
+    async def check(res: Resource) -> bool:
+        if not await client.serves(res):
+            return False
+        try:
+            scopes: list[str | None] = list(namespaces) or [None]
+            for namespace in scopes:
+                await client.list(res, namespace, {MANAGED_BY_LABEL: MANAGED_BY})
+        except Forbidden:
+            log.warning(
+                "not watching %s: RBAC does not allow listing them (chart value "
+                "rbac.serviceMonitors); spec.monitoring.serviceMonitor cannot be applied",
+                res.plural,
+            )
+            return False
+        return True
+
+    return check
+
+
+def _on_change(memo: Any) -> Listener:
+    """What a change seen by the watch cache does: enqueue the owner; (re)start its guard."""
+
+    def changed(res: Resource, obj: dict[str, Any], deleted: bool) -> None:
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or ""
+        if res == DSV4:
+            key = (namespace, meta["name"])
+            if deleted:
+                memo.queue.forget(key)
+                memo.guards.stop(key)
+            else:
+                memo.queue.add(key, meta.get("generation"))
+                memo.guards.ensure(key, dict(obj.get("spec") or {}))
+            return
+        owner = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
+        if owner:
+            memo.queue.add((namespace, owner))
+
+    return changed
 
 
 def _webhook_server(op: OperatorSettings) -> kopf.WebhookServer:
@@ -93,7 +153,16 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings, op)
-        client = KubeClient.from_environment(field_manager=op.field_manager)
+        client = KubeClient.from_environment(
+            field_manager=op.field_manager, on_request=_count_request
+        )
+        cache = WatchCache(
+            settings,
+            WATCHED,
+            op.namespace_list or None,
+            _on_change(memo),
+            _watchable(client, op.namespace_list),
+        )
         observations = Observations()
         reconciler = _Counted(
             client,
@@ -101,11 +170,16 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
                 revision_history_limit=op.revision_history_limit, trust=op.trust_policy
             ),
             observations=observations,
+            cache=cache,
         )
         queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
-        memo.client, memo.queue = client, queue
-        memo.guards = GuardSupervisor(client, observations, wake=queue.add, policy=op.trust_policy)
-        memo.task = asyncio.create_task(queue.run())
+        memo.client, memo.queue, memo.cache = client, queue, cache
+        memo.guards = GuardSupervisor(cache, observations, wake=queue.add, policy=op.trust_policy)
+        # The streams start here, on kopf's event loop and with its login (a startup handler
+        # runs in the context that holds kopf's credentials); reconciles start once every
+        # kind is listed, so no pass decides on a half-filled cache.
+        await cache.start()
+        memo.task = asyncio.create_task(_run_when_synced(cache, queue))
         if op.metrics_port:
             metrics.serve(op.metrics_port)
 
@@ -115,47 +189,17 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         memo.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await memo.task
+        await memo.cache.close()
         await memo.client.close()
-
-    # Async handlers: they run on the operator's event loop, where the queue and the guard
-    # tasks live (kopf runs sync handlers in a thread pool).
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def owner_changed(
-        event: kopf.RawEvent,
-        name: str,
-        namespace: str | None,
-        meta: kopf.Meta,
-        memo: Any,
-        **_: Any,
-    ) -> None:
-        key = (namespace or "", name)
-        if event["type"] == "DELETED":
-            memo.queue.forget(key)
-            memo.guards.stop(key)
-        else:
-            memo.queue.add(key, meta.get("generation"))
-            memo.guards.ensure(key, dict(event["object"].get("spec") or {}))
-
-    async def child_changed(
-        namespace: str | None, labels: kopf.Labels, memo: Any, **_: Any
-    ) -> None:
-        owner = labels.get(DEPLOYMENT_LABEL)
-        if owner and namespace:
-            memo.queue.add((namespace, owner))
-
-    for group, version, plural in WATCHED_CHILDREN:
-        kopf.on.event(
-            group,
-            version,
-            plural,
-            registry=registry,
-            labels={MANAGED_BY_LABEL: MANAGED_BY, DEPLOYMENT_LABEL: kopf.PRESENT},
-            id=f"child-{plural}",
-        )(child_changed)
 
     if op.webhook:
         admission.register(registry, op.trust_policy)
     return registry
+
+
+async def _run_when_synced(cache: WatchCache, queue: WorkQueue) -> None:
+    await cache.wait_synced()
+    await queue.run()
 
 
 def run(op: OperatorSettings) -> None:

@@ -15,6 +15,7 @@ certificates are read once (an exec plugin that returns certificates is not re-r
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import ssl
@@ -32,6 +33,8 @@ from dsv4_operator.kube.resources import Resource, resource_of
 
 Obj = dict[str, Any]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# (verb, resource plural) of every request made, e.g. ("list", "pods"), ("patch", "statefulsets")
+RequestHook = Callable[[str, str], None]
 
 
 # --- credentials ----------------------------------------------------------------------------
@@ -224,17 +227,27 @@ class KubeClient:
     was not reached); a 401 that survives one re-login is a `KubeError` with `status == 401`.
     """
 
-    def __init__(self, http: httpx.AsyncClient, field_manager: str = "dsv4-operator") -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        field_manager: str = "dsv4-operator",
+        on_request: RequestHook | None = None,
+    ) -> None:
         self.http = http
         self.field_manager = field_manager
+        self.on_request = on_request
         self.writes = 0
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
 
     @classmethod
     def from_environment(
-        cls, kubeconfig: str | None = None, field_manager: str = "dsv4-operator"
+        cls,
+        kubeconfig: str | None = None,
+        field_manager: str = "dsv4-operator",
+        on_request: RequestHook | None = None,
     ) -> KubeClient:
         cfg, credentials = load_credentials(kubeconfig)
-        return cls(http_client_for(cfg, credentials=credentials), field_manager)
+        return cls(http_client_for(cfg, credentials=credentials), field_manager, on_request)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -244,12 +257,17 @@ class KubeClient:
         method: str,
         path: str,
         *,
+        verb: str,
+        resource: str,
         params: Mapping[str, str] | None = None,
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
         if method in WRITE_METHODS:
             self.writes += 1
+        self.requests[verb, resource] += 1
+        if self.on_request is not None:
+            self.on_request(verb, resource)
         try:
             response = await self.http.request(
                 method,
@@ -274,9 +292,21 @@ class KubeClient:
 
     async def get(self, res: Resource, namespace: str | None, name: str) -> Obj | None:
         try:
-            return await self._request("GET", res.path(namespace, name))
+            return await self._request(
+                "GET", res.path(namespace, name), verb="get", resource=res.plural
+            )
         except NotFound:
             return None
+
+    async def serves(self, res: Resource) -> bool:
+        """Whether the API server serves `res` (discovery of its group version; 404: no)."""
+        try:
+            data = await self._request(
+                "GET", res.path().rsplit("/", 1)[0], verb="get", resource="discovery"
+            )
+        except NotFound:
+            return False
+        return any(r.get("name") == res.plural for r in data.get("resources", []))
 
     async def list(
         self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
@@ -285,7 +315,9 @@ class KubeClient:
         if labels:
             params["labelSelector"] = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         try:
-            data = await self._request("GET", res.path(namespace), params=params)
+            data = await self._request(
+                "GET", res.path(namespace), verb="list", resource=res.plural, params=params
+            )
         except NotFound:
             return []  # the type is not installed (e.g. ServiceMonitor without prometheus-operator)
         items: list[Obj] = data.get("items", [])
@@ -296,18 +328,33 @@ class KubeClient:
 
     async def apply(self, obj: Obj) -> Obj:
         """Server-side apply with this client's field manager (force: the operator owns them)."""
-        meta = obj["metadata"]
+        meta, res = obj["metadata"], resource_of(obj)
         return await self._request(
             "PATCH",
-            resource_of(obj).path(meta.get("namespace"), meta["name"]),
+            res.path(meta.get("namespace"), meta["name"]),
+            verb="patch",
+            resource=res.plural,
             params={"fieldManager": self.field_manager, "force": "true"},
             body=obj,
             content_type="application/apply-patch+yaml",
         )
 
     async def create(self, obj: Obj) -> Obj:
-        meta = obj["metadata"]
-        return await self._request("POST", resource_of(obj).path(meta.get("namespace")), body=obj)
+        meta, res = obj["metadata"], resource_of(obj)
+        return await self._request(
+            "POST", res.path(meta.get("namespace")), verb="create", resource=res.plural, body=obj
+        )
+
+    async def merge_patch(self, res: Resource, namespace: str | None, name: str, patch: Obj) -> Obj:
+        """A JSON merge patch (for objects the operator does not own by apply, e.g. Events)."""
+        return await self._request(
+            "PATCH",
+            res.path(namespace, name),
+            verb="patch",
+            resource=res.plural,
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
 
     async def delete(self, res: Resource, namespace: str | None, name: str) -> bool:
         """Delete with background propagation; False when it was already gone."""
@@ -315,6 +362,8 @@ class KubeClient:
             await self._request(
                 "DELETE",
                 res.path(namespace, name),
+                verb="delete",
+                resource=res.plural,
                 body={
                     "kind": "DeleteOptions",
                     "apiVersion": "v1",
@@ -336,6 +385,8 @@ class KubeClient:
         return await self._request(
             "PATCH",
             res.path(namespace, name) + "/status",
+            verb="patch",
+            resource=f"{res.plural}/status",
             params={"fieldManager": self.field_manager, "force": "true"},
             body=body,
             content_type="application/apply-patch+yaml",

@@ -2,62 +2,50 @@
 
 from __future__ import annotations
 
-import logging
-from datetime import datetime
+from collections.abc import Callable
+from typing import Any
 
-from dsv4_operator.events import Note
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import KubeError
+from dsv4_operator.kube.errors import Conflict
 from dsv4_operator.kube.resources import DSV4
-from dsv4_operator.names import OPERATOR, format_time
 from dsv4_operator.reconcile.actions import Decision
+from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.world import World
 
-log = logging.getLogger(__name__)
-REPORTING_COMPONENT = OPERATOR
+Observe = Callable[[dict[str, Any]], None]
 
 
-async def post_event(client: KubeClient, world: World, note: Note, now: datetime) -> None:
-    """A core/v1 Event on the DSV4Deployment; failures are logged, never fatal."""
-    stamp = format_time(now)
-    event = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{world.name}.", "namespace": world.namespace},
-        "involvedObject": {
-            "apiVersion": DSV4.api_version,
-            "kind": DSV4.kind,
-            "name": world.name,
-            "namespace": world.namespace,
-            "uid": world.uid,
-        },
-        "type": note.type,
-        "reason": note.reason,
-        "message": note.message[:1024],
-        "source": {"component": REPORTING_COMPONENT},
-        "reportingComponent": REPORTING_COMPONENT,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-    try:
-        await client.create(event)
-    except KubeError as error:
-        log.warning(
-            "could not post event %s on %s/%s: %s", note.reason, world.namespace, world.name, error
-        )
+def _ignore(_: dict[str, Any]) -> None:
+    return None
 
 
-async def act(client: KubeClient, world: World, decision: Decision) -> None:
-    """Deletes first (Recreate must stop the old pair before anything new starts)."""
+async def act(
+    client: KubeClient,
+    world: World,
+    decision: Decision,
+    recorder: EventRecorder | None = None,
+    observe: Observe = _ignore,
+) -> None:
+    """Deletes first (Recreate must stop the old pair before anything new starts).
+
+    `observe` gets every object the API server returns for a write, so a watch cache can
+    fold it in before the watch event arrives.
+    """
     for res, name in decision.delete:
         await client.delete(res, world.namespace, name)
     for obj in decision.create:
-        await client.create(obj)
+        try:
+            observe(await client.create(obj))
+        except Conflict:
+            # Already there: a pass that read a cache the watch had not yet brought up to
+            # date. Creates are only used for immutable objects (ControllerRevisions).
+            continue
     for obj in decision.apply:
-        await client.apply(obj)
+        observe(await client.apply(obj))
     status = decision.status.to_wire()
     if status != world.status.to_wire():
-        await client.apply_status(DSV4, world.namespace, world.name, status)
+        observe(await client.apply_status(DSV4, world.namespace, world.name, status))
+    recorder = recorder or EventRecorder(client)
+    subject = Subject(world.namespace, world.name, world.uid)
     for note in decision.events:
-        await post_event(client, world, note, world.now)
+        await recorder.post(subject, note, world.now)

@@ -13,8 +13,6 @@ from dsv4_operator.reconcile.diff import in_place, stamped
 from dsv4_operator.reconcile.world import Obj, World
 from dsv4_operator.trust import TrustPolicy
 
-WAIT_SECONDS = 5.0  # requeue while a rollout step waits on pods
-
 
 @dataclass
 class Decision:
@@ -25,6 +23,9 @@ class Decision:
     create: list[Obj] = field(default_factory=list)
     status: DSV4DeploymentStatus = field(default_factory=DSV4DeploymentStatus)
     events: list[Note] = field(default_factory=list)
+    # A wait on the world (pods, replicas) needs no timer: a watch event on the awaited
+    # object brings the key back. Only the clock (a bake time) sets `requeue_after`.
+    waiting: bool = False
     requeue_after: float | None = None
     ooms: list[OomEvent] = field(default_factory=list)
     rollbacks: list[RollbackReason] = field(default_factory=list)
@@ -68,4 +69,4 @@ class Actions:
         self.decision.events.append(Note(type_, reason, message))
 
     def wait(self) -> None:
-        self.decision.requeue_after = WAIT_SECONDS
+        self.decision.waiting = True

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
 from dsv4_operator.engine.validation import Validation
+from dsv4_operator.guard.decision import GuardOutcome
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -22,7 +24,7 @@ from dsv4_operator.kube.resources import (
     SERVICE_MONITOR,
     STATEFULSET,
 )
-from dsv4_operator.names import API_VERSION, KIND, revision_name, router_name
+from dsv4_operator.names import API_VERSION, KIND, parse_time, revision_name, router_name
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
 from dsv4_operator.reconcile.status import Progress, build_status
@@ -200,6 +202,18 @@ def _invalid_message(validation: Validation) -> str:
     )
 
 
+def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardOutcome) -> float | None:
+    """Seconds until a passing revision has baked (no watch event marks that moment)."""
+    window = guard.guard
+    if window is None or not window.passing_since or guard.last_known_good == window.revision:
+        return None
+    passing_since = parse_time(window.passing_since)
+    if passing_since is None:
+        return None
+    due = passing_since + parse_duration(spec.guard.bake_time)
+    return max((due - world.now).total_seconds(), 1.0)
+
+
 def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     """One reconcile pass."""
     settings = settings or ReconcileSettings()
@@ -227,6 +241,7 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
     decision.status = build_status(world, validation, target, progress, None, guard)
+    decision.requeue_after = _bake_wake(world, spec, guard)
     return decision
 
 

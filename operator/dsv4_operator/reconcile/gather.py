@@ -1,4 +1,4 @@
-"""gather(): read the owner and everything it owns from the API server into a World.
+"""gather(): read the owner and everything it owns into a World (from the watch cache).
 
 The typed boundary: the owner's spec is validated (parsed, checked, planned) and its status
 parsed here, once per pass; nothing after this reads them as dicts.
@@ -11,7 +11,7 @@ from datetime import datetime
 from dsv4_operator.api.status import parse_status
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.cache import Reader
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -21,6 +21,7 @@ from dsv4_operator.kube.resources import (
     SERVICE,
     SERVICE_MONITOR,
     STATEFULSET,
+    Resource,
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL
 from dsv4_operator.reconcile.world import Obj, World
@@ -37,7 +38,7 @@ def _owned(items: list[Obj], uid: str) -> list[Obj]:
 
 
 async def gather(
-    client: KubeClient,
+    client: Reader,
     namespace: str,
     name: str,
     now: datetime,
@@ -51,8 +52,8 @@ async def gather(
     uid = owner["metadata"]["uid"]
     selector = {DEPLOYMENT_LABEL: name}
 
-    async def owned(res: object) -> list[Obj]:
-        return _owned(await client.list(res, namespace, selector), uid)  # type: ignore[arg-type]
+    async def owned(res: Resource) -> list[Obj]:
+        return _owned(await client.list(res, namespace, selector), uid)
 
     # Listed even when disabled, so a monitor left from before is deleted (404 -> none).
     monitors = await owned(SERVICE_MONITOR)

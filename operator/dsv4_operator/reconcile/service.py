@@ -7,12 +7,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from dsv4_operator.guard.observations import Observations
+from dsv4_operator.kube.cache import Reader, WatchCache
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
 from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
+from dsv4_operator.reconcile.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -23,7 +25,11 @@ def utc_now() -> datetime:
 
 
 class Reconciler:
-    """Binds the client, settings and clock; called by the work queue with a key."""
+    """Binds the client, settings and clock; called by the work queue with a key.
+
+    Reads go to `cache` (the operator's watch cache; the client itself when none is given),
+    writes to `client`; what a write returns is folded into the cache.
+    """
 
     def __init__(
         self,
@@ -31,8 +37,12 @@ class Reconciler:
         settings: ReconcileSettings,
         clock: Clock = utc_now,
         observations: Observations | None = None,
+        cache: WatchCache | None = None,
     ) -> None:
         self.client = client
+        self.cache = cache
+        self.reader: Reader = cache or client
+        self.recorder = EventRecorder(client)
         self.settings = settings
         self.clock = clock
         self.observations = observations or Observations()
@@ -41,7 +51,7 @@ class Reconciler:
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
         world = await gather(
-            self.client, namespace, name, self.clock(), self.observations, self.settings.trust
+            self.reader, namespace, name, self.clock(), self.observations, self.settings.trust
         )
         if world is None:
             self.observations.forget(key)
@@ -66,7 +76,10 @@ class Reconciler:
                 len(decision.create),
                 "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
             )
-        await act(self.client, world, decision)
+        if self.cache is not None:
+            await act(self.client, world, decision, self.recorder, self.cache.observe)
+        else:
+            await act(self.client, world, decision, self.recorder)
         if decision.cleared or decision.rollbacks:
             self.observations.forget(key)  # the next window starts from nothing
         self.guard_metrics.observe(

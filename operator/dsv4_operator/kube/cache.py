@@ -1,0 +1,345 @@
+"""A watch-backed cache of every object a reconcile reads, fed by kopf's watch streams.
+
+Why kopf's streams (`kopf._cogs.clients.watching.continuous_watch`, kopf pinned in
+pyproject.toml): they are the maintained list+watch the operator already runs on: chunked
+LIST, then WATCH from the list's resourceVersion with bookmarks (so the version stays fresh
+while nothing changes), resumption from the last seen version after a disconnect, a new
+LIST after `410 Gone`, server-side label selectors, and kopf's login/re-login. kopf's
+public indexes (`@kopf.index`) sit on the same streams but never learn of an object deleted
+while a watch was down: after a 410 kopf re-lists without dropping what the new list lacks.
+One call of `continuous_watch` is one list+watch session, so this module can apply a
+client-go informer's "replace" rule at the list's end (`Bookmark.LISTED`): whatever the
+new list lacks is gone. tests/integration/test_cache.py pins that contract on a real API
+server, so a kopf upgrade that changes it fails there.
+
+Children and pods are watched with a server-side selector (`managed-by=dsv4-operator`),
+never every pod in the cluster. Reads are served from memory (callers must not mutate what
+they get); `observe()` folds the reply of the operator's own write in, so the next pass does
+not act again on a stale copy. `metadata.managedFields` is dropped (memory; never read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import kopf
+from kopf._cogs.clients import errors as kopf_errors
+from kopf._cogs.clients import watching
+from kopf._cogs.structs import references
+
+from dsv4_operator import metrics
+from dsv4_operator.kube.resources import Resource
+from dsv4_operator.names import DEPLOYMENT_LABEL
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+Objs = list[Obj]  # (the class below has a method named `list`)
+Key = tuple[str, str]  # (namespace, name)
+# What changed: the kind, the object (its last state when deleted), whether it was deleted.
+Listener = Callable[[Resource, Obj, bool], None]
+# Whether a kind's API is served (ServiceMonitor needs the prometheus-operator CRDs).
+Discover = Callable[[Resource], Any]
+
+ERROR_BACKOFF_MAX = 60.0
+ABSENT_RECHECK_SECONDS = 300.0
+
+
+class Reader(Protocol):
+    """Reads as the reconcile needs them: the cache serves them, `KubeClient` too (no cache)."""
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> Obj | None: ...
+
+    async def list(
+        self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> list[Obj]: ...
+
+
+@dataclass(frozen=True)
+class Watched:
+    """One kind to keep in the cache."""
+
+    resource: Resource
+    label_selector: str | None = None  # applied by the API server
+    optional: bool = False  # its API may be missing; then it is empty and checked again later
+
+
+def _kopf_resource(res: Resource) -> references.Resource:
+    group, _, version = res.api_version.rpartition("/")
+    return references.Resource(group, version, res.plural, kind=res.kind, namespaced=True)
+
+
+def _same_kind(kres: references.Resource) -> Callable[[references.Resource], bool]:
+    def same(other: references.Resource) -> bool:
+        return other.group == kres.group and other.plural == kres.plural
+
+    return same
+
+
+def _key(obj: Obj) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _newer(candidate: str | None, cached: str | None) -> bool:
+    """Whether `candidate` is a later resourceVersion than `cached`.
+
+    resourceVersions are opaque; etcd's are integers, and only then are two compared. Two
+    versions that are not both integers count as newer: the watch settles it right after.
+    """
+    if candidate is None or cached is None:
+        return True
+    if candidate.isdigit() and cached.isdigit():
+        return int(candidate) > int(cached)
+    return candidate != cached
+
+
+@dataclass
+class _Store:
+    """The objects of one kind, by key, with an index by owning DSV4Deployment."""
+
+    objects: dict[Key, Obj] = field(default_factory=dict)
+    by_owner: dict[Key, set[Key]] = field(default_factory=dict)
+
+    @staticmethod
+    def _owner(obj: Obj) -> Key | None:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        owner = labels.get(DEPLOYMENT_LABEL)
+        return (_key(obj)[0], owner) if owner else None
+
+    def put(self, obj: Obj) -> Obj | None:
+        key = _key(obj)
+        old = self.objects.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self.objects[key] = obj
+        owner = self._owner(obj)
+        if owner is not None:
+            self.by_owner.setdefault(owner, set()).add(key)
+        return old
+
+    def pop(self, key: Key) -> Obj | None:
+        old = self.objects.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def _unindex(self, key: Key, obj: Obj) -> None:
+        owner = self._owner(obj)
+        if owner is not None and owner in self.by_owner:
+            self.by_owner[owner].discard(key)
+            if not self.by_owner[owner]:
+                del self.by_owner[owner]
+
+
+def _trim(obj: Obj, res: Resource) -> Obj:
+    obj.setdefault("apiVersion", res.api_version)
+    obj.setdefault("kind", res.kind)
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+class WatchCache:
+    """Keeps `watched` kinds in memory from kopf's watch streams; calls `listener` on changes.
+
+    `namespaces`: the namespaces watched (one stream per kind and namespace), or None for
+    cluster-wide streams. `discover(resource)` answers whether an optional kind's API is
+    served; the cache asks it at start and every `ABSENT_RECHECK_SECONDS` while it is not.
+    """
+
+    def __init__(
+        self,
+        settings: kopf.OperatorSettings,
+        watched: Sequence[Watched],
+        namespaces: Sequence[str] | None,
+        listener: Listener | None = None,
+        discover: Discover | None = None,
+    ) -> None:
+        self.settings = settings
+        self.watched = list(watched)
+        self.namespaces: list[str | None] = list(namespaces) if namespaces else [None]
+        self.listener = listener
+        self.discover = discover
+        self._stores: dict[Resource, _Store] = {w.resource: _Store() for w in self.watched}
+        for w in self.watched:
+            if w.label_selector:
+                selector = references.Selector(_same_kind(_kopf_resource(w.resource)))
+                settings.watching.label_selectors[selector] = w.label_selector
+        self._absent: set[Resource] = set()
+        self._pending = {(w.resource, ns) for w in self.watched for ns in self.namespaces}
+        self._synced = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.lists = 0  # LIST sessions started (the initial ones and every re-list)
+        self.events = 0
+
+    # --- reads ---------------------------------------------------------------------------
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> Obj | None:
+        return self._stores[res].objects.get((namespace or "", name))
+
+    async def list(
+        self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
+    ) -> Objs:
+        store = self._stores[res]
+        wanted = dict(labels or {})
+        owner = wanted.get(DEPLOYMENT_LABEL)
+        if owner is not None and namespace is not None:
+            keys: Iterable[Key] = sorted(store.by_owner.get((namespace, owner), ()))
+            candidates = [store.objects[k] for k in keys]
+        else:
+            candidates = [o for k, o in sorted(store.objects.items()) if namespace in (None, k[0])]
+        return [o for o in candidates if _matches(o, wanted)]
+
+    def keys(self, res: Resource) -> builtins.list[Key]:
+        return sorted(self._stores[res].objects)
+
+    # --- writes the operator made --------------------------------------------------------
+
+    def observe(self, obj: Obj) -> None:
+        """Fold in an object the API server returned for the operator's own write."""
+        res = next((r for r in self._stores if r.kind == obj.get("kind")), None)
+        if res is None or not obj.get("metadata"):
+            return
+        store = self._stores[res]
+        cached = store.objects.get(_key(obj))
+        version = obj["metadata"].get("resourceVersion")
+        if cached is None or _newer(version, cached["metadata"].get("resourceVersion")):
+            store.put(_trim(obj, res))
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start one stream per kind and namespace (again after `close()`: the store stays,
+        and each new list drops what it no longer holds)."""
+        self._pending = {(w.resource, ns) for w in self.watched for ns in self.namespaces}
+        self._synced.clear()
+        for w in self.watched:
+            for ns in self.namespaces:
+                self._tasks.append(asyncio.create_task(self._run(w, ns), name=f"watch {w}"))
+
+    async def wait_synced(self) -> None:
+        """Until every stream has finished its first list (absent optional kinds count)."""
+        if not self._pending:
+            self._synced.set()
+        await self._synced.wait()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    def _listed(self, res: Resource, ns: str | None) -> None:
+        self._pending.discard((res, ns))
+        if not self._pending:
+            self._synced.set()
+
+    async def _served(self, w: Watched) -> bool:
+        if not w.optional or self.discover is None:
+            return True
+        served = bool(await self.discover(w.resource))
+        if served:
+            self._absent.discard(w.resource)
+        else:
+            self._absent.add(w.resource)
+        return served
+
+    async def _run(self, w: Watched, ns: str | None) -> None:
+        failures = 0
+        while True:
+            try:
+                if not await self._served(w):
+                    self._listed(w.resource, ns)
+                    await asyncio.sleep(ABSENT_RECHECK_SECONDS)
+                    continue
+                await self._session(w, ns)
+                failures = 0
+                # The session ended: a 410 Gone or a broken list; the next one lists again.
+                await asyncio.sleep(self.settings.watching.reconnect_backoff)
+            except asyncio.CancelledError:
+                raise
+            except kopf_errors.APINotFoundError:
+                self._absent.add(w.resource)  # the kind went away (CRD deleted)
+                self._listed(w.resource, ns)
+                await asyncio.sleep(ABSENT_RECHECK_SECONDS)
+            except Exception as error:  # one broken stream must not stop the others
+                failures += 1
+                delay = min(2.0**failures, ERROR_BACKOFF_MAX)
+                metrics.WATCH_ERRORS.labels(w.resource.plural).inc()
+                log.warning(
+                    "watch of %s %s failed (%s: %s); again in %.0fs",
+                    w.resource.plural,
+                    f"in {ns}" if ns else "cluster-wide",
+                    type(error).__name__,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    async def _session(self, w: Watched, ns: str | None) -> None:
+        """One list, then watch until the stream ends; the list's end replaces the store."""
+        res = w.resource
+        kres = _kopf_resource(res)
+        namespace = references.NamespaceName(ns) if ns is not None else None
+        listed: set[Key] = set()
+        self.lists += 1
+        metrics.WATCH_LISTS.labels(res.plural).inc()
+        async with watching.streaming_block(resource=kres, namespace=namespace) as waiter:
+            stream = watching.continuous_watch(
+                settings=self.settings,
+                resource=kres,
+                namespace=namespace,
+                operator_pause_waiter=waiter,
+            )
+            async for event in stream:
+                if event is watching.Bookmark.LISTED:
+                    self._replace(res, ns, listed)
+                    self._listed(res, ns)
+                    continue
+                if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
+                    continue
+                obj = _trim(dict(event["object"]), res)
+                self.events += 1
+                if event.get("type") is None:  # part of the list
+                    listed.add(_key(obj))
+                if event.get("type") == "DELETED":
+                    self._remove(res, _key(obj), obj)
+                else:
+                    self._put(res, obj)
+
+    def _put(self, res: Resource, obj: Obj) -> None:
+        old = self._stores[res].put(obj)
+        version = obj["metadata"].get("resourceVersion")
+        if old is None or old["metadata"].get("resourceVersion") != version:
+            self._notify(res, obj, deleted=False)
+
+    def _remove(self, res: Resource, key: Key, last: Obj) -> None:
+        if self._stores[res].pop(key) is not None:
+            self._notify(res, last, deleted=True)
+
+    def _replace(self, res: Resource, ns: str | None, listed: set[Key]) -> None:
+        """After a (re-)list: what the list lacks was deleted while no watch was running."""
+        store = self._stores[res]
+        gone = [k for k in store.objects if k not in listed and ns in (None, k[0])]
+        for key in gone:
+            self._remove(res, key, store.objects[key])
+
+    def _notify(self, res: Resource, obj: Obj, deleted: bool) -> None:
+        if self.listener is None:
+            return
+        try:
+            self.listener(res, obj, deleted)
+        except Exception:  # a listener bug must not stop the stream
+            log.exception("cache listener failed for %s %s", res.kind, _key(obj))
+
+
+def _matches(obj: Obj, wanted: Mapping[str, str]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())

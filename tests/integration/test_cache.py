@@ -1,0 +1,193 @@
+"""The watch cache against a real API server: server-side selection, changes, a watch gap,
+and a genuine 410 Gone (watch cache off for Services, etcd compacted every second)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from kopf._cogs.clients import auth
+from kopf._cogs.structs import credentials
+
+from dsv4_devcluster import ControlPlane
+from dsv4_operator import metrics
+from dsv4_operator.kube.cache import WatchCache, Watched
+from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.resources import SERVICE, Resource
+from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+
+SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
+Change = tuple[str, str, bool]  # (name, resourceVersion, deleted)
+
+
+async def _kopf_login(kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> credentials.Vault:
+    """What kopf's operator does before its tasks start: credentials into its vault."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_kubeconfig(settings=settings)
+    assert info is not None
+    vault = credentials.Vault()
+    await vault.populate({"test": info})
+    auth.vault_var.set(vault)
+    return vault
+
+
+def _service(namespace: str, name: str, owned: bool = True, step: str = "0") -> dict[str, Any]:
+    labels = {MANAGED_BY_LABEL: MANAGED_BY, DEPLOYMENT_LABEL: "d"} if owned else {"x": "y"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {"step": step},
+        },
+        "spec": {"clusterIP": "None", "ports": [{"port": 80}]},
+    }
+
+
+async def _until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.05)
+    assert check(), what
+
+
+@pytest.fixture
+async def client(control_plane: ControlPlane) -> AsyncIterator[KubeClient]:
+    kube = KubeClient.from_environment(str(control_plane.kubeconfig_path))
+    yield kube
+    await kube.close()
+
+
+def _cache(namespace: str, changes: list[Change], **watching: Any) -> WatchCache:
+    settings = kopf.OperatorSettings()
+    for key, value in watching.items():
+        setattr(settings.watching, key, value)
+
+    def listener(res: Resource, obj: dict[str, Any], deleted: bool) -> None:
+        meta = obj["metadata"]
+        changes.append((meta["name"], meta.get("resourceVersion", ""), deleted))
+
+    return WatchCache(settings, [Watched(SERVICE, label_selector=SELECTOR)], [namespace], listener)
+
+
+def _watch_errors() -> float:
+    return float(metrics.WATCH_ERRORS.labels(SERVICE.plural)._value.get())
+
+
+def _names(cache: WatchCache) -> set[str]:
+    return {name for _, name in cache.keys(SERVICE)}
+
+
+async def test_the_cache_follows_the_api_and_a_new_list_drops_what_went_away(
+    control_plane: ControlPlane,
+    namespace: str,
+    client: KubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vault = await _kopf_login(control_plane.kubeconfig_path, monkeypatch)
+    for name in ("a", "b", "c"):
+        await client.create(_service(namespace, name))
+    await client.create(_service(namespace, "foreign", owned=False))
+    changes: list[Change] = []
+    cache = _cache(namespace, changes)
+    await cache.start()
+    try:
+        await cache.wait_synced()
+        # Selected by the API server: the unlabelled Service never reaches the operator.
+        assert _names(cache) == {"a", "b", "c"}
+        assert cache.lists == 1
+        await client.apply(_service(namespace, "b", step="1"))
+        await _until("b's change", lambda: any(n == "b" and len(changes) > 3 for n, *_ in changes))
+        b = await cache.get(SERVICE, namespace, "b")
+        assert b is not None and b["metadata"]["annotations"]["step"] == "1"
+        assert "managedFields" not in b["metadata"]
+        assert [
+            o["metadata"]["name"]
+            for o in await cache.list(SERVICE, namespace, {DEPLOYMENT_LABEL: "d"})
+        ] == ["a", "b", "c"]
+    finally:
+        await cache.close()
+
+    # The watch is down (as between a 410 Gone and the next list): a, c and e change unseen.
+    await client.delete(SERVICE, namespace, "a")
+    await client.apply(_service(namespace, "c", step="2"))
+    await client.create(_service(namespace, "e"))
+    changes.clear()
+    await cache.start()
+    try:
+        await cache.wait_synced()
+        assert _names(cache) == {"b", "c", "e"}
+        c = await cache.get(SERVICE, namespace, "c")
+        assert c is not None and c["metadata"]["annotations"]["step"] == "2"
+        seen = {(name, deleted) for name, _, deleted in changes}
+        assert seen == {("a", True), ("c", False), ("e", False)}, changes  # b did not change
+        assert cache.lists == 2
+    finally:
+        await cache.close()
+        await vault.close()
+
+
+async def test_a_genuine_410_gone_relists_and_misses_no_change(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Services without the API server's watch cache, etcd compacted every second and watches
+    that end every 2 s: resuming from a compacted version gets 410 Gone, so the cache lists
+    again several times while Services come and go; it ends equal to a fresh LIST."""
+    with ControlPlane(
+        extra_apiserver_args={"watch-cache-sizes": "services#0", "etcd-compaction-interval": "1s"}
+    ) as cp:
+        namespace = f"gone-{uuid.uuid4().hex[:6]}"
+        kube = KubeClient.from_environment(str(cp.kubeconfig_path))
+        try:
+            namespaces = cp.dynamic_client().resources.get(api_version="v1", kind="Namespace")
+            namespaces.create(
+                body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            )
+            vault = await _kopf_login(cp.kubeconfig_path, monkeypatch)
+            changes: list[Change] = []
+            errors_before = _watch_errors()
+            cache = _cache(namespace, changes, server_timeout=2)
+            await cache.start()
+            try:
+                await cache.wait_synced()
+                live: set[str] = set()
+                step = 0
+                # Bursts of changes, then quiet: while quiet, the stream's last version falls
+                # behind the compaction (the controller-manager's lease renewals move etcd on),
+                # so the reconnect every 2 s is answered 410 Gone; the next burst lands around
+                # the new list.
+                deadline = asyncio.get_running_loop().time() + 150
+                while cache.lists < 4 or step < 30:
+                    assert asyncio.get_running_loop().time() < deadline, (
+                        f"only {cache.lists} list(s) after {step} changes"
+                    )
+                    for _ in range(5):
+                        name = f"s{step % 7}"
+                        if name in live:
+                            await kube.delete(SERVICE, namespace, name)
+                            live.discard(name)
+                        else:
+                            await kube.create(_service(namespace, name))
+                            live.add(name)
+                        step += 1
+                        await asyncio.sleep(0.2)
+                    await asyncio.sleep(4)
+                listed = await kube.list(SERVICE, namespace, {MANAGED_BY_LABEL: MANAGED_BY})
+                truth = {o["metadata"]["name"] for o in listed}
+                assert truth == live
+                await _until("the cache to equal a fresh LIST", lambda: _names(cache) == truth)
+                assert cache.lists >= 4  # the first list and at least three after 410 Gone
+                assert _watch_errors() == errors_before  # each ended as a 410, not a failure
+            finally:
+                await cache.close()
+                await vault.close()
+        finally:
+            await kube.close()
