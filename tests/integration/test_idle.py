@@ -1,0 +1,189 @@
+"""Event-driven at rest: with 20 DSV4Deployments and nothing changing for a minute, the
+operator makes no LIST and no write (counted by the operator and by the API server), and a
+repeated Event is aggregated instead of created again.
+
+A control plane of its own (no scheduler: the engine pods stay Pending, which is a state
+that does not change), so no other test's namespace teardown shows in the API server's
+request counters.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsv4_devcluster import ControlPlane, wait_for
+from tests.integration.conftest import CRD_PATH
+from tests.integration.operator_support import Cluster, OperatorProcess, example
+
+DEPLOYMENTS = 20
+CHILDREN = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets
+IDLE_SECONDS = 60
+OUR_RESOURCES = (
+    "dsv4deployments",
+    "statefulsets",
+    "deployments",
+    "services",
+    "poddisruptionbudgets",
+    "controllerrevisions",
+    "pods",
+)
+_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+
+
+def _apiserver_requests(cp: ControlPlane) -> dict[tuple[str, str], float]:
+    """(verb, resource) -> requests the API server has answered, from its own /metrics."""
+    cfg = cp.api_client().configuration
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    with urllib.request.urlopen(f"{cp.server_url}/metrics", context=ctx, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        key = (labels.get("verb", ""), labels.get("resource", ""))
+        out[key] = out.get(key, 0.0) + float(match["value"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def quiet_plane() -> Iterator[ControlPlane]:
+    with ControlPlane(crds=[CRD_PATH]) as cp:
+        yield cp
+
+
+@pytest.fixture
+def world(quiet_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[Cluster, OperatorProcess]]:
+    dyn = quiet_plane.dynamic_client()
+    namespace = f"idle-{time.monotonic_ns() % 10**8}"
+    dyn.resources.get(api_version="v1", kind="Namespace").create(
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    operator = OperatorProcess(quiet_plane.kubeconfig_path, namespace, tmp_path).start()
+    try:
+        yield Cluster(dyn, namespace), operator
+    finally:
+        operator.stop()
+
+
+def _counter(operator: OperatorProcess, name: str, **labels: str) -> float:
+    """Sum of a counter's samples whose labels include `labels`."""
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5
+    ) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, value = line.rsplit(" ", 1)
+        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_an_idle_minute_with_20_deployments_makes_no_list_and_no_write(
+    quiet_plane: ControlPlane, world: tuple[Cluster, OperatorProcess]
+) -> None:
+    cluster, operator = world
+    names = [f"idle-{i:02d}" for i in range(DEPLOYMENTS)]
+    for name in names:
+        cluster.apply(example(cluster.namespace, name=name))
+
+    def settled() -> bool:
+        for name in names:
+            obj = cluster.get(name)
+            status = obj.get("status") or {}
+            if status.get("observedGeneration") != obj["metadata"]["generation"]:
+                return False
+            if len(cluster.children(name)) < CHILDREN:
+                return False
+        return True
+
+    wait_for("20 deployments with all their children", settled, timeout=180)
+    # Quiet: no write for 5 s in a row.
+    last, still = _counter(operator, "dsv4_api_writes_total"), 0.0
+    deadline = time.monotonic() + 120
+    while still < 5 and time.monotonic() < deadline:
+        time.sleep(1)
+        now = _counter(operator, "dsv4_api_writes_total")
+        still = still + 1 if now == last else 0.0
+        last = now
+
+    def versions() -> dict[str, str]:
+        # Only the DSV4Deployments: the children's status belongs to other controllers.
+        return {name: cluster.get(name)["metadata"]["resourceVersion"] for name in names}
+
+    before_versions = versions()
+    server_before = _apiserver_requests(quiet_plane)
+    ours_before = {
+        "writes": _counter(operator, "dsv4_api_writes_total"),
+        "lists": _counter(operator, "dsv4_api_reads_total", verb="list"),
+        "gets": _counter(operator, "dsv4_api_reads_total", verb="get"),
+        "watch lists": _counter(operator, "dsv4_watch_lists_total"),
+        "passes": _counter(operator, "dsv4_reconciles_total"),
+    }
+    time.sleep(IDLE_SECONDS)
+    ours_after = {
+        "writes": _counter(operator, "dsv4_api_writes_total"),
+        "lists": _counter(operator, "dsv4_api_reads_total", verb="list"),
+        "gets": _counter(operator, "dsv4_api_reads_total", verb="get"),
+        "watch lists": _counter(operator, "dsv4_watch_lists_total"),
+        "passes": _counter(operator, "dsv4_reconciles_total"),
+    }
+    server_after = _apiserver_requests(quiet_plane)
+
+    # Resyncs (every 2 s here) still ran, from the cache: 20 keys x 30 resyncs, give or take.
+    assert ours_after["passes"] - ours_before["passes"] >= DEPLOYMENTS * 10
+    delta = {k: ours_after[k] - ours_before[k] for k in ours_before if k != "passes"}
+    assert delta == {"writes": 0, "lists": 0, "gets": 0, "watch lists": 0}, delta
+    server_delta = {
+        (verb, res): server_after.get((verb, res), 0.0) - server_before.get((verb, res), 0.0)
+        for verb, res in set(server_after) | set(server_before)
+        # The operator never PUTs; the StatefulSet controller PUTs status while pods wait.
+        if res in OUR_RESOURCES and verb in ("LIST", "POST", "PATCH", "APPLY", "DELETE")
+    }
+    assert {k: v for k, v in server_delta.items() if v} == {}
+    assert versions() == before_versions
+
+
+def test_a_repeated_event_is_aggregated(world: tuple[Cluster, OperatorProcess]) -> None:
+    cluster, _ = world
+    unsafe: dict[str, Any] = {
+        "engine.indexKDtype": "bf16",
+        "engine.hicache": {"enabled": True},
+        "engine.capabilities": ["bf16IndexK"],
+    }
+    bad = example(cluster.namespace, **unsafe)
+    good = example(cluster.namespace)
+
+    def invalid_events() -> list[dict[str, Any]]:
+        return [e for e in cluster.events() if e["reason"] == "Invalid"]
+
+    cluster.apply(bad)
+    wait_for("the Invalid event", lambda: invalid_events() or None, timeout=60)
+    cluster.apply(good)
+    wait_for(
+        "the valid spec observed",
+        lambda: (cluster.get().get("status") or {}).get("phase") != "Invalid" or None,
+        timeout=60,
+    )
+    cluster.apply(bad)
+    [event] = wait_for(
+        "the same Invalid event, counted twice",
+        lambda: [e for e in invalid_events() if e.get("count") == 2] or None,
+        timeout=60,
+    )
+    assert len(invalid_events()) == 1
+    assert event["lastTimestamp"] >= event["firstTimestamp"]
