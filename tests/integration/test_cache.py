@@ -105,7 +105,7 @@ async def test_the_cache_follows_the_api_and_a_new_list_drops_what_went_away(
         assert _names(cache) == {"a", "b", "c"}
         assert cache.lists == 1
         await client.apply(_service(namespace, "b", step="1"))
-        await _until("b's change", lambda: any(n == "b" and len(changes) > 3 for n, *_ in changes))
+        await _until("b's change", lambda: ("b", False) in {(n, d) for n, _, d in changes[3:]})
         b = await cache.get(SERVICE, namespace, "b")
         assert b is not None and b["metadata"]["annotations"]["step"] == "1"
         assert "managedFields" not in b["metadata"]

@@ -93,6 +93,16 @@ def _counter(operator: OperatorProcess, name: str, **labels: str) -> float:
     return total
 
 
+def _our_counts(operator: OperatorProcess) -> dict[str, float]:
+    return {
+        "writes": _counter(operator, "dsv4_api_writes_total"),
+        "lists": _counter(operator, "dsv4_api_reads_total", verb="list"),
+        "gets": _counter(operator, "dsv4_api_reads_total", verb="get"),
+        "watch lists": _counter(operator, "dsv4_watch_lists_total"),
+        "passes": _counter(operator, "dsv4_reconciles_total"),
+    }
+
+
 def test_an_idle_minute_with_20_deployments_makes_no_list_and_no_write(
     quiet_plane: ControlPlane, world: tuple[Cluster, OperatorProcess]
 ) -> None:
@@ -127,21 +137,9 @@ def test_an_idle_minute_with_20_deployments_makes_no_list_and_no_write(
 
     before_versions = versions()
     server_before = _apiserver_requests(quiet_plane)
-    ours_before = {
-        "writes": _counter(operator, "dsv4_api_writes_total"),
-        "lists": _counter(operator, "dsv4_api_reads_total", verb="list"),
-        "gets": _counter(operator, "dsv4_api_reads_total", verb="get"),
-        "watch lists": _counter(operator, "dsv4_watch_lists_total"),
-        "passes": _counter(operator, "dsv4_reconciles_total"),
-    }
+    ours_before = _our_counts(operator)
     time.sleep(IDLE_SECONDS)
-    ours_after = {
-        "writes": _counter(operator, "dsv4_api_writes_total"),
-        "lists": _counter(operator, "dsv4_api_reads_total", verb="list"),
-        "gets": _counter(operator, "dsv4_api_reads_total", verb="get"),
-        "watch lists": _counter(operator, "dsv4_watch_lists_total"),
-        "passes": _counter(operator, "dsv4_reconciles_total"),
-    }
+    ours_after = _our_counts(operator)
     server_after = _apiserver_requests(quiet_plane)
 
     # Resyncs (every 2 s here) still ran, from the cache: 20 keys x 30 resyncs, give or take.

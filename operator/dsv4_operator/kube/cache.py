@@ -24,7 +24,7 @@ import asyncio
 import builtins
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ Key = tuple[str, str]  # (namespace, name)
 # What changed: the kind, the object (its last state when deleted), whether it was deleted.
 Listener = Callable[[Resource, Obj, bool], None]
 # Whether a kind's API is served (ServiceMonitor needs the prometheus-operator CRDs).
-Discover = Callable[[Resource], Any]
+Discover = Callable[[Resource], Awaitable[bool]]
 
 ERROR_BACKOFF_MAX = 60.0
 ABSENT_RECHECK_SECONDS = 300.0
@@ -175,7 +175,6 @@ class WatchCache:
         self._synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.lists = 0  # LIST sessions started (the initial ones and every re-list)
-        self.events = 0
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -244,7 +243,7 @@ class WatchCache:
     async def _served(self, w: Watched) -> bool:
         if not w.optional or self.discover is None:
             return True
-        served = bool(await self.discover(w.resource))
+        served = await self.discover(w.resource)
         if served:
             self._absent.discard(w.resource)
         else:
@@ -306,7 +305,6 @@ class WatchCache:
                 if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
                     continue
                 obj = _trim(dict(event["object"]), res)
-                self.events += 1
                 if event.get("type") is None:  # part of the list
                     listed.add(_key(obj))
                 if event.get("type") == "DELETED":
