@@ -45,20 +45,24 @@ NAMESPACED_RULES = [
     {
         "apiGroups": ["apps"],
         "resources": ["controllerrevisions"],
-        "verbs": ["list", "create", "delete"],
+        "verbs": ["list", "watch", "create", "delete"],
     },
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "create", "patch", "delete"]},
+    {
+        "apiGroups": [""],
+        "resources": ["services"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
     {
         "apiGroups": ["policy"],
         "resources": ["poddisruptionbudgets"],
-        "verbs": ["list", "create", "patch", "delete"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["servicemonitors"],
-        "verbs": ["list", "create", "patch", "delete"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
     },
 ]
 CRD_RULE = {

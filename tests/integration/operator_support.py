@@ -209,6 +209,21 @@ class Cluster:
             and e["involvedObject"].get("kind") == "DSV4Deployment"
         ]
 
+    def wait_events(
+        self, *reasons: str, name: str = "dsv4-flash", timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """The deployment's Events once every reason is among them.
+
+        The operator posts Events after the status patch, so a test that has just seen a
+        condition waits for the matching Event rather than reading it at once.
+        """
+
+        def check() -> list[dict[str, Any]] | None:
+            events = self.events(name)
+            return events if set(reasons) <= {e["reason"] for e in events} else None
+
+        return wait_for(f"events {sorted(reasons)} on {name}", check, timeout=timeout)
+
     def wait_phase(
         self,
         phase: str,

@@ -84,8 +84,7 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
         assert pod["status"]["phase"] == "Running"
     [revision] = cluster.revisions()
     assert revision["metadata"]["labels"]["dsv4.io/revision"] == status["currentRevision"]
-    reasons = {e["reason"] for e in cluster.events()}
-    assert {"Creating", "RevisionCreated"} <= reasons
+    cluster.wait_events("Creating", "RevisionCreated")
 
 
 def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProcess) -> None:
@@ -167,11 +166,10 @@ def test_incompatible_update_never_mixes_formats(
     new = cluster.get()["status"]["currentRevision"]
     if strategy == "BlueGreen":
         assert sts == {f"dsv4-flash-prefill-{new}", f"dsv4-flash-decode-{new}"}
-        reasons = {e["reason"] for e in cluster.events()}
-        assert {"BlueGreenStarted", "RouterSwitched", "OldPairDeleted"} <= reasons
+        cluster.wait_events("BlueGreenStarted", "RouterSwitched", "OldPairDeleted")
     else:
         assert sts == {"dsv4-flash-prefill", "dsv4-flash-decode"}
-        assert "Recreate" in {e["reason"] for e in cluster.events()}
+        cluster.wait_events("Recreate")
     for name in sts:
         env = {
             e["name"]: e["value"]
