@@ -142,7 +142,7 @@ def rules_catalogue() -> str:
         check=True,
         cwd=REPO,
     ).stdout
-    rules = json.loads(out)
+    rules = json.loads(out)["rules"]
     lines = [
         "# Rule catalogue",
         "",

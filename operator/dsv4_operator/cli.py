@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from dsv4_operator.api.crd import crd_yaml
+from dsv4_operator.api.status import Finding
 from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
 from dsv4_operator.engine.releases import versions_text
 from dsv4_operator.engine.rules import CATALOGUE
@@ -23,16 +24,22 @@ from dsv4_operator.render.children import render_spec
 from dsv4_operator.settings import OperatorSettings
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+INPUT_RULE = "input"  # the finding of a document that is not a DSV4Deployment
 
 
 @dataclass
 class Document:
-    """One YAML document of an input file, validated."""
+    """One YAML document of an input file, validated (or why it is not a DSV4Deployment)."""
 
-    index: int
+    index: int  # 1-based, as a user counts them
     name: str
     namespace: str
     validation: Validation
+    foreign: str | None = None  # set when the document is not a DSV4Deployment at all
+
+    @property
+    def valid(self) -> bool:
+        return self.foreign is None and self.validation.valid
 
 
 def _fail(message: str) -> NoReturn:
@@ -40,8 +47,12 @@ def _fail(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _documents(path: str) -> Iterator[Document]:
-    """Validate every document; exit 2 when the file is unreadable or holds a non-DSV4 object."""
+def _documents(path: str) -> list[Document]:
+    """Validate every document; exit 2 only when the file itself is unusable.
+
+    A document that is not a DSV4Deployment is reported as such (rule `input`) and the others
+    are still validated, so one foreign document never hides the findings of the rest.
+    """
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
     except OSError as error:
@@ -62,19 +73,41 @@ def _documents(path: str) -> Iterator[Document]:
         name = "DSV4_" + "_".join(str(p) for p in first["loc"]).upper()
         _fail(f"environment variable {name}: {first['msg']}")
     results = []
-    for index, doc in enumerate(docs):
+    for index, doc in enumerate(docs, start=1):
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        name = str(meta.get("name", f"document-{index}"))
+        namespace = str(meta.get("namespace") or "default")
         try:
             validation = validate_object(doc, policy)
         except NotADeployment as error:
-            _fail(f"{path} document {index + 1}: not a DSV4Deployment: {error}")
-        meta = doc.get("metadata") or {}
-        name = str(meta.get("name", f"document-{index + 1}"))
-        results.append(Document(index, name, str(meta.get("namespace") or "default"), validation))
-    yield from results
+            message = f"not a DSV4Deployment: {error}"
+            finding = Finding(rule=INPUT_RULE, severity="error", field="kind", message=message)
+            results.append(
+                Document(index, name, namespace, Validation(findings=[finding]), message)
+            )
+            continue
+        results.append(Document(index, name, namespace, validation))
+    return results
+
+
+def _exit_code(docs: list[Document]) -> int:
+    """The worst document decides: 2 a foreign document, 1 an error finding, else 0."""
+    if any(d.foreign for d in docs):
+        return EXIT_BAD_INPUT
+    return EXIT_OK if all(d.valid for d in docs) else EXIT_FINDINGS
 
 
 def _finding_dicts(validation: Validation) -> list[dict[str, Any]]:
     return [f.model_dump(mode="json") for f in validation.findings]
+
+
+def _document_dict(d: Document) -> dict[str, Any]:
+    return {"index": d.index, "name": d.name, "namespace": d.namespace}
+
+
+def _echo_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -106,30 +139,28 @@ def validate(path: str, output: str) -> None:
 
     Exit 0 when no error finding remains, 1 when one does, 2 when the file is unreadable.
     """
-    docs = list(_documents(path))
-    valid = all(d.validation.valid for d in docs)
+    docs = _documents(path)
     if output == "json":
-        payload: dict[str, Any] = {
-            "valid": valid,
-            "findings": [f for d in docs for f in _finding_dicts(d.validation)],
-        }
-        if len(docs) > 1:
-            payload["documents"] = [
-                {
-                    "name": d.name,
-                    "valid": d.validation.valid,
-                    "findings": _finding_dicts(d.validation),
-                }
-                for d in docs
-            ]
-        click.echo(json.dumps(payload, indent=2))
+        _echo_json(
+            {
+                "valid": all(d.valid for d in docs),
+                "documents": [
+                    {
+                        **_document_dict(d),
+                        "valid": d.valid,
+                        "findings": _finding_dicts(d.validation),
+                    }
+                    for d in docs
+                ],
+            }
+        )
     else:
         for d in docs:
-            verdict = "valid" if d.validation.valid else "INVALID"
+            verdict = "valid" if d.valid else "INVALID"
             click.echo(f"{d.name}: {verdict}")
             for f in d.validation.findings:
                 click.echo(f"  {f.severity.upper():7} {f.rule:9} {f.field}: {f.message}")
-    sys.exit(EXIT_OK if valid else EXIT_FINDINGS)
+    sys.exit(_exit_code(docs))
 
 
 _PLAN_ROWS: list[tuple[str, Callable[[RolePlan], str]]] = [
@@ -169,19 +200,28 @@ def _plan_table(name: str, plan: MemoryPlan) -> str:
 @OUTPUT_OPTION
 def plan(path: str, output: str) -> None:
     """Memory plan per role: bytes per token by pool, max total tokens, capacity, over-commit."""
-    docs = list(_documents(path))
-    payloads: list[dict[str, Any]] = []
+    docs = _documents(path)
+    results: list[dict[str, Any]] = []
     for d in docs:
-        if d.validation.plan is None:
-            for f in d.validation.errors:
+        planned, errors = d.validation.plan, d.validation.errors
+        if output == "text" and planned is None:
+            for f in errors:
                 click.echo(f"dsv4: {d.name}: {f.rule} {f.field}: {f.message}", err=True)
-            sys.exit(EXIT_FINDINGS)
-        if output == "json":
-            payloads.append({"name": d.name, **d.validation.plan.as_dict()})
-        else:
-            click.echo(_plan_table(d.name, d.validation.plan))
+        elif output == "text" and planned is not None:
+            click.echo(_plan_table(d.name, planned))
+        results.append(
+            {
+                **_document_dict(d),
+                "plan": planned.as_dict() if planned else None,
+                # What kept the document from being planned (none when it was).
+                "findings": [] if planned else [f.model_dump(mode="json") for f in errors],
+            }
+        )
     if output == "json":
-        click.echo(json.dumps(payloads[0] if len(payloads) == 1 else payloads, indent=2))
+        _echo_json({"documents": results})
+    if any(d.foreign for d in docs):
+        sys.exit(EXIT_BAD_INPUT)
+    sys.exit(EXIT_FINDINGS if any(r["plan"] is None for r in results) else EXIT_OK)
 
 
 @main.command()
@@ -189,9 +229,11 @@ def plan(path: str, output: str) -> None:
 @click.option("-n", "--namespace", default=None, help="Namespace (default: metadata.namespace).")
 def render(path: str, namespace: str | None) -> None:
     """Every child manifest as multi-document YAML (byte-for-byte deterministic)."""
-    docs = list(_documents(path))
+    docs = _documents(path)
     out: list[dict[str, Any]] = []
     for d in docs:
+        if d.foreign:
+            _fail(f"{path} document {d.index}: {d.foreign}; nothing rendered")
         if not d.validation.valid or d.validation.spec is None:
             for f in d.validation.errors:
                 click.echo(f"dsv4: {d.name}: {f.rule} {f.field}: {f.message}", err=True)
@@ -212,7 +254,7 @@ def crd() -> None:
 def rules(output: str) -> None:
     """The rule catalogue."""
     if output == "json":
-        click.echo(json.dumps([r.as_dict() for r in CATALOGUE], indent=2))
+        _echo_json({"rules": [r.as_dict() for r in CATALOGUE]})
         return
     click.echo(f"Supported SGLang releases (spec.engine.sglangVersion): {versions_text()}\n")
     for r in CATALOGUE:

@@ -113,7 +113,7 @@ class ProportionTest:
             "rate1": self.rate1,
             "rate2": self.rate2,
             "difference": self.difference,
-            "p_value": self.p_value,
+            "pValue": self.p_value,
             "alpha": self.alpha,
             "significant": self.significant,
         }

@@ -33,6 +33,7 @@ from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
 from tests.engine_double.config import LOAD_HEADER, corruption_probability, parse_config
 from tests.engine_double.expectations import leak_band
 from tests.engine_double.process import DoubleProcess
+from tests.unit.contract import assert_contract
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.
 ENGINE_ARGS = [
@@ -322,15 +323,16 @@ def test_probe_json_and_vs(fp8: str, bf16_hicache: str) -> None:
     )
     assert code == 1
     payload = json.loads(out)
+    assert_contract("probe", payload)
     dirty, clean = payload["results"]
-    assert dirty["judgement"] == "leaking" and dirty["significantly_above"] is True
+    assert dirty["judgement"] == "leaking" and dirty["significantlyAbove"] is True
     low, high = leak_band(BF16_HICACHE_CONFIG, DECLARED_LOAD, 60, 4)
-    assert low <= dirty["session_leak_rate"]["leaks"] <= high
-    assert clean["session_leak_rate"]["leaks"] == 0 and clean["significantly_above"] is False
+    assert low <= dirty["sessionLeakRate"]["leaks"] <= high
+    assert clean["sessionLeakRate"]["leaks"] == 0 and clean["significantlyAbove"] is False
     comparison = payload["comparison"]
-    assert comparison["significant"] is True and comparison["p_value"] < 0.01
-    assert comparison["k1"] == dirty["session_leak_rate"]["leaks"]
-    assert payload["exit_code"] == 1 and payload["per"] == "sessions"
+    assert comparison["significant"] is True and comparison["pValue"] < 0.01
+    assert comparison["k1"] == dirty["sessionLeakRate"]["leaks"]
+    assert payload["exitCode"] == 1 and payload["per"] == "sessions"
 
 
 def test_probe_per_response_threshold(fp8: str) -> None:
@@ -338,7 +340,9 @@ def test_probe_per_response_threshold(fp8: str) -> None:
         "--url", fp8, "--sessions", "5", "--rounds", "2", "--per", "responses", "-o", "json"
     )
     assert code == 0
-    assert json.loads(out)["results"][0]["response_leak_rate"]["of"] == 10
+    payload = json.loads(out)
+    assert_contract("probe", payload)
+    assert payload["results"][0]["responseLeakRate"]["of"] == 10
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from dsv4_operator.cli import main
 
 from .conftest import EXAMPLE, REPO
+from .contract import assert_contract
 
 UNSAFE = sorted((REPO / "examples" / "unsafe").glob("*.yaml"))
 
@@ -22,10 +24,34 @@ def run(*args: str, stdin: str | None = None) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def run_json(*args: str, stdin: str | None = None) -> tuple[int, Any]:
+    """A command with `-o json`: its exit code and its stdout parsed, checked against the
+    command's schema."""
+    result = CliRunner().invoke(main, [*args, "-o", "json"], input=stdin)
+    payload = json.loads(result.stdout)
+    assert_contract(args[0], payload)
+    return result.exit_code, payload
+
+
+def all_findings(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for d in payload["documents"] for f in d["findings"]]
+
+
 def test_example_is_valid() -> None:
-    code, out = run("validate", "-f", str(EXAMPLE), "-o", "json")
+    code, payload = run_json("validate", "-f", str(EXAMPLE))
     assert code == 0
-    assert json.loads(out) == {"valid": True, "findings": []}
+    assert payload == {
+        "valid": True,
+        "documents": [
+            {
+                "index": 1,
+                "name": "dsv4-flash",
+                "namespace": "default",
+                "valid": True,
+                "findings": [],
+            }
+        ],
+    }
 
 
 def test_there_is_an_unsafe_example_per_error_rule() -> None:
@@ -39,11 +65,10 @@ def test_there_is_an_unsafe_example_per_error_rule() -> None:
 @pytest.mark.parametrize("path", UNSAFE, ids=lambda p: p.name)
 def test_unsafe_examples_fail_naming_their_rule(path: Path) -> None:
     rule = "DSV4-" + path.name.split("-")[0].upper()
-    code, out = run("validate", "-f", str(path), "-o", "json")
+    code, payload = run_json("validate", "-f", str(path))
     assert code == 1
-    payload = json.loads(out)
     assert payload["valid"] is False
-    assert rule in {f["rule"] for f in payload["findings"] if f["severity"] == "error"}
+    assert rule in {f["rule"] for f in all_findings(payload) if f["severity"] == "error"}
     text_code, text = run("validate", "-f", str(path))
     assert text_code == 1 and rule in text
 
@@ -54,9 +79,9 @@ def test_schema_errors_exit_1_with_field_path(tmp_path: Path) -> None:
     doc["spec"]["engine"]["unknownKnob"] = True
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
-    code, out = run("validate", "-f", str(path), "-o", "json")
+    code, payload = run_json("validate", "-f", str(path))
     assert code == 1
-    findings = json.loads(out)["findings"]
+    findings = all_findings(payload)
     assert {(f["rule"], f["field"]) for f in findings} == {
         ("schema", "spec.engine.indexKDtype"),
         ("schema", "spec.engine.unknownKnob"),
@@ -89,18 +114,34 @@ def test_multi_document_worst_exit_code(tmp_path: Path) -> None:
     unsafe = (REPO / "examples" / "unsafe" / "r001-bf16-hicache-no-gate.yaml").read_text()
     path = tmp_path / "both.yaml"
     path.write_text(EXAMPLE.read_text() + "\n---\n" + unsafe)
-    code, out = run("validate", "-f", str(path), "-o", "json")
+    code, payload = run_json("validate", "-f", str(path))
     assert code == 1
-    payload = json.loads(out)
     assert [d["valid"] for d in payload["documents"]] == [True, False]
     path.write_text(EXAMPLE.read_text() + "\n---\napiVersion: v1\nkind: Pod\n")
     assert run("validate", "-f", str(path))[0] == 2
 
 
+def test_a_foreign_document_does_not_hide_the_others_findings(tmp_path: Path) -> None:
+    unsafe = (REPO / "examples" / "unsafe" / "r001-bf16-hicache-no-gate.yaml").read_text()
+    path = tmp_path / "mixed.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm}\n---\n" + unsafe)
+    code, payload = run_json("validate", "-f", str(path))
+    assert code == 2  # the worst document decides
+    foreign, deployment = payload["documents"]
+    assert (foreign["index"], foreign["name"], foreign["valid"]) == (1, "cm", False)
+    assert [(f["rule"], f["field"]) for f in foreign["findings"]] == [("input", "kind")]
+    assert "not a DSV4Deployment" in foreign["findings"][0]["message"]
+    assert "DSV4-R001" in {f["rule"] for f in deployment["findings"]}
+    text_code, text = run("validate", "-f", str(path))
+    assert text_code == 2 and "not a DSV4Deployment" in text and "DSV4-R001" in text
+
+
 def test_plan_json_contract() -> None:
-    code, out = run("plan", "-f", str(EXAMPLE), "-o", "json")
+    code, payload = run_json("plan", "-f", str(EXAMPLE))
     assert code == 0
-    roles = json.loads(out)["roles"]
+    [document] = payload["documents"]
+    assert document["findings"] == []
+    roles = document["plan"]["roles"]
     for role in ("prefill", "decode"):
         for key in (
             "bytesPerFullToken",
@@ -118,8 +159,25 @@ def test_plan_table_and_invalid_plan() -> None:
     code, out = run("plan", "-f", str(EXAMPLE))
     assert code == 0 and "bytes per full token" in out and "7705.45" in out
     bad = REPO / "examples" / "unsafe" / "r008-plan-does-not-fit.yaml"
-    code, out = run("plan", "-f", str(bad), "-o", "json")
-    assert code == 0 and json.loads(out)["roles"]["decode"]["fits"] is False
+    code, payload = run_json("plan", "-f", str(bad))
+    assert code == 0 and payload["documents"][0]["plan"]["roles"]["decode"]["fits"] is False
+
+
+def test_plan_has_one_shape_for_one_or_many_documents(tmp_path: Path) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    unplannable = yaml.safe_load(EXAMPLE.read_text())
+    unplannable["metadata"]["name"] = "broken"
+    unplannable["spec"]["engine"]["indexKDtype"] = "int8"
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([doc, unplannable]))
+    code, payload = run_json("plan", "-f", str(path))
+    assert code == 1  # one document could not be planned; both are reported
+    first, second = payload["documents"]
+    assert first["plan"]["roles"]["decode"]["fits"] is True and first["findings"] == []
+    assert second["name"] == "broken" and second["plan"] is None
+    assert ("schema", "spec.engine.indexKDtype") in {
+        (f["rule"], f["field"]) for f in second["findings"]
+    }
 
 
 def test_render_is_deterministic_and_refuses_invalid() -> None:
@@ -142,8 +200,8 @@ def test_render_reads_stdin_and_namespace_flag() -> None:
 def test_crd_and_rules_commands() -> None:
     code, out = run("crd")
     assert code == 0 and (REPO / "crds" / "dsv4.io_dsv4deployments.yaml").read_text() == out
-    code, out = run("rules", "-o", "json")
-    rules = json.loads(out)
+    code, payload = run_json("rules")
+    rules = payload["rules"]
     assert code == 0 and all(re.fullmatch(r"DSV4-R\d{3}", r["id"]) for r in rules)
     assert {"id", "severity", "acknowledgeable", "reference", "fixedBy"} <= set(rules[0])
 

@@ -314,12 +314,12 @@ def probe_command(
             "threshold": threshold,
             "confidence": confidence,
             "per": per,
-            "exit_code": code,
+            "exitCode": code,
             "results": [
                 {
                     **j.report.as_dict(),
                     "judgement": j.judgement,
-                    "significantly_above": j.significantly_above,
+                    "significantlyAbove": j.significantly_above,
                 }
                 for j in judged
             ],

@@ -34,7 +34,7 @@ class ResponseRecord:
             "session": self.session,
             "round": self.round,
             **self.verdict.as_dict(),
-            "latency_s": self.latency_s,
+            "latencySeconds": self.latency_s,
             "status": self.status,
             "attempts": self.attempts,
         }
@@ -198,17 +198,18 @@ class CanaryReport:
             "seed": self.seed,
             "stream": self.stream,
             "confidence": self.confidence,
-            "duration_s": round(self.duration_s, 3),
+            "durationSeconds": round(self.duration_s, 3),
             "responses": self.responses,
-            "counts": {k.value: v for k, v in self.counts.items()},
-            "response_leak_rate": rate("responses"),
-            "session_leak_rate": rate("sessions"),
-            "latency_s": {
+            # Verdict names are values (as in the metrics' `verdict` label), never keys.
+            "counts": [{"verdict": k.value, "count": v} for k, v in self.counts.items()],
+            "responseLeakRate": rate("responses"),
+            "sessionLeakRate": rate("sessions"),
+            "latencySeconds": {
                 "p50": self.latency_p50,
                 "p95": self.latency_p95,
                 "p99": self.latency_p99,
             },
             "examples": [r.as_dict() for r in self.examples],
-            "error_examples": [r.as_dict() for r in self.error_examples],
-            "session_results": [s.as_dict() for s in self.session_results],
+            "errorExamples": [r.as_dict() for r in self.error_examples],
+            "sessionResults": [s.as_dict() for s in self.session_results],
         }
