@@ -374,6 +374,10 @@ def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
         ({"guard": {"allowedCanaryEndpoints": ["http://a,b"]}}, "allowedCanaryEndpoints/0"),
         ({"guard": {"minCanaryInterval": "soon"}}, "/guard/minCanaryInterval"),
         ({"security": {"hostPathPrefixes": ["relative/path"]}}, "/security/hostPathPrefixes/0"),
+        (
+            {"prometheusRule": {"runbookBaseUrl": "docs/runbook.md"}},
+            "/prometheusRule/runbookBaseUrl",
+        ),
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
@@ -386,18 +390,48 @@ def test_values_schema_rejects_bad_values(values: dict[str, Any], message: str) 
     assert message in proc.stderr
 
 
+def _alerts(rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
 def test_prometheus_rule_embeds_the_plain_rules_file() -> None:
-    plain = yaml.safe_load(RULES_FILE.read_text())
-    rule = one(render({"prometheusRule": {"enabled": True}}), "PrometheusRule")
-    assert rule["spec"]["groups"] == plain["groups"]
+    plain = {
+        r["alert"]: r for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"]
+    }
     base = "https://docs.example.com/dsv4/runbook.md"
-    moved = one(
-        render({"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}), "PrometheusRule"
+    scraped = _alerts(
+        one(
+            render(
+                {
+                    "prometheusRule": {"enabled": True, "runbookBaseUrl": base},
+                    "metrics": {"serviceMonitor": {"enabled": True}},
+                }
+            ),
+            "PrometheusRule",
+        )
     )
-    urls = [r["annotations"]["runbook_url"] for g in moved["spec"]["groups"] for r in g["rules"]]
-    assert len(urls) == sum(len(g["rules"]) for g in plain["groups"])
-    assert all(u.startswith(base + "#dsv4") for u in urls), urls
+    assert set(scraped) == set(plain)
+    for name, rule in scraped.items():
+        assert rule["annotations"].pop("runbook_url") == f"{base}#{name.lower()}"
+        assert rule["annotations"] == {
+            k: v for k, v in plain[name]["annotations"].items() if k != "runbook_url"
+        }
+        assert {k: v for k, v in rule.items() if k != "annotations"} == {
+            k: v for k, v in plain[name].items() if k != "annotations"
+        }
     assert not by_kind(render(), "PrometheusRule")
+
+
+def test_operator_down_is_shipped_only_when_something_scrapes_the_operator() -> None:
+    # prometheusRule alone (the ServiceMonitor is off by default): nothing scrapes job
+    # dsv4-operator, so absent(up) would page on a healthy operator.
+    alone = _alerts(one(render({"prometheusRule": {"enabled": True}}), "PrometheusRule"))
+    assert "DSV4OperatorDown" not in alone and "DSV4LeakRateHigh" in alone
+    # No runbookBaseUrl: no relative runbook_url that resolves nowhere.
+    assert not [a for a in alone.values() if "runbook_url" in a["annotations"]]
+    elsewhere = render({"prometheusRule": {"enabled": True, "operatorScrapedElsewhere": True}})
+    assert "DSV4OperatorDown" in _alerts(one(elsewhere, "PrometheusRule"))
+    assert not by_kind(elsewhere, "ServiceMonitor")
 
 
 def test_dashboard_config_map_carries_the_dashboard_for_the_sidecar() -> None:
