@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -523,3 +525,14 @@ def test_trust_values_reach_the_operator_policy() -> None:
         cluster_domain="corp.internal",
         min_canary_interval="30s",
     )
+
+
+def test_extra_env_refuses_exactly_the_variables_the_chart_sets() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    refused = set(schema["properties"]["extraEnv"]["items"]["properties"]["name"]["not"]["enum"])
+    template = (CHART / "templates" / "deployment.yaml").read_text()
+    assert refused == set(re.findall(r"- name: (DSV4_\w+)", template))
+    rendered = {k for k in _env(render(ALL_FEATURES)) if k.startswith("DSV4_")}
+    assert rendered <= refused
+    extra = _env(render({"extraEnv": [{"name": "DSV4_DEBUG_X", "value": "1"}]}))
+    assert extra["DSV4_DEBUG_X"] == "1"
