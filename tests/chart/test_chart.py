@@ -215,11 +215,22 @@ def test_services_select_the_operator_pod_and_target_its_named_ports() -> None:
     ]
 
 
+def _operator_cluster_roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's own ClusterRoles (not those aggregated into the users' default roles)."""
+    return [
+        r
+        for r in by_kind(objects, "ClusterRole")
+        if not any(
+            k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in r["metadata"]["labels"]
+        )
+    ]
+
+
 def test_cluster_wide_rbac_is_one_cluster_role_with_the_measured_rules() -> None:
     objects = render()
     assert _env(objects)["DSV4_NAMESPACES"] == ""
     assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
-    roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
+    roles = {r["metadata"]["name"]: r for r in _operator_cluster_roles(objects)}
     assert roles["dsv4-operator"]["rules"] == NAMESPACED_RULES
     assert roles["dsv4-operator-discovery"]["rules"] == [CRD_RULE]
     sa = one(objects, "ServiceAccount")["metadata"]
@@ -248,7 +259,7 @@ def test_namespaced_rbac_is_a_role_per_namespace_and_read_only_cluster_scope() -
         }
         assert binding["subjects"][0]["namespace"] == "dsv4-system"
     # Cluster scope: only kopf's read-only discovery of CRDs and namespaces.
-    cluster_role = one(objects, "ClusterRole")
+    [cluster_role] = _operator_cluster_roles(objects)
     assert cluster_role["rules"] == [CRD_RULE, NAMESPACE_RULE]
     webhook = one(objects, "ValidatingWebhookConfiguration")["webhooks"][0]
     assert webhook["namespaceSelector"] == {
@@ -260,7 +271,7 @@ def test_namespaced_rbac_is_a_role_per_namespace_and_read_only_cluster_scope() -
 
 def test_rbac_can_leave_out_service_monitors_or_be_left_to_the_user() -> None:
     objects = render({"rbac": {"serviceMonitors": False}})
-    rules = [r for role in by_kind(objects, "ClusterRole") for r in role["rules"]]
+    rules = [r for role in _operator_cluster_roles(objects) for r in role["rules"]]
     assert rules and all("monitoring.coreos.com" not in r["apiGroups"] for r in rules)
     kinds = {o["kind"] for o in render({"rbac": {"create": False}})}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -536,3 +547,26 @@ def test_extra_env_refuses_exactly_the_variables_the_chart_sets() -> None:
     assert rendered <= refused
     extra = _env(render({"extraEnv": [{"name": "DSV4_DEBUG_X", "value": "1"}]}))
     assert extra["DSV4_DEBUG_X"] == "1"
+
+
+def test_users_rights_are_aggregated_into_the_default_roles() -> None:
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")}
+    view, edit = roles["dsv4-operator-view"], roles["dsv4-operator-edit"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if v == "true"} >= {
+        f"{aggregate}view",
+        f"{aggregate}edit",
+        f"{aggregate}admin",
+    }
+    assert f"{aggregate}view" not in edit["metadata"]["labels"]
+    assert view["rules"] == [
+        {
+            "apiGroups": ["dsv4.io"],
+            "resources": ["dsv4deployments", "dsv4deployments/status"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    # Users never write the status: it belongs to the operator.
+    assert all("dsv4deployments/status" not in r["resources"] for r in edit["rules"])
+    off = by_kind(render({"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
+    assert not {r["metadata"]["name"] for r in off} & {"dsv4-operator-view", "dsv4-operator-edit"}

@@ -354,6 +354,73 @@ def test_the_service_account_cannot_do_more_than_the_chart_grants(
         helm.uninstall(release, namespace)
 
 
+def test_namespace_users_get_dsv4_rights_through_the_default_roles(
+    control_plane: ControlPlane,
+    dyn: Any,
+    helm: Helm,
+    namespace: str,
+    work_namespace: str,
+) -> None:
+    """`edit` and `view` bound in a namespace carry the chart's aggregated rules (the
+    controller-manager's clusterrole-aggregation controller folds them in)."""
+    release = "dsv4-users"
+    helm.install(release, namespace, _values(webhook={"enabled": False}))
+    bindings = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding")
+    for user, role in (("alice", "edit"), ("bob", "view")):
+        bindings.create(
+            namespace=work_namespace,
+            body={
+                "metadata": {"name": f"{user}-{role}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
+                ],
+            },
+        )
+
+    def can(user: str, *args: str, namespace: str = work_namespace) -> bool:
+        proc = subprocess.run(
+            [
+                str(tool("kubectl")),
+                "--kubeconfig",
+                str(control_plane.kubeconfig_path),
+                "auth",
+                "can-i",
+                "--as",
+                user,
+                "-n",
+                namespace,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return proc.stdout.strip() == "yes"
+
+    try:
+        wait_for(
+            "the edit role to carry the DSV4Deployment rules",
+            lambda: can("alice", "create", "dsv4deployments.dsv4.io"),
+            timeout=60,
+        )
+        assert can("alice", "delete", "dsv4deployments.dsv4.io")
+        assert not can("alice", "patch", "dsv4deployments.dsv4.io", "--subresource=status")
+        wait_for(
+            "the view role to carry the DSV4Deployment rules",
+            lambda: can("bob", "list", "dsv4deployments.dsv4.io"),
+            timeout=60,
+        )
+        assert not can("bob", "create", "dsv4deployments.dsv4.io")
+        assert not can("bob", "list", "dsv4deployments.dsv4.io", namespace="default")
+    finally:
+        helm.uninstall(release, namespace)
+
+
 def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
     control_plane: ControlPlane,
     dyn: Any,
