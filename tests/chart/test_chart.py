@@ -117,13 +117,24 @@ def _port(objects: list[dict[str, Any]], name: str) -> int:
 
 
 def test_chart_crd_is_a_copy_of_the_generated_crd() -> None:
-    chart_crd = CHART / "crds" / "dsv4.io_dsv4deployments.yaml"
+    chart_crd = CHART / "files" / "crds" / "dsv4.io_dsv4deployments.yaml"
     source = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
     assert chart_crd.read_bytes() == source.read_bytes(), (
-        "charts/dsv4-operator/crds/ drifted from crds/: "
-        "cp crds/dsv4.io_dsv4deployments.yaml charts/dsv4-operator/crds/"
+        "charts/dsv4-operator/files/crds/ drifted from crds/: "
+        "cp crds/dsv4.io_dsv4deployments.yaml charts/dsv4-operator/files/crds/"
     )
-    assert [p.name for p in (CHART / "crds").iterdir()] == [chart_crd.name]
+    assert not (CHART / "crds").exists(), "crds/ is installed once and never upgraded by Helm"
+
+
+def test_the_chart_installs_and_keeps_the_crd_unless_told_not_to() -> None:
+    source = yaml.safe_load((REPO / "crds" / "dsv4.io_dsv4deployments.yaml").read_text())
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["spec"] == source["spec"] and crd["metadata"]["name"] == source["metadata"]["name"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    unkept = one(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in unkept["metadata"]
+    assert not by_kind(render({"crds": {"enabled": False}}), "CustomResourceDefinition")
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())

@@ -128,8 +128,9 @@ def helm(control_plane: ControlPlane) -> Helm:
 
 
 def _values(**values: Any) -> dict[str, Any]:
-    """Chart values for the dev cluster: the operator pod goes to this module's kwok nodes."""
-    return {"nodeSelector": {POOL_LABEL: POOL}, **values}
+    """Chart values for the dev cluster: the operator pod goes to this module's kwok nodes; the
+    CRD is the control plane's own (installed at start, so no release owns it)."""
+    return {"nodeSelector": {POOL_LABEL: POOL}, "crds": {"enabled": False}, **values}
 
 
 def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path: Path) -> Path:
