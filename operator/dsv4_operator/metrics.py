@@ -32,6 +32,7 @@ WATCH_LISTS = Counter(
 WATCH_ERRORS = Counter(
     "dsv4_watch_errors_total", "Watch streams that failed and were restarted.", ["resource"]
 )
+LEADER = Gauge("dsv4_leader", "1 while this replica holds the lease and reconciles (0: standby).")
 EVENTS_POSTED = Counter(
     "dsv4_events_total", "Kubernetes Events posted, new or aggregated into one.", ["action"]
 )

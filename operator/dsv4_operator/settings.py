@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -9,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsv4_operator.api.base import DURATION_PATTERN
+from dsv4_operator.kube.lease import Timing
 from dsv4_operator.names import GROUP, OPERATOR
 from dsv4_operator.trust import TrustPolicy, split_list
 
@@ -67,6 +70,34 @@ class OperatorSettings(BaseSettings):
         pattern=DURATION_PATTERN,
         description="The shortest spec.guard.canary.interval the operator runs.",
     )
+
+    leader_election: bool = Field(
+        default=False,
+        description="Reconcile and guard only while holding the Lease (several replicas).",
+    )
+    lease_namespace: str = Field(
+        default="default", description="Namespace of the leader-election Lease."
+    )
+    lease_name: str = Field(default=OPERATOR, description="Name of the leader-election Lease.")
+    lease_duration_seconds: float = Field(
+        default=15.0,
+        ge=3,
+        le=300,
+        description="How long a standby waits on an unrenewed Lease before taking over; the "
+        "holder renews every duration/7.5 and gives up after 2/3 of it.",
+    )
+    pod_name: str = Field(
+        default="", description="This replica's identity in the Lease (default: host and pid)."
+    )
+
+    @property
+    def lease_timing(self) -> Timing:
+        duration = self.lease_duration_seconds
+        return Timing(duration=duration, deadline=duration * 2 / 3, retry=duration / 7.5)
+
+    @property
+    def identity(self) -> str:
+        return self.pod_name or f"{socket.gethostname()}_{os.getpid()}"
 
     @property
     def trust_policy(self) -> TrustPolicy:

@@ -174,13 +174,35 @@ def test_custom_resources_are_well_formed() -> None:
         assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == "dsv4-operator"
 
 
-def test_operator_deployment_is_one_recreated_non_root_read_only_replica() -> None:
+def test_operator_deployment_is_two_non_root_read_only_replicas_with_leader_election() -> None:
     objects = render()
     deployment = one(objects, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    # Never below the replica count while rolling: the webhook keeps a serving replica.
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
     pod = spec["template"]["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= (
+        spec["template"]["metadata"]["labels"].items()
+    )
+    env = {e["name"]: e for e in _container(objects)["env"]}
+    assert env["DSV4_LEADER_ELECTION"]["value"] == "true"
+    assert env["DSV4_LEASE_NAME"]["value"] == "dsv4-operator"
+    assert env["DSV4_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["DSV4_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.namespace"
+    )
+    budget = one(objects, "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert (
+        budget["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    )
+    assert not by_kind(render({"replicaCount": 1}), "PodDisruptionBudget")
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -240,7 +262,9 @@ def _operator_cluster_roles(objects: list[dict[str, Any]]) -> list[dict[str, Any
 def test_cluster_wide_rbac_is_one_cluster_role_with_the_measured_rules() -> None:
     objects = render()
     assert _env(objects)["DSV4_NAMESPACES"] == ""
-    assert not by_kind(objects, "Role") and not by_kind(objects, "RoleBinding")
+    assert [r["metadata"]["name"] for r in by_kind(objects, "Role")] == [
+        "dsv4-operator-leader-election"
+    ]
     roles = {r["metadata"]["name"]: r for r in _operator_cluster_roles(objects)}
     assert roles["dsv4-operator"]["rules"] == NAMESPACED_RULES
     assert roles["dsv4-operator-discovery"]["rules"] == [CRD_RULE]
@@ -256,11 +280,13 @@ def test_cluster_wide_rbac_is_one_cluster_role_with_the_measured_rules() -> None
 def test_namespaced_rbac_is_a_role_per_namespace_and_read_only_cluster_scope() -> None:
     objects = render({"watchNamespaces": ["llm-a", "llm-b", "llm-a"]})
     assert _env(objects)["DSV4_NAMESPACES"] == "llm-a,llm-b"
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "dsv4-operator"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-a", "llm-b"]
     for role in roles:
         assert role["rules"] == NAMESPACED_RULES
-    bindings = by_kind(objects, "RoleBinding")
+    bindings = [
+        b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == "dsv4-operator"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm-a", "llm-b"]
     for binding in bindings:
         assert binding["roleRef"] == {
@@ -390,7 +416,7 @@ def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
         ({"watchNamespaces": "llm-a"}, "/watchNamespaces"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"operator": {"logFormat": "xml"}}, "/operator/logFormat"),
-        ({"replicaCount": 2}, "replicaCount"),
+        ({"replicaCount": 0}, "/replicaCount"),
         ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
         ({"ports": {"health": 0}}, "/ports/health"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
@@ -581,3 +607,24 @@ def test_users_rights_are_aggregated_into_the_default_roles() -> None:
     assert all("dsv4deployments/status" not in r["resources"] for r in edit["rules"])
     off = by_kind(render({"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
     assert not {r["metadata"]["name"] for r in off} & {"dsv4-operator-view", "dsv4-operator-edit"}
+
+
+def test_leader_election_role_is_narrowed_to_the_release_lease() -> None:
+    objects = render()
+    role = one(objects, "Role")
+    assert role["metadata"] == {
+        **role["metadata"],
+        "name": "dsv4-operator-leader-election",
+        "namespace": "dsv4-system",
+    }
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["dsv4-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -234,8 +234,16 @@ def _prove_rbac(
     )
     assert _who_am_i(kubeconfig) == f"system:serviceaccount:{sa_namespace}:{sa_name}"
     weights_volume(dyn, work)
+    # Leader election on, as the chart runs it: the Lease's Role is exercised too.
     op = OperatorProcess(
-        kubeconfig, work, tmp_path, DSV4_NAMESPACES=watch, DSV4_REVISION_HISTORY_LIMIT="1"
+        kubeconfig,
+        work,
+        tmp_path,
+        DSV4_NAMESPACES=watch,
+        DSV4_REVISION_HISTORY_LIMIT="1",
+        DSV4_LEADER_ELECTION="true",
+        DSV4_LEASE_NAMESPACE=sa_namespace,
+        DSV4_LEASE_NAME=sa_name,
     ).start()
     try:
         _lifecycle(Cluster(dyn, work), op)
@@ -445,13 +453,15 @@ def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
         apps = k8s.AppsV1Api(control_plane.api_client())
         core = k8s.CoreV1Api(control_plane.api_client())
         deployment = apps.read_namespaced_deployment(f"{release}-dsv4-operator", namespace)
-        assert deployment.status.available_replicas == 1
-        assert deployment.spec.strategy.type == "Recreate"
+        assert deployment.status.available_replicas == 2
+        assert deployment.spec.strategy.type == "RollingUpdate"
         pods = core.list_namespaced_pod(
             namespace, label_selector=f"app.kubernetes.io/instance={release}"
         ).items
-        assert [p.status.phase for p in pods] == ["Running"]
-        assert pods[0].spec.node_name in chart_nodes
+        assert [p.status.phase for p in pods] == ["Running", "Running"]
+        # Anti-affinity: the two replicas on different nodes (the module has several).
+        assert len({p.spec.node_name for p in pods}) == 2
+        assert {p.spec.node_name for p in pods} <= set(chart_nodes)
 
         secret_name = f"{release}-dsv4-operator-webhook-tls"
         secret = core.read_namespaced_secret(secret_name, namespace).data
@@ -461,7 +471,7 @@ def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
         assert base64.b64decode(webhook.client_config.ca_bundle) == base64.b64decode(
             secret["ca.crt"]
         )
-        helm("upgrade", release, CHART, "-n", namespace, "--reuse-values")
+        helm("upgrade", release, CHART, "-n", namespace, "--reset-then-reuse-values")
         assert core.read_namespaced_secret(secret_name, namespace).data == secret, (
             "helm upgrade must keep the webhook certificate (lookup)"
         )

@@ -219,10 +219,8 @@ def test_invalid_update_changes_nothing(cluster: Cluster, operator: OperatorProc
     cluster.wait_phase("Ready")
 
 
-def test_operator_killed_mid_rollout_converges(
-    control_plane: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    _ready(cluster, **{"rollout.strategy": "BlueGreen"})
+def _start_blue_green(cluster: Cluster) -> None:
+    """A transfer-format change under BlueGreen, until the new pair exists."""
     cluster.apply(example(cluster.namespace, **{"rollout.strategy": "BlueGreen", **BF16}))
     wait_for(
         "the new pair to exist",
@@ -233,25 +231,31 @@ def test_operator_killed_mid_rollout_converges(
         ),
         timeout=120,
     )
+
+
+def _blue_green_done(cluster: Cluster) -> str | None:
+    """The new revision once it is Ready and only its pair is left."""
+    status = cluster.get().get("status", {})
+    new = status.get("currentRevision")
+    done = (
+        status.get("phase") == "Ready"
+        and status.get("observedGeneration") == 2
+        and {n for k, n in cluster.children() if k == "StatefulSet"}
+        == {f"dsv4-flash-prefill-{new}", f"dsv4-flash-decode-{new}"}
+    )
+    return new if done else None
+
+
+def test_operator_killed_mid_rollout_converges(
+    control_plane: ControlPlane, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    _ready(cluster, **{"rollout.strategy": "BlueGreen"})
+    _start_blue_green(cluster)
     operator.kill()
     restarted = OperatorProcess(control_plane.kubeconfig_path, cluster.namespace, tmp_path).start()
     try:
-        new = None
-
-        def converged() -> bool:
-            nonlocal new
-            status = cluster.get().get("status", {})
-            new = status.get("currentRevision")
-            return (
-                status.get("phase") == "Ready"
-                and status.get("observedGeneration") == 2
-                and (
-                    {n for k, n in cluster.children() if k == "StatefulSet"}
-                    == {f"dsv4-flash-prefill-{new}", f"dsv4-flash-decode-{new}"}
-                )
-            )
-
-        watch_router(cluster, converged, timeout=240)
+        watch_router(cluster, lambda: _blue_green_done(cluster) is not None, timeout=240)
+        new = _blue_green_done(cluster)
         children = set(cluster.children())
         assert children == {
             ("StatefulSet", f"dsv4-flash-prefill-{new}"),
@@ -267,6 +271,67 @@ def test_operator_killed_mid_rollout_converges(
         assert len(cluster.revisions()) == 2
     finally:
         restarted.stop()
+
+
+def _elected(
+    control_plane: ControlPlane, cluster: Cluster, tmp_path: Path, replica: str
+) -> OperatorProcess:
+    """One replica of an operator with leader election (a 6 s Lease, to keep the test short)."""
+    return OperatorProcess(
+        control_plane.kubeconfig_path,
+        cluster.namespace,
+        tmp_path,
+        DSV4_LEADER_ELECTION="true",
+        DSV4_LEASE_NAMESPACE=cluster.namespace,
+        DSV4_LEASE_DURATION_SECONDS="6",
+        DSV4_POD_NAME=replica,
+    ).start()
+
+
+def _lease(cluster: Cluster) -> dict[str, Any]:
+    leases = cluster.dyn.resources.get(api_version="coordination.k8s.io/v1", kind="Lease")
+    spec: dict[str, Any] = leases.get(name="dsv4-operator", namespace=cluster.namespace).to_dict()[
+        "spec"
+    ]
+    return spec
+
+
+def test_leader_killed_mid_blue_green_the_standby_takes_over_alone(
+    control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
+) -> None:
+    first = _elected(control_plane, cluster, tmp_path, "replica-a")
+    wait_for("replica-a to lead", lambda: first.metric("dsv4_leader") == 1, timeout=60)
+    second = _elected(control_plane, cluster, tmp_path, "replica-b")
+    try:
+        _ready(cluster, **{"rollout.strategy": "BlueGreen"})
+        _start_blue_green(cluster)
+        # The standby has read everything (its cache is warm) and written nothing.
+        assert second.metric("dsv4_leader") == 0
+        assert second.metric("dsv4_api_writes_total") == 0
+        assert second.metric("dsv4_reconciles_total") == 0
+        before = _lease(cluster)
+        assert before["holderIdentity"] == "replica-a"
+        first.kill()
+        killed = time.monotonic()
+        wait_for("replica-b to take over", lambda: second.metric("dsv4_leader") == 1, timeout=60)
+        print(f"failover after SIGKILL: {time.monotonic() - killed:.1f}s (lease 6 s)")
+        after = _lease(cluster)
+        assert after["holderIdentity"] == "replica-b"
+        assert after["leaseTransitions"] == before["leaseTransitions"] + 1
+
+        watch_router(cluster, lambda: _blue_green_done(cluster) is not None, timeout=240)
+        assert len(cluster.revisions()) == 2
+        # A clean stop hands the Lease over at once: the holder empties it on the way out.
+        third = _elected(control_plane, cluster, tmp_path, "replica-c")
+        try:
+            second.stop()
+            assert _lease(cluster)["holderIdentity"] in ("", "replica-c")
+            wait_for("replica-c to take over", lambda: third.metric("dsv4_leader") == 1, 60)
+        finally:
+            third.stop()
+    finally:
+        first.stop()
+        second.stop()
 
 
 def test_admission_webhook_refuses_unsafe_specs(

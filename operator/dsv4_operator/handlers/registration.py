@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -16,10 +15,12 @@ from dsv4_operator import metrics
 from dsv4_operator.guard.daemon import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
+from dsv4_operator.handlers.leadership import Leadership, cancel
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.cache import Listener, WatchCache, Watched
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden
+from dsv4_operator.kube.lease import LeaderElector
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -104,7 +105,8 @@ def _on_change(memo: Any) -> Listener:
                 memo.guards.stop(key)
             else:
                 memo.queue.add(key, meta.get("generation"))
-                memo.guards.ensure(key, dict(obj.get("spec") or {}))
+                if memo.leadership.leading.is_set():  # a standby runs no canary
+                    memo.guards.ensure(key, dict(obj.get("spec") or {}))
             return
         owner = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
         if owner:
@@ -175,31 +177,31 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
         memo.client, memo.queue, memo.cache = client, queue, cache
         memo.guards = GuardSupervisor(cache, observations, wake=queue.add, policy=op.trust_policy)
+        elector = (
+            LeaderElector(client, op.lease_namespace, op.lease_name, op.identity, op.lease_timing)
+            if op.leader_election
+            else None
+        )
+        memo.leadership = Leadership(cache, queue, memo.guards, elector)
         # The streams start here, on kopf's event loop and with its login (a startup handler
         # runs in the context that holds kopf's credentials); reconciles start once every
-        # kind is listed, so no pass decides on a half-filled cache.
+        # kind is listed (no pass decides on a half-filled cache) and this replica leads.
         await cache.start()
-        memo.task = asyncio.create_task(_run_when_synced(cache, queue))
+        memo.task = asyncio.create_task(memo.leadership.run())
         if op.metrics_port:
             metrics.serve(op.metrics_port)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        await memo.guards.close()
-        memo.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await memo.task
+        await memo.leadership.stop()
+        await cancel(memo.task)
+        await memo.leadership.release()  # a standby takes over now, not after the lease expires
         await memo.cache.close()
         await memo.client.close()
 
     if op.webhook:
         admission.register(registry, op.trust_policy)
     return registry
-
-
-async def _run_when_synced(cache: WatchCache, queue: WorkQueue) -> None:
-    await cache.wait_synced()
-    await queue.run()
 
 
 def run(op: OperatorSettings) -> None:

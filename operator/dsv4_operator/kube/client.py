@@ -345,6 +345,18 @@ class KubeClient:
             "POST", res.path(meta.get("namespace")), verb="create", resource=res.plural, body=obj
         )
 
+    async def replace(self, obj: Obj) -> Obj:
+        """PUT: the whole object, refused with Conflict when `metadata.resourceVersion` is stale
+        (what a compare-and-swap such as a Lease takeover needs)."""
+        meta, res = obj["metadata"], resource_of(obj)
+        return await self._request(
+            "PUT",
+            res.path(meta.get("namespace"), meta["name"]),
+            verb="update",
+            resource=res.plural,
+            body=obj,
+        )
+
     async def merge_patch(self, res: Resource, namespace: str | None, name: str, patch: Obj) -> Obj:
         """A JSON merge patch (for objects the operator does not own by apply, e.g. Events)."""
         return await self._request(

@@ -36,6 +36,7 @@ POD = Resource("v1", "Pod", "pods")
 EVENT = Resource("v1", "Event", "events")
 PDB = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SERVICE_MONITOR = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
+LEASE = Resource("coordination.k8s.io/v1", "Lease", "leases")
 
 BY_KIND: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
@@ -49,6 +50,7 @@ BY_KIND: dict[tuple[str, str], Resource] = {
         EVENT,
         PDB,
         SERVICE_MONITOR,
+        LEASE,
     )
 }
 

@@ -1,0 +1,179 @@
+"""Leader election on a coordination.k8s.io Lease: one replica reconciles, the others wait.
+
+The rules are client-go's (k8s.io/client-go/tools/leaderelection), so a Lease is read the same
+way by both: a holder keeps the Lease by writing `renewTime` every `retry` seconds; another
+replica may take it over once it has seen the same record unchanged for `duration` seconds on
+its *own* clock (never by comparing its clock with the holder's `renewTime`, so clock skew
+between nodes cannot hand the Lease to two replicas), or at once when `holderIdentity` is empty
+(the holder released it on a clean shutdown). Every write is a PUT or POST that carries the
+resourceVersion it read, so two candidates racing for the same expired Lease cannot both win:
+the API server refuses the second with 409 Conflict.
+
+A holder that cannot renew for `deadline` seconds stops leading (`hold()` returns); the
+operator then exits, as controller-runtime does, because it cannot know what the new leader
+has done since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.errors import Conflict, KubeError
+from dsv4_operator.kube.resources import LEASE
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """client-go's defaults: a new leader within `duration` + `retry` of a crash."""
+
+    duration: float = 15.0  # how long a seen record must stay unchanged before a takeover
+    deadline: float = 10.0  # a holder that has not renewed for this long stops leading
+    retry: float = 2.0  # how often candidates try and the holder renews
+
+
+def micro_time(at: datetime) -> str:
+    """A Lease's MicroTime: RFC 3339 with microseconds."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _record(lease: Obj) -> tuple[str, str, int]:
+    """What must change for a holder to count as alive."""
+    spec = lease.get("spec") or {}
+    return (
+        str(spec.get("holderIdentity") or ""),
+        str(spec.get("renewTime") or ""),
+        int(spec.get("leaseTransitions") or 0),
+    )
+
+
+@dataclass
+class Observed:
+    """The last record seen, and when (on this replica's monotonic clock)."""
+
+    record: tuple[str, str, int]
+    at: float
+
+
+def may_take(lease: Obj, observed: Observed | None, me: str, now: float, duration: float) -> bool:
+    """Whether `me` may write itself into `lease` now (pure: `now` is a monotonic reading)."""
+    holder = _record(lease)[0]
+    if holder in ("", me):
+        return True
+    if observed is None or observed.record != _record(lease):
+        return False  # first sight of this record: its expiry is counted from now
+    return now - observed.at >= duration
+
+
+class LeaderElector:
+    """Campaigns for one Lease and keeps it; see the module docstring."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        timing: Timing | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.client, self.namespace, self.name, self.identity = client, namespace, name, identity
+        self.timing = timing or Timing()
+        self.monotonic, self.wall = monotonic, wall
+        self.observed: Observed | None = None
+        self.lease: Obj | None = None  # the last version written by or read for this replica
+
+    async def acquire(self) -> None:
+        """Until this replica holds the Lease."""
+        while not await self._try():
+            await asyncio.sleep(self.timing.retry)
+        log.info("leading: lease %s/%s held by %s", self.namespace, self.name, self.identity)
+
+    async def hold(self) -> None:
+        """Renew every `retry` seconds; return when the Lease could not be kept."""
+        last_renewal = self.monotonic()
+        while True:
+            await asyncio.sleep(self.timing.retry)
+            try:
+                if await self._try():
+                    last_renewal = self.monotonic()
+                    continue
+                log.error("lease %s/%s was taken over", self.namespace, self.name)
+                return
+            except KubeError as error:
+                log.warning("lease renewal failed: %s", error)
+            if self.monotonic() - last_renewal >= self.timing.deadline:
+                log.error(
+                    "lease %s/%s not renewed for %.0fs",
+                    self.namespace,
+                    self.name,
+                    self.timing.deadline,
+                )
+                return
+
+    async def release(self) -> None:
+        """On a clean shutdown: empty the holder so a standby takes over at once."""
+        if self.lease is None or _record(self.lease)[0] != self.identity:
+            return
+        lease = {**self.lease, "spec": {**self.lease["spec"], "holderIdentity": ""}}
+        try:
+            self.lease = await self.client.replace(lease)
+        except KubeError as error:  # the standby then waits out the duration instead
+            log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
+
+    async def _try(self) -> bool:
+        """One attempt to take or renew the Lease; True while this replica holds it."""
+        now, wall = self.monotonic(), micro_time(self.wall())
+        current = await self.client.get(LEASE, self.namespace, self.name)
+        if current is None:
+            body = {
+                "apiVersion": LEASE.api_version,
+                "kind": LEASE.kind,
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(wall, acquire_time=wall, transitions=0),
+            }
+            try:
+                self.lease = await self.client.create(body)
+            except Conflict:  # another replica created it first
+                return False
+            return True
+        if self.observed is None or self.observed.record != _record(current):
+            self.observed = Observed(_record(current), now)
+        if not may_take(current, self.observed, self.identity, now, self.timing.duration):
+            return False
+        holder, _, transitions = _record(current)
+        spec = current.get("spec") or {}
+        mine = holder == self.identity
+        updated = {
+            **current,
+            "spec": self._spec(
+                wall,
+                acquire_time=spec.get("acquireTime") if mine else wall,
+                transitions=transitions if mine else transitions + 1,
+            ),
+        }
+        try:
+            self.lease = await self.client.replace(updated)
+        except Conflict:  # someone wrote it since we read it: they won this round
+            return False
+        self.observed = Observed(_record(self.lease), now)
+        return True
+
+    def _spec(self, renew: str, acquire_time: str | None, transitions: int) -> Obj:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.timing.duration),
+            "acquireTime": acquire_time,
+            "renewTime": renew,
+            "leaseTransitions": transitions,
+        }

@@ -1,0 +1,31 @@
+"""Leader election's takeover rule (kube/lease.py), on the injected monotonic clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dsv4_operator.kube.lease import Observed, _record, may_take
+
+
+def lease(holder: str, renew: str = "2026-12-01T00:00:00.000000Z", transitions: int = 0) -> Any:
+    return {"spec": {"holderIdentity": holder, "renewTime": renew, "leaseTransitions": transitions}}
+
+
+def test_an_empty_or_own_lease_may_be_taken_at_once() -> None:
+    assert may_take(lease(""), None, "me", now=0.0, duration=15)
+    assert may_take(lease("me"), None, "me", now=0.0, duration=15)
+
+
+def test_another_holder_counts_from_when_this_replica_first_saw_the_record() -> None:
+    held = lease("other")
+    # First sight: never expired, whatever its renewTime says (clocks may be skewed).
+    assert not may_take(held, None, "me", now=1000.0, duration=15)
+    seen = Observed(_record(held), at=100.0)
+    assert not may_take(held, seen, "me", now=114.9, duration=15)
+    assert may_take(held, seen, "me", now=115.0, duration=15)
+
+
+def test_a_renewal_restarts_the_count() -> None:
+    seen = Observed(_record(lease("other", "2026-12-01T00:00:00.000000Z")), at=100.0)
+    renewed = lease("other", "2026-12-01T00:00:02.000000Z")
+    assert not may_take(renewed, seen, "me", now=500.0, duration=15)
