@@ -46,7 +46,8 @@ unit: install
 
 # The newest supported Python (pyproject: >=3.11; lint and types run on 3.11, the lowest): the
 # unit tier in a venv of its own. A missing interpreter fails; it is never skipped.
-NEWEST_PYTHON ?= python3.13
+# pyenv keeps it under ~/.pyenv/versions (its python3.13 shim fails while 3.11 is the global one).
+NEWEST_PYTHON ?= $(or $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13)),$(shell command -v python3.13),python3.13)
 NEWEST_VENV := .venv-newest
 $(NEWEST_VENV)/.installed: pyproject.toml testsupport/pyproject.toml
 	$(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
