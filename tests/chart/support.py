@@ -25,33 +25,30 @@ DASHBOARD_FILE = CHART / "files" / "dashboards" / "dsv4.json"
 PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool" / "dsv4.rules.test.yaml"
 RUNBOOK = REPO / "docs" / "runbook.md"
 
-# The operator's metrics (operator/dsv4_operator/metrics.py; the guard's as specified in DESIGN
-# section 5 and docs/guard.md).
-OPERATOR_METRICS = frozenset(
-    {
-        "dsv4_reconciles_total",
-        "dsv4_reconcile_duration_seconds",
-        "dsv4_api_writes_total",
-        "dsv4_leak_rate",
-        "dsv4_canary_responses_total",
-        "dsv4_rollbacks_total",
-        "dsv4_oom_events_total",
-        "dsv4_guard_outcome",
-        "dsv4_guard_blind",
-        "dsv4_quarantined_configs",
-        "dsv4_canary_last_run_timestamp_seconds",
-        "dsv4_revision_info",
-    }
-)
 
-# SGLang's metrics as listed in shared/reference/sglang-engine.md section 4.1 (collector.py
-# @00ae9c15), scheduler, PD, tokenizer and HiCache groups.
+def _operator_metrics() -> frozenset[str]:
+    """The sample names the operator exports, read from its own metric objects."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from dsv4_operator import metrics
+
+    names = set()
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            kind = value._type  # counter, gauge, histogram
+            names.add(f"{value._name}_total" if kind == "counter" else value._name)
+    return frozenset(names)
+
+
+OPERATOR_METRICS = _operator_metrics()
 
 
 def _words(text: str) -> list[str]:
     return text.split()
 
 
+# SGLang's metrics: python/sglang/srt/metrics/collector.py (scheduler, PD, tokenizer and
+# HiCache groups).
 SGLANG_METRICS = frozenset(
     "sglang:" + name
     for name in _words(

@@ -1,11 +1,12 @@
-"""User docs: the generated pages follow the CRD and the rule catalogue; local links resolve."""
+"""User docs: the generated pages follow the CRD and the rule catalogue; local links resolve;
+the RBAC and metrics tables match what the chart grants and the operator exports."""
 
 from __future__ import annotations
 
 import re
 import sys
 
-from .support import REPO, run
+from .support import OPERATOR_METRICS, REPO, run
 from .test_chart import CRD_RULE, NAMESPACE_RULE, NAMESPACED_RULES
 
 DOCS = REPO / "docs"
@@ -44,3 +45,11 @@ def test_install_doc_lists_the_rbac_the_chart_grants() -> None:
         group = rule["apiGroups"][0] or '""'
         row = f"| {group} | {', '.join(rule['resources'])} | {', '.join(rule['verbs'])} |"
         assert row in text, row
+
+
+def test_every_exported_metric_is_documented() -> None:
+    readme = (REPO / "README.md").read_text()
+    guard = (DOCS / "guard.md").read_text()
+    for name in OPERATOR_METRICS:
+        assert f"| `{name}` |" in readme, f"README's metrics table lacks {name}"
+        assert f"| `{name}` |" in guard, f"docs/guard.md's metrics table lacks {name}"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4_devcluster import wait_for
 from dsv4_operator.engine.effective import parse_args
@@ -87,20 +88,22 @@ class OperatorProcess:
             raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.log_tail()}")
         return False
 
-    def metric(self, name: str) -> float | None:
-        """Sum of a counter's samples, or None when the endpoint is not up."""
+    def metric(self, name: str, **labels: str) -> float | None:
+        """Sum of the samples named `name` whose labels include `labels`, or None when the
+        endpoint is not up."""
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
             ) as resp:
                 text = resp.read().decode()
         except OSError:
             return None
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and not line.startswith("#"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, the way a node loss or OOM kill ends it."""

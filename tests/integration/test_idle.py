@@ -9,10 +9,7 @@ request counters.
 
 from __future__ import annotations
 
-import re
-import ssl
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,40 +17,15 @@ from typing import Any
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_operator.handlers.registration import WATCHED
 from tests.integration.conftest import CRD_PATH
 from tests.integration.operator_support import Cluster, OperatorProcess, example
 
 DEPLOYMENTS = 20
 CHILDREN = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets
 IDLE_SECONDS = 60
-OUR_RESOURCES = (
-    "dsv4deployments",
-    "statefulsets",
-    "deployments",
-    "services",
-    "poddisruptionbudgets",
-    "controllerrevisions",
-    "pods",
-)
-_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
-
-
-def _apiserver_requests(cp: ControlPlane) -> dict[tuple[str, str], float]:
-    """(verb, resource) -> requests the API server has answered, from its own /metrics."""
-    cfg = cp.api_client().configuration
-    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
-    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    with urllib.request.urlopen(f"{cp.server_url}/metrics", context=ctx, timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
-        key = (labels.get("verb", ""), labels.get("resource", ""))
-        out[key] = out.get(key, 0.0) + float(match["value"])
-    return out
+# Every kind the operator reads (its watch cache's list).
+OUR_RESOURCES = tuple(w.resource.plural for w in WATCHED)
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +49,9 @@ def world(quiet_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[Cluster, 
 
 
 def _counter(operator: OperatorProcess, name: str, **labels: str) -> float:
-    """Sum of a counter's samples whose labels include `labels`."""
-    with urllib.request.urlopen(
-        f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5
-    ) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(value)
-    return total
+    value = operator.metric(name, **labels)
+    assert value is not None, "the operator's metrics endpoint is down"
+    return value
 
 
 def _our_counts(operator: OperatorProcess) -> dict[str, float]:
@@ -136,11 +97,11 @@ def test_an_idle_minute_with_20_deployments_makes_no_list_and_no_write(
         return {name: cluster.get(name)["metadata"]["resourceVersion"] for name in names}
 
     before_versions = versions()
-    server_before = _apiserver_requests(quiet_plane)
+    server_before = quiet_plane.request_counts()
     ours_before = _our_counts(operator)
     time.sleep(IDLE_SECONDS)
     ours_after = _our_counts(operator)
-    server_after = _apiserver_requests(quiet_plane)
+    server_after = quiet_plane.request_counts()
 
     # Resyncs (every 2 s here) still ran, from the cache: 20 keys x 30 resyncs, give or take.
     assert ours_after["passes"] - ours_before["passes"] >= DEPLOYMENTS * 10

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import base64
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -51,6 +52,7 @@ from dsv4_devcluster.process import ManagedProcess, free_port, wait_for
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 DATA_DIR_PREFIX = "dsv4-devcluster-"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+_REQUEST_SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 _RUNNING: set[ControlPlane] = set()
 _RUNNING_LOCK = threading.Lock()
@@ -72,6 +74,7 @@ class ControlPlane:
         keep_data_dir: bool | None = None,
         start_timeout: float = 180.0,
         extra_apiserver_args: Mapping[str, str] | None = None,
+        extra_controller_manager_args: Mapping[str, str] | None = None,
         crds: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         self.with_scheduler = with_scheduler
@@ -82,6 +85,7 @@ class ControlPlane:
         self.keep_data_dir = keep_data_dir
         self.start_timeout = start_timeout
         self.extra_apiserver_args = dict(extra_apiserver_args or {})
+        self.extra_controller_manager_args = dict(extra_controller_manager_args or {})
         self.crds = [Path(p) for p in crds]
         self._procs: list[ManagedProcess] = []
         self._data_dir: Path | None = None
@@ -128,6 +132,24 @@ class ControlPlane:
         cfg.key_file = str(pki.admin_key)
         cfg.verify_ssl = True
         return client.ApiClient(cfg)
+
+    def request_counts(self) -> dict[tuple[str, str], float]:
+        """(verb, resource) -> requests the API server has answered so far, summed over the
+        other labels of its own ``apiserver_request_total`` counter (``/metrics``)."""
+        pki = self._require_pki()
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        with urllib.request.urlopen(f"{self.server_url}/metrics", context=ctx, timeout=10) as r:
+            text = r.read().decode()
+        out: dict[tuple[str, str], float] = {}
+        for line in text.splitlines():
+            match = _REQUEST_SAMPLE.match(line)
+            if match is None:
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            key = (labels.get("verb", ""), labels.get("resource", ""))
+            out[key] = out.get(key, 0.0) + float(match["value"])
+        return out
 
     def dynamic_client(self) -> Any:
         """A ``kubernetes.dynamic.DynamicClient`` (dict in, dict out; discovery cached in the
@@ -378,6 +400,7 @@ class ControlPlane:
                 f"--root-ca-file={pki.ca_cert}",
                 "--use-service-account-credentials=false",
                 "--cluster-name=dsv4-devcluster",
+                *(f"--{k}={v}" for k, v in self.extra_controller_manager_args.items()),
             ],
             remaining,
         )
