@@ -137,7 +137,8 @@ OUTPUT_OPTION = click.option(
 def validate(path: str, output: str) -> None:
     """Check a spec against the schema and the rule catalogue.
 
-    Exit 0 when no error finding remains, 1 when one does, 2 when the file is unreadable.
+    Exit 0 when no error finding remains, 1 when one does, 2 when the file is unreadable or a
+    document is not a DSV4Deployment (every document is still reported).
     """
     docs = _documents(path)
     if output == "json":

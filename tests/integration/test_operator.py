@@ -180,6 +180,32 @@ def test_incompatible_update_never_mixes_formats(
         assert env["SGLANG_DSV4_BF16_INDEX_K"] == "1"
 
 
+def test_a_deleted_statefulset_is_recreated_without_touching_the_pair(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    _ready(cluster)
+    before = cluster.children()
+    statefulsets = cluster.dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+    statefulsets.delete(name="dsv4-flash-prefill", namespace=cluster.namespace)
+
+    def recreated() -> bool:
+        sts = cluster.children().get(("StatefulSet", "dsv4-flash-prefill"))
+        return (
+            sts is not None
+            and sts["metadata"]["uid"]
+            != before[("StatefulSet", "dsv4-flash-prefill")]["metadata"]["uid"]
+        )
+
+    wait_for("the prefill StatefulSet to be recreated", recreated, timeout=60)
+    cluster.wait_phase("Ready")
+    after = cluster.children()
+    for key in (("StatefulSet", "dsv4-flash-decode"), ("Deployment", "dsv4-flash-router")):
+        assert after[key]["metadata"]["uid"] == before[key]["metadata"]["uid"], key
+        assert after[key]["metadata"]["generation"] == before[key]["metadata"]["generation"]
+    reasons = [e["reason"] for e in cluster.wait_events("ChildRecreated")]
+    assert "Recreate" not in reasons
+
+
 def test_delete_garbage_collects_children(cluster: Cluster, operator: OperatorProcess) -> None:
     _ready(cluster)
     assert cluster.children() and cluster.revisions()

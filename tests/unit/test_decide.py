@@ -147,6 +147,21 @@ def test_format_change_recreate_deletes_router_and_pair_first(
     } <= deleted
 
 
+def test_a_deleted_statefulset_is_recreated_alone(variant: Callable[..., dict[str, Any]]) -> None:
+    spec = variant({})
+    first = decide(_world(spec))
+    live = _as_live(first.apply)
+    live["statefulsets"] = [s for s in live["statefulsets"] if s["metadata"]["name"] != "x-prefill"]
+    decision = decide(_world(spec, revisions=first.create, **live))
+    assert decision.delete == []  # no Recreate: the router and decode keep running
+    assert {(o["kind"], o["metadata"]["name"]) for o in decision.apply} == {
+        ("StatefulSet", "x-prefill")
+    }
+    [note] = decision.events
+    assert (note.type, note.reason) == ("Warning", "ChildRecreated")
+    assert "x-prefill" in note.message
+
+
 def test_format_change_bluegreen_starts_new_pair_and_keeps_router(
     variant: Callable[..., dict[str, Any]],
 ) -> None:

@@ -57,6 +57,7 @@ class Leadership:
             # Lost: stop writing at once, then stop the process (the Deployment restarts it as
             # a standby), as controller-runtime does.
             await self.stop()
+            self.leading.clear()  # nothing to release: the Lease is someone else's now
             metrics.LEADER.set(0)
             log.error("leadership lost; stopping so that only the new leader writes")
             os.kill(os.getpid(), signal.SIGTERM)

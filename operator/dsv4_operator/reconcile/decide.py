@@ -61,8 +61,17 @@ def _roll_in_place(
     router_done = actions.ensure(render_router(ctx))
     for role in reversed(ROLES):  # decode, then prefill
         objs = render_role(ctx, role)
+        missing = role not in active.statefulsets
         if not actions.ensure(objs):
-            if active.revision(role) != ctx.revision:
+            if missing:  # deleted by someone: the same format, so the other role stays
+                actions.note(
+                    "Warning",
+                    "ChildRecreated",
+                    f"{role} StatefulSet {ctx.role_name(role)} was missing; recreated it at "
+                    f"revision {ctx.revision} (transfer format {ctx.transfer_format} "
+                    "unchanged: the other role and the router are left running)",
+                )
+            elif active.revision(role) != ctx.revision:
                 actions.note(
                     "Normal",
                     "RollingUpdate",
@@ -159,7 +168,9 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
         return Progress.done()
     active = pairs[active_id]
     formats = active.formats
-    if formats == {ctx.transfer_format} and active.complete:
+    if formats == {ctx.transfer_format}:
+        # Also when a role's StatefulSet was deleted: what is left speaks the same format, so
+        # the missing role is recreated alone (a Recreate would stop a working router).
         return _roll_in_place(actions, ctx, active, pairs)
     old_format = ",".join(sorted(formats))
     if spec.rollout.strategy == "BlueGreen" and active.complete and len(formats) == 1:
