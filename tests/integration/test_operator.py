@@ -15,6 +15,7 @@ import pytest
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_operator.reconcile.world import statefulset_rolled
 
 from .operator_support import (
     POOL,
@@ -101,6 +102,65 @@ def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProce
     assert operator.metric("dsv4_reconciles_total") >= (passes_before or 0) + 3
     assert versions() == before
     assert operator.metric("dsv4_api_writes_total") == writes_before
+
+
+def test_a_sidecar_injected_by_another_writer_causes_no_write(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """What a service mesh's mutating webhook leaves in a StatefulSet (a sidecar, an env var
+    in the engine container) is another manager's: the operator neither removes it nor keeps
+    re-applying its own fields."""
+    _ready(cluster)
+    statefulsets = cluster.dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+    injected = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "dsv4-flash-decode", "namespace": cluster.namespace},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "mesh-proxy", "image": "registry.example.com/proxy:1"},
+                        {"name": "engine", "env": [{"name": "MESH_ENABLED", "value": "1"}]},
+                    ]
+                }
+            }
+        },
+    }
+    statefulsets.server_side_apply(
+        body=injected,
+        name="dsv4-flash-decode",
+        namespace=cluster.namespace,
+        field_manager="mesh-injector",
+    )
+    # The StatefulSet controller rolls the pod with the sidecar (the operator reports that
+    # in status, legitimately); measure once the roll is over and the status has settled.
+    wait_for(
+        "the decode StatefulSet to roll the sidecar in",
+        lambda: (
+            statefulset_rolled(cluster.children()[("StatefulSet", "dsv4-flash-decode")])
+            and cluster.get()["status"].get("phase") == "Ready"
+        ),
+        timeout=120,
+    )
+    settled = (operator.metric("dsv4_reconciles_total") or 0) + 2
+    wait_for(
+        "two passes on the rolled StatefulSet",
+        lambda: (operator.metric("dsv4_reconciles_total") or 0) >= settled,
+        timeout=60,
+    )
+    writes = operator.metric("dsv4_api_writes_total")
+    passes = operator.metric("dsv4_reconciles_total") or 0
+    wait_for(
+        "three more passes",
+        lambda: (operator.metric("dsv4_reconciles_total") or 0) >= passes + 3,
+        timeout=60,
+    )
+    decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
+    containers = {c["name"]: c for c in decode["spec"]["template"]["spec"]["containers"]}
+    assert "mesh-proxy" in containers
+    assert {"name": "MESH_ENABLED", "value": "1"} in containers["engine"]["env"]
+    assert operator.metric("dsv4_api_writes_total") == writes
 
 
 def test_compatible_update_rolls_decode_first(cluster: Cluster, operator: OperatorProcess) -> None:

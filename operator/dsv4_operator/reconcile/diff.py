@@ -22,16 +22,34 @@ def stamped(desired: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The merge keys of the lists the operator renders (containers, env, volumes, ports, mounts):
+# Kubernetes merges these by key, so another writer (a mutating webhook injecting a sidecar or
+# an env var) may add items; the operator's own items must be there, unchanged.
+MERGE_KEYS = ("name", "mountPath", "containerPort", "devicePath")
+
+
+def _merge_key(items: list[Any]) -> str | None:
+    for key in MERGE_KEYS:
+        if items and all(isinstance(i, dict) and key in i for i in items):
+            return key
+    return None
+
+
 def _subset(want: Any, have: Any) -> bool:
     if isinstance(want, dict):
         return isinstance(have, dict) and all(
             k in have and _subset(v, have[k]) for k, v in want.items()
         )
     if isinstance(want, list):
-        return (
-            isinstance(have, list)
-            and len(want) == len(have)
-            and all(_subset(w, h) for w, h in zip(want, have, strict=True))
+        if not isinstance(have, list):
+            return False
+        key = _merge_key(want)
+        if key is not None:  # each desired item present by key; items others added are fine
+            by_key = {h.get(key): h for h in have if isinstance(h, dict)}
+            return all(w[key] in by_key and _subset(w, by_key[w[key]]) for w in want)
+        # Atomic lists (args, command, tolerations): exactly the desired items, in order.
+        return len(want) == len(have) and all(
+            _subset(w, h) for w, h in zip(want, have, strict=True)
         )
     # The API server stores quantities and int-or-strings as strings ("4" for 4).
     return bool(want == have or str(want) == str(have))
