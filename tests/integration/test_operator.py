@@ -104,6 +104,16 @@ def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProce
     assert operator.metric("dsv4_api_writes_total") == writes_before
 
 
+def _more_passes(operator: OperatorProcess, count: int) -> None:
+    """Until the operator has run `count` more reconcile passes (resyncs every 2 s here)."""
+    target = (operator.metric("dsv4_reconciles_total") or 0) + count
+    wait_for(
+        f"{count} more reconcile passes",
+        lambda: (operator.metric("dsv4_reconciles_total") or 0) >= target,
+        timeout=60,
+    )
+
+
 def test_a_sidecar_injected_by_another_writer_causes_no_write(
     cluster: Cluster, operator: OperatorProcess
 ) -> None:
@@ -143,23 +153,39 @@ def test_a_sidecar_injected_by_another_writer_causes_no_write(
         ),
         timeout=120,
     )
-    settled = (operator.metric("dsv4_reconciles_total") or 0) + 2
-    wait_for(
-        "two passes on the rolled StatefulSet",
-        lambda: (operator.metric("dsv4_reconciles_total") or 0) >= settled,
-        timeout=60,
-    )
+    _more_passes(operator, 2)  # on the rolled StatefulSet
     writes = operator.metric("dsv4_api_writes_total")
-    passes = operator.metric("dsv4_reconciles_total") or 0
-    wait_for(
-        "three more passes",
-        lambda: (operator.metric("dsv4_reconciles_total") or 0) >= passes + 3,
-        timeout=60,
-    )
+    _more_passes(operator, 3)
     decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
     containers = {c["name"]: c for c in decode["spec"]["template"]["spec"]["containers"]}
     assert "mesh-proxy" in containers
     assert {"name": "MESH_ENABLED", "value": "1"} in containers["engine"]["env"]
+    assert operator.metric("dsv4_api_writes_total") == writes
+
+
+def test_replicas_handed_to_an_autoscaler_are_left_alone(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """With `scaling: External` another controller (an HPA) owns the decode replicas: the
+    operator neither reverts them nor writes in answer."""
+    _ready(cluster, **{"decode.scaling": "External"})
+    statefulsets = cluster.dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+    statefulsets.patch(
+        name="dsv4-flash-decode",
+        namespace=cluster.namespace,
+        body={"spec": {"replicas": 2}},
+        content_type="application/merge-patch+json",
+        field_manager="autoscaler",
+    )
+
+    def scaled() -> bool:
+        status = cluster.get()["status"]
+        return status.get("phase") == "Ready" and status["roles"]["decode"]["ready"] == 2
+
+    wait_for("two decode replicas ready and reported", scaled, timeout=120)
+    writes = operator.metric("dsv4_api_writes_total")
+    _more_passes(operator, 3)
+    assert cluster.children()[("StatefulSet", "dsv4-flash-decode")]["spec"]["replicas"] == 2
     assert operator.metric("dsv4_api_writes_total") == writes
 
 

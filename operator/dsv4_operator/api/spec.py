@@ -340,7 +340,16 @@ class RoleSpec(ApiModel):
     """One engine role (prefill or decode)."""
 
     replicas: int = Field(
-        default=1, ge=0, le=MAX_ROLE_REPLICAS, description="Engine replicas of this role."
+        default=1,
+        ge=0,
+        le=MAX_ROLE_REPLICAS,
+        description="Engine replicas of this role (with scaling External: the planner's "
+        "assumption only).",
+    )
+    scaling: Literal["Operator", "External"] = Field(
+        default="Operator",
+        description="Who owns the StatefulSet's replicas: Operator sets them from `replicas`; "
+        "External leaves them to an autoscaler (HPA, KEDA) and never writes them.",
     )
     tensor_parallel: int = Field(
         default=4, ge=1, le=MAX_GPUS_PER_NODE, description="--tp-size; GPUs per replica."

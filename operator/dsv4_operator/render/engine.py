@@ -129,18 +129,18 @@ def statefulset(ctx: RenderContext, role: Role) -> Manifest:
         FORMAT_LABEL: ctx.transfer_format,
         MAX_TOTAL_TOKENS_ANNOTATION: str(ctx.plan.roles[role].max_total_tokens),
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": meta,
-        "spec": {
-            "serviceName": ctx.role_name(role),
-            "replicas": ctx.spec.role(role).replicas,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": ctx.selector(role)},
-            "template": _pod_template(ctx, role),
-        },
+    spec: Manifest = {
+        "serviceName": ctx.role_name(role),
+        "replicas": ctx.spec.role(role).replicas,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": ctx.selector(role)},
+        "template": _pod_template(ctx, role),
     }
+    if ctx.spec.role(role).scaling == "External":
+        # Not in the applied manifest, so the operator does not own the field and an
+        # autoscaler's writes are never undone (a new StatefulSet starts at the default 1).
+        del spec["replicas"]
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": spec}
 
 
 def headless_service(ctx: RenderContext, role: Role) -> Manifest:
