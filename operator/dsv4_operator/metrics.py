@@ -10,7 +10,6 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.guard.policy import Outcome, RollbackReason
-from dsv4_operator.names import revision_name
 
 RECONCILES = Counter("dsv4_reconciles_total", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("dsv4_reconcile_duration_seconds", "Duration of one reconcile pass.")
@@ -64,8 +63,8 @@ GUARD_BLIND = Gauge(
 QUARANTINED = Gauge("dsv4_quarantined_configs", "Quarantined config hashes.", ["deployment"])
 REVISION_INFO = Gauge(
     "dsv4_revision_info",
-    "1 for the revision being served.",
-    ["deployment", "revision", "hash", "index_k_dtype", "hicache", "multi_stream"],
+    "1 for the revision being served, labelled from the engine config stored with it.",
+    ["deployment", "revision", "index_k_dtype", "hicache", "multi_stream"],
 )
 OUTCOMES = tuple(o.value for o in Outcome)
 
@@ -74,24 +73,57 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
     start_http_server(port, addr=addr)
 
 
+# Every series labelled with a deployment: removed together when the deployment goes.
+PER_DEPLOYMENT = (
+    LEAK_RATE,
+    CANARY_RESPONSES,
+    CANARY_LAST_RUN,
+    ROLLBACKS,
+    OOM_EVENTS,
+    GUARD_OUTCOME,
+    GUARD_BLIND,
+    QUARANTINED,
+    REVISION_INFO,
+)
+
+
 class GuardMetrics:
-    """Sets the guard gauges from a status and counts new rollbacks and OOM events once."""
+    """Sets the guard gauges from a status and counts new rollbacks and OOM events once.
+
+    Series follow what they describe: a revision's leak rate and canary counts go when it is
+    no longer served, every series of a deployment goes with the deployment. `revision` is the
+    bare revision hash in every metric, so they join.
+    """
 
     def __init__(self) -> None:
-        self._seen_ooms: set[str] = set()
+        self._seen_ooms: dict[str, set[str]] = {}
         self._served: dict[str, tuple[str, ...]] = {}
+        self._windows: dict[str, str] = {}  # deployment -> revision of its leak-rate series
+
+    def forget(self, deployment: str) -> None:
+        """The deployment is gone: drop all its series."""
+        for metric in PER_DEPLOYMENT:
+            metric.remove_by_labels({"deployment": deployment})
+        self._seen_ooms.pop(deployment, None)
+        self._served.pop(deployment, None)
+        self._windows.pop(deployment, None)
 
     def observe(
         self,
         deployment: str,
-        spec: DSV4DeploymentSpec | None,
+        served: DSV4DeploymentSpec | None,
         status: DSV4DeploymentStatus,
         rollbacks: list[RollbackReason],
         ooms: list[tuple[str, str, str]],
     ) -> None:
         guard = status.guard
-        if guard is not None and guard.revision and guard.leak_rate is not None:
-            LEAK_RATE.labels(deployment, guard.revision).set(guard.leak_rate)
+        window = guard.revision if guard is not None and guard.leak_rate is not None else None
+        previous_window = self._windows.pop(deployment, None)
+        if previous_window is not None and previous_window != window:
+            LEAK_RATE.remove_by_labels({"deployment": deployment, "revision": previous_window})
+        if guard is not None and window is not None and guard.leak_rate is not None:
+            LEAK_RATE.labels(deployment, window).set(guard.leak_rate)
+            self._windows[deployment] = window
         verdict = guard.last_verdict if guard is not None else None
         for outcome in OUTCOMES:
             GUARD_OUTCOME.labels(deployment, outcome).set(1.0 if outcome == verdict else 0.0)
@@ -100,17 +132,18 @@ class GuardMetrics:
         QUARANTINED.labels(deployment).set(len(status.quarantine))
         for reason in rollbacks:
             ROLLBACKS.labels(deployment, reason.value).inc()
+        seen = self._seen_ooms.setdefault(deployment, set())
         for key, role, kind in ooms:
-            if key not in self._seen_ooms:
-                self._seen_ooms.add(key)
+            if key not in seen:
+                seen.add(key)
                 OOM_EVENTS.labels(deployment, role, kind).inc()
         current = status.current_revision
-        # An invalid spec is not rolled out: the served revision keeps its labels.
-        if current and spec is not None:
-            engine = spec.engine
+        # `served` is the spec stored with the served revision (after a rollback it is not
+        # the user's spec); None when unknown, and then the series stays as it was.
+        if current and served is not None:
+            engine = served.engine
             labels = (
                 deployment,
-                revision_name(deployment.split("/")[-1], current),
                 current,
                 str(engine.index_k_dtype),
                 str(engine.hicache.enabled).lower(),
@@ -119,5 +152,9 @@ class GuardMetrics:
             previous = self._served.get(deployment)
             if previous is not None and previous != labels:
                 REVISION_INFO.remove(*previous)
+                if previous[1] != current:  # that revision's canary counts describe the past
+                    CANARY_RESPONSES.remove_by_labels(
+                        {"deployment": deployment, "revision": previous[1]}
+                    )
             REVISION_INFO.labels(*labels).set(1.0)
             self._served[deployment] = labels

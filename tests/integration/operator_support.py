@@ -105,6 +105,19 @@ class OperatorProcess:
             if sample.name == name and labels.items() <= sample.labels.items()
         )
 
+    def series(self, name: str) -> list[dict[str, str]]:
+        """The label sets of the samples named `name` the operator exports now."""
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as resp:
+            text = resp.read().decode()
+        return [
+            dict(sample.labels)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
+
     def kill(self) -> None:
         """SIGKILL: no cleanup, the way a node loss or OOM kill ends it."""
         assert self.proc is not None

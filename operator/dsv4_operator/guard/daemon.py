@@ -173,7 +173,8 @@ class GuardSupervisor:
                     self.observations.record(key, revision, counts, leaks, now)
                 for verdict, count in counts.items():
                     metrics.CANARY_RESPONSES.labels(label, revision, verdict).inc(count)
-                metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
+                if answered:  # a run where nothing answered is no run (DSV4CanaryNotRunning)
+                    metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
         self.wake(key)
 
     async def _prometheus(self, key: Key, spec: DSV4DeploymentSpec, url: str) -> None:

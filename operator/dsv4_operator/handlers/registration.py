@@ -103,6 +103,7 @@ def _on_change(memo: Any) -> Listener:
             if deleted:
                 memo.queue.forget(key)
                 memo.guards.stop(key)
+                memo.reconciler.forget(key)  # its canary window and metric series
             else:
                 memo.queue.add(key, meta.get("generation"))
                 if memo.leadership.leading.is_set():  # a standby runs no canary
@@ -175,7 +176,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
             cache=cache,
         )
         queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
-        memo.client, memo.queue, memo.cache = client, queue, cache
+        memo.client, memo.queue, memo.cache, memo.reconciler = client, queue, cache, reconciler
         memo.guards = GuardSupervisor(cache, observations, wake=queue.add, policy=op.trust_policy)
         elector = (
             LeaderElector(client, op.lease_namespace, op.lease_name, op.identity, op.lease_timing)

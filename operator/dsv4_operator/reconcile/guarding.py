@@ -31,6 +31,24 @@ def stored_context(world: World, revision: str | None, owner: OwnerRef) -> Rende
     return _render_stored(world.name, world.namespace, owner, spec_json)
 
 
+@lru_cache(maxsize=256)
+def _stored_spec(spec_json: str) -> DSV4DeploymentSpec | None:
+    try:
+        return DSV4DeploymentSpec.model_validate_json(spec_json)
+    except ValueError:  # stored by an older version whose spec no longer parses
+        return None
+
+
+def served_spec(world: World, revision: str | None) -> DSV4DeploymentSpec | None:
+    """The spec stored with `revision` (what its children were rendered from), or None."""
+    if not revision:
+        return None
+    stored = world.live("ControllerRevision", revision_name(world.name, revision))
+    if stored is None:
+        return None
+    return _stored_spec(json.dumps(stored.get("data", {}).get("spec", {}), sort_keys=True))
+
+
 def _settled_revision(world: World) -> str | None:
     """The revision every role of the active pair runs, rolled and ready; else None."""
     active = world.pairs().get(world.active_pair_id() or "")

@@ -14,6 +14,7 @@ from dsv4_operator.reconcile.act import act
 from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
+from dsv4_operator.reconcile.guarding import served_spec
 from dsv4_operator.reconcile.recorder import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -48,13 +49,18 @@ class Reconciler:
         self.observations = observations or Observations()
         self.guard_metrics = GuardMetrics()
 
+    def forget(self, key: tuple[str, str]) -> None:
+        """The deployment is gone: its canary window and every metric series of it."""
+        self.observations.forget(key)
+        self.guard_metrics.forget(f"{key[0]}/{key[1]}")
+
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
         world = await gather(
             self.reader, namespace, name, self.clock(), self.observations, self.settings.trust
         )
         if world is None:
-            self.observations.forget(key)
+            self.forget(key)
             return None
         previous = world.status.guard
         if world.canary is None and previous is not None and previous.revision:
@@ -84,7 +90,7 @@ class Reconciler:
             self.observations.forget(key)  # the next window starts from nothing
         self.guard_metrics.observe(
             f"{namespace}/{name}",
-            world.spec,
+            served_spec(world, decision.status.current_revision),
             decision.status,
             decision.rollbacks,
             [(e.key, e.role, e.kind) for e in decision.ooms],

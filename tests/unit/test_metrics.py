@@ -1,0 +1,71 @@
+"""The guard's series follow what they describe (metrics.GuardMetrics)."""
+
+from __future__ import annotations
+
+import yaml
+from prometheus_client import REGISTRY
+
+from dsv4_operator import metrics
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.status import DSV4DeploymentStatus
+
+from .conftest import EXAMPLE
+
+_EXAMPLE = yaml.safe_load(EXAMPLE.read_text())["spec"]
+FP8 = DSV4DeploymentSpec.model_validate(_EXAMPLE)
+BF16 = DSV4DeploymentSpec.model_validate(
+    {**_EXAMPLE, "engine": {**_EXAMPLE["engine"], "indexKDtype": "bf16"}}
+)
+
+
+def _status(
+    current: str, window: str | None = None, rate: float | None = None
+) -> DSV4DeploymentStatus:
+    guard = {"revision": window, "leakRate": rate} if window else None
+    return DSV4DeploymentStatus.model_validate({"currentRevision": current, "guard": guard})
+
+
+def _value(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def _info(deployment: str, revision: str, dtype: str) -> float | None:
+    return _value(
+        "dsv4_revision_info",
+        deployment=deployment,
+        revision=revision,
+        index_k_dtype=dtype,
+        hicache="false",
+        multi_stream="false",
+    )
+
+
+def test_a_revision_no_longer_served_loses_its_series() -> None:
+    guard, d = metrics.GuardMetrics(), "ns/rolled-back"
+    guard.observe(d, BF16, _status("bad", "bad", 0.2), [], [])
+    metrics.CANARY_RESPONSES.labels(d, "bad", "leaked_markup").inc(3)
+    assert _value("dsv4_leak_rate", deployment=d, revision="bad") == 0.2
+    assert _info(d, "bad", "bf16") == 1.0
+    # Rolled back: the served revision is "good", with the config stored for it.
+    guard.observe(d, FP8, _status("good", "good", 0.0), [], [])
+    assert _value("dsv4_leak_rate", deployment=d, revision="bad") is None
+    assert _value("dsv4_leak_rate", deployment=d, revision="good") == 0.0
+    counts = {"deployment": d, "revision": "bad", "verdict": "leaked_markup"}
+    assert _value("dsv4_canary_responses_total", **counts) is None
+    assert _info(d, "bad", "bf16") is None
+    assert _info(d, "good", str(FP8.engine.index_k_dtype)) == 1.0
+
+
+def test_a_deleted_deployment_loses_every_series_and_only_its_own() -> None:
+    guard = metrics.GuardMetrics()
+    for d in ("ns/gone", "ns/stays"):
+        guard.observe(d, FP8, _status("r1", "r1", 0.01), [], [])
+        metrics.CANARY_LAST_RUN.labels(d).set(1.0)
+    guard.forget("ns/gone")
+    assert _value("dsv4_leak_rate", deployment="ns/gone", revision="r1") is None
+    assert _value("dsv4_guard_blind", deployment="ns/gone") is None
+    assert _value("dsv4_quarantined_configs", deployment="ns/gone") is None
+    assert _value("dsv4_canary_last_run_timestamp_seconds", deployment="ns/gone") is None
+    assert _info("ns/gone", "r1", str(FP8.engine.index_k_dtype)) is None
+    assert _value("dsv4_leak_rate", deployment="ns/stays", revision="r1") == 0.01
+    assert _value("dsv4_guard_blind", deployment="ns/stays") == 0.0
