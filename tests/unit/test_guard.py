@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dsv4_operator.api.spec import GuardSpec
-from dsv4_operator.guard.observations import Snapshot
+from dsv4_operator.guard.observations import PROMETHEUS, Observations, Snapshot
 from dsv4_operator.guard.oom import oom_events
 from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
 from dsv4_operator.reconcile.decide import decide
@@ -278,3 +278,23 @@ def test_oom_on_unbaked_revision_rolls_back(variant: Callable[..., dict[str, Any
     assert decision.rollbacks == ["OOM"]
     assert decision.status.quarantine[0].hash == new_rev
     assert [e.kind for e in decision.ooms] == ["OOMKilled"]
+
+
+def test_each_source_is_counted_on_its_own() -> None:
+    """A Prometheus that answers must not hide a canary that keeps failing (and vice versa)."""
+    obs, key, at = Observations(), ("ns", "x"), NOW
+    for _ in range(3):
+        obs.record_error(key, "canary against http://x: ConnectError", at)
+        obs.record_prometheus(key, leak_rate=0.0, oom_events=0.0)  # answers, empty
+    snap = obs.snapshot(key)
+    assert snap is not None and snap.consecutive_errors == 3
+    assert snap.last_error == "canary against http://x: ConnectError (3 in a row)"
+    obs.record_error(key, "prometheus: ReadTimeout", at, source=PROMETHEUS)
+    snap = obs.snapshot(key)
+    assert snap is not None and snap.consecutive_errors == 3
+    assert snap.last_error is not None
+    assert "canary" in snap.last_error and "prometheus: ReadTimeout (1 in a row)" in snap.last_error
+    obs.record(key, "r1", {"ok": 4}, 0, at)  # the canary answers: only its count resets
+    snap = obs.snapshot(key)
+    assert snap is not None and snap.consecutive_errors == 1
+    assert snap.last_error == "prometheus: ReadTimeout (1 in a row)"

@@ -31,7 +31,7 @@ from dsv4_operator import metrics
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
-from dsv4_operator.guard.observations import Key, Observations
+from dsv4_operator.guard.observations import PROMETHEUS, Key, Observations
 from dsv4_operator.guard.prometheus import PrometheusError, instant_value
 from dsv4_operator.kube.cache import Reader
 from dsv4_operator.kube.resources import DSV4
@@ -187,6 +187,8 @@ class GuardSupervisor:
             )
             oom = await instant_value(self.http, url, prom.oom_query) if prom.oom_query else None
         except PrometheusError as error:
-            self.observations.record_error(key, f"prometheus: {error}", datetime.now(UTC))
+            self.observations.record_error(
+                key, f"prometheus: {error}", datetime.now(UTC), source=PROMETHEUS
+            )
             return
         self.observations.record_prometheus(key, leak, oom)

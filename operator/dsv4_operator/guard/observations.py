@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 Key = tuple[str, str]
+CANARY, PROMETHEUS = "canary", "prometheus"  # the guard's sources
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,28 @@ class Snapshot:
     leaks: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     last_run: datetime | None = None
-    consecutive_errors: int = 0
-    last_error: str | None = None
+    consecutive_errors: int = 0  # the worst source's errors in a row
+    last_error: str | None = None  # every failing source, named
     prometheus_leak_rate: float | None = None
     prometheus_oom_events: float | None = None
+    # Per source ("canary", "prometheus"): errors in a row and the last message. Each source
+    # is counted on its own, so a source that answers never hides one that keeps failing.
+    source_errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+def _with_errors(current: Snapshot, errors: dict[str, tuple[int, str]]) -> Snapshot:
+    failing = sorted(errors.items(), key=lambda item: (-item[1][0], item[0]))
+    return replace(
+        current,
+        source_errors=errors,
+        consecutive_errors=failing[0][1][0] if failing else 0,
+        last_error="; ".join(f"{message} ({count} in a row)" for _, (count, message) in failing)
+        or None,
+    )
+
+
+def _cleared(current: Snapshot, source: str) -> Snapshot:
+    return _with_errors(current, {k: v for k, v in current.source_errors.items() if k != source})
 
 
 class Observations:
@@ -46,41 +65,36 @@ class Observations:
         self, key: Key, revision: str, verdicts: dict[str, int], leaks: int, at: datetime
     ) -> None:
         current = self._windows.get(key, Snapshot())
-        if current.revision != revision:
-            current = Snapshot(revision=revision)
+        if current.revision != revision:  # a new window; a failing source keeps failing
+            current = _with_errors(Snapshot(revision=revision), current.source_errors)
         merged = dict(current.verdicts)
         for verdict, count in verdicts.items():
             merged[verdict] = merged.get(verdict, 0) + count
         samples = sum(c for v, c in verdicts.items() if v != "error")
-        self._windows[key] = replace(
-            current,
-            samples=current.samples + samples,
-            leaks=current.leaks + leaks,
-            verdicts=merged,
-            last_run=at,
-            consecutive_errors=0,
-            last_error=None,
+        self._windows[key] = _cleared(
+            replace(
+                current,
+                samples=current.samples + samples,
+                leaks=current.leaks + leaks,
+                verdicts=merged,
+                last_run=at,
+            ),
+            CANARY,
         )
 
-    def record_error(self, key: Key, error: str, at: datetime) -> None:
+    def record_error(self, key: Key, error: str, at: datetime, source: str = CANARY) -> None:
         current = self._windows.get(key, Snapshot())
-        self._windows[key] = replace(
-            current,
-            consecutive_errors=current.consecutive_errors + 1,
-            last_error=error,
-            last_run=at,
-        )
+        count = current.source_errors.get(source, (0, ""))[0] + 1
+        errors = {**current.source_errors, source: (count, error)}
+        self._windows[key] = _with_errors(replace(current, last_run=at), errors)
 
     def record_prometheus(
         self, key: Key, leak_rate: float | None, oom_events: float | None
     ) -> None:
         current = self._windows.get(key, Snapshot())
-        self._windows[key] = replace(
-            current,
-            prometheus_leak_rate=leak_rate,
-            prometheus_oom_events=oom_events,
-            consecutive_errors=0,
-            last_error=None,
+        self._windows[key] = _cleared(
+            replace(current, prometheus_leak_rate=leak_rate, prometheus_oom_events=oom_events),
+            PROMETHEUS,
         )
 
     def forget(self, key: Key) -> None:
