@@ -22,6 +22,7 @@ from dsv4_operator.engine.validation import NotADeployment, Validation, validate
 from dsv4_operator.probe.cli import probe_command
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.yaml_input import InputError, load_documents
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 INPUT_RULE = "input"  # the finding of a document that is not a DSV4Deployment
@@ -60,9 +61,9 @@ def _documents(path: str) -> list[Document]:
     except UnicodeDecodeError:
         _fail(f"{path} is not UTF-8 text")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        _fail(f"{path} is not valid YAML: {error}")
+        docs = load_documents(text)
+    except InputError as error:
+        _fail(f"{path} is {error}" if str(error).startswith("not valid") else f"{path}: {error}")
     if not docs:
         _fail(f"{path} holds no YAML document")
     # The same trust policy as an operator configured by these DSV4_* variables.

@@ -105,6 +105,30 @@ def test_bad_input_exits_2(tmp_path: Path, content: str, reason: str) -> None:
     assert code == 2 and reason in out
 
 
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(9)
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (BOMB, "more than 64 YAML aliases"),
+        ("a: " + "[" * 200 + "]" * 200 + "\n", "nested deeper than 64 levels"),
+        ("a: " + "{b: " * 100 + "1" + "}" * 100 + "\n", "nested deeper than 64 levels"),
+        ("# " + "x" * (3 * 1024 * 1024) + "\n", "at most 3145728"),
+    ],
+    ids=["alias-bomb", "deep-list", "deep-map", "too-large"],
+)
+def test_hostile_yaml_is_refused_with_a_reason(tmp_path: Path, content: str, reason: str) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(content)
+    for command in ("validate", "plan", "render"):
+        result = CliRunner().invoke(main, [command, "-f", str(path)])
+        assert result.exit_code == 2, (command, result.output)
+        assert reason in result.output and "Traceback" not in result.output
+
+
 def test_unreadable_file_exits_2(tmp_path: Path) -> None:
     code, out = run("validate", "-f", str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read" in out
