@@ -1,0 +1,137 @@
+"""Property-based: mutations of the examples through `dsv4 validate` and `dsv4 render`.
+
+Whatever a document holds, the CLI never raises, exits 0, 1 or 2 as documented, prints JSON
+that matches its schema, and a document `validate` accepts renders, byte for byte the same
+each time. Deterministic (derandomized); `DSV4_FUZZ_EXAMPLES` raises the case count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from dsv4_operator.cli import main
+
+from .conftest import EXAMPLE, REPO
+from .contract import assert_contract
+
+EXAMPLES = [EXAMPLE, *sorted((REPO / "examples" / "unsafe").glob("*.yaml"))]
+CASES = int(os.environ.get("DSV4_FUZZ_EXAMPLES", "2000"))
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.sampled_from(["fp8", "bf16", "fp4", "auto", "", "0", "-1", "1e400", "Exists", "é", "☃"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(node, dict):
+        for key, child in node.items():
+            out += _paths(child, (*prefix, key))
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            out += _paths(child, (*prefix, index))
+    return out
+
+
+def _alike(draw: st.DrawFn, value: Any) -> Any:
+    """A value of the same type near `value`: most of these keep the spec valid."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return draw(st.integers(min_value=0, max_value=2 * value + 8))
+    if isinstance(value, float):
+        return draw(st.floats(min_value=0.0, max_value=2 * value + 1.0))
+    if isinstance(value, str):
+        return draw(st.sampled_from([value, value.upper(), value + "x", "", "fp8", "bf16"]))
+    return value
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> dict[str, Any]:
+    if draw(st.booleans()):  # gentle: one same-typed change of the safe example's spec
+        safe: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+        leaves = [p for p in _paths(safe["spec"]) if p]
+        path = draw(st.sampled_from(leaves))
+        node: Any = safe["spec"]
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = _alike(draw, node[path[-1]])
+        return safe
+    doc: dict[str, Any] = yaml.safe_load(draw(st.sampled_from(EXAMPLES)).read_text())
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        paths = [p for p in _paths(doc) if p]
+        path = draw(st.sampled_from(paths))
+        parent: Any = doc
+        for part in path[:-1]:
+            parent = parent[part]
+        action = draw(st.sampled_from(["replace", "delete", "add"]))
+        if action == "replace":
+            parent[path[-1]] = draw(values)
+        elif action == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[draw(st.text(min_size=1, max_size=12))] = draw(values)
+        else:
+            parent.append(draw(values))
+    return doc
+
+
+def _run(*args: str, stdin: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), input=stdin)
+    # SystemExit is how click reports the exit code; any other exception is a crash.
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"{args} raised {result.exception!r}"
+    )
+    return result.exit_code, result.stdout
+
+
+@settings(
+    max_examples=CASES,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,
+)
+@given(doc=mutated())
+def test_any_document_keeps_the_contract(doc: dict[str, Any]) -> None:
+    text = yaml.safe_dump(doc)
+    code, out = _run("validate", "-f", "-", "-o", "json", stdin=text)
+    event(f"validate exit {code}")  # the spread shows with --hypothesis-show-statistics
+    assert code in (0, 1, 2)
+    if code == 2 and not out:
+        return  # refused before any document was read (the text itself is unusable)
+    payload = json.loads(out)
+    assert_contract("validate", payload)
+    assert payload["valid"] is (code == 0)
+    if code == 0:
+        first, second = _run("render", "-f", "-", stdin=text), _run("render", "-f", "-", stdin=text)
+        assert first[0] == 0 and first == second
+        assert all(d["metadata"]["name"] for d in yaml.safe_load_all(first[1]))
+    plan_code, plan_out = _run("plan", "-f", "-", "-o", "json", stdin=text)
+    assert plan_code in (0, 1, 2)
+    if plan_out:
+        assert_contract("plan", json.loads(plan_out))
+
+
+def test_the_examples_are_what_the_mutations_start_from() -> None:
+    assert len(EXAMPLES) > 10 and all(isinstance(p, Path) for p in EXAMPLES)
