@@ -67,16 +67,22 @@ def _alike(draw: st.DrawFn, value: Any) -> Any:
 
 
 @st.composite
+def gentle(draw: st.DrawFn) -> dict[str, Any]:
+    """One same-typed change of the safe example's spec."""
+    safe: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    leaves = [p for p in _paths(safe["spec"]) if p]
+    path = draw(st.sampled_from(leaves))
+    node: Any = safe["spec"]
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = _alike(draw, node[path[-1]])
+    return safe
+
+
+@st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
-    if draw(st.booleans()):  # gentle: one same-typed change of the safe example's spec
-        safe: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-        leaves = [p for p in _paths(safe["spec"]) if p]
-        path = draw(st.sampled_from(leaves))
-        node: Any = safe["spec"]
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = _alike(draw, node[path[-1]])
-        return safe
+    if draw(st.booleans()):
+        return draw(gentle())
     doc: dict[str, Any] = yaml.safe_load(draw(st.sampled_from(EXAMPLES)).read_text())
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
         paths = [p for p in _paths(doc) if p]
