@@ -254,3 +254,27 @@ def test_a_list_as_metadata_is_bad_input_not_a_crash() -> None:
         stdin="apiVersion: dsv4.io/v1alpha1\nkind: DSV4Deployment\nmetadata: [x]\nspec: {}\n",
     )
     assert code == 2 and "metadata must be a mapping" in out
+
+
+@pytest.mark.parametrize(
+    ("toleration", "message"),
+    [
+        ({"key": "gpu", "operator": "Exists", "value": "x"}, "value must be empty"),
+        ({"operator": "Equal", "value": "x"}, "operator must be Exists when key is empty"),
+        (
+            {"key": "gpu", "value": "x", "effect": "NoSchedule", "tolerationSeconds": 5},
+            "only allowed with effect NoExecute",
+        ),
+    ],
+)
+def test_tolerations_the_api_server_would_refuse_are_refused(
+    tmp_path: Path, toleration: dict[str, Any], message: str
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["decode"]["tolerations"] = [toleration]
+    path = tmp_path / "toleration.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, payload = run_json("validate", "-f", str(path))
+    assert code == 1
+    [finding] = all_findings(payload)
+    assert finding["field"] == "spec.decode.tolerations[0]" and message in finding["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic.config import JsonDict
 
 from dsv4_operator.api.base import DURATION_SHAPE, ApiModel, DurationBounds
@@ -275,6 +275,18 @@ class Toleration(ApiModel):
     toleration_seconds: int | None = Field(
         default=None, ge=0, le=1 << 31, description="For NoExecute."
     )
+
+    @model_validator(mode="after")
+    def _as_the_api_server_checks(self) -> Toleration:
+        # core/v1 validation (ValidateTolerations) the schema cannot express; caught here,
+        # the pod template the operator renders would be refused by the API server.
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator must be Exists when key is empty")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds is only allowed with effect NoExecute")
+        return self
 
 
 # A Kubernetes resource quantity without a sign (apimachinery's quantity grammar).
