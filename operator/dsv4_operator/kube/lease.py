@@ -94,8 +94,13 @@ class LeaderElector:
         self.lease: Obj | None = None  # the last version written by or read for this replica
 
     async def acquire(self) -> None:
-        """Until this replica holds the Lease."""
-        while not await self._try():
+        """Until this replica holds the Lease (API errors are retried, never fatal)."""
+        while True:
+            try:
+                if await self._try():
+                    break
+            except KubeError as error:  # unreachable, forbidden: say so and keep trying
+                log.warning("lease %s/%s not acquired: %s", self.namespace, self.name, error)
             await asyncio.sleep(self.timing.retry)
         log.info("leading: lease %s/%s held by %s", self.namespace, self.name, self.identity)
 
