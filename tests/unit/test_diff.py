@@ -57,3 +57,20 @@ def test_a_changed_or_removed_own_item_is_drift() -> None:
     args = _live(_desired())
     args["spec"]["template"]["spec"]["containers"][0]["args"].append("--x")
     assert not in_place(want, args)
+
+
+def test_mounts_merge_by_mount_path_and_duplicate_keys_compare_exactly() -> None:
+    desired = _desired()
+    engine = desired["spec"]["template"]["spec"]["containers"][0]
+    # The same volume mounted twice: `name` repeats, mountPath does not.
+    engine["volumeMounts"] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "tmp", "mountPath": "/var/tmp", "subPath": "var"},
+    ]
+    want = stamped(desired)
+    live = _live(desired)
+    mounts = live["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    mounts.append({"name": "istio-certs", "mountPath": "/etc/istio"})
+    assert in_place(want, live)
+    mounts[1]["subPath"] = "other"
+    assert not in_place(want, live)

@@ -25,13 +25,16 @@ def stamped(desired: dict[str, Any]) -> dict[str, Any]:
 # The merge keys of the lists the operator renders (containers, env, volumes, ports, mounts):
 # Kubernetes merges these by key, so another writer (a mutating webhook injecting a sidecar or
 # an env var) may add items; the operator's own items must be there, unchanged.
-MERGE_KEYS = ("name", "mountPath", "containerPort", "devicePath")
+# Kubernetes' own merge keys first (a volumeMount also has a `name`, but merges by mountPath).
+MERGE_KEYS = ("mountPath", "containerPort", "devicePath", "name")
 
 
 def _merge_key(items: list[Any]) -> str | None:
+    """The key these items merge by, if every item has it and no two share a value."""
     for key in MERGE_KEYS:
         if items and all(isinstance(i, dict) and key in i for i in items):
-            return key
+            values = [i[key] for i in items]
+            return key if len(set(map(str, values))) == len(values) else None
     return None
 
 
