@@ -32,6 +32,7 @@ class Leadership:
         self.cache, self.queue, self.guards, self.elector = cache, queue, guards, elector
         self.leading = asyncio.Event()
         self.work: asyncio.Task[None] | None = None
+        self.renewing: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         await self.cache.wait_synced()
@@ -51,7 +52,7 @@ class Leadership:
         if self.elector is None:
             await work
             return
-        held = asyncio.create_task(self.elector.hold())
+        self.renewing = held = asyncio.create_task(self.elector.hold())
         await asyncio.wait({work, held}, return_when=asyncio.FIRST_COMPLETED)
         if held.done():
             # Lost: stop writing at once, then stop the process (the Deployment restarts it as
@@ -65,9 +66,12 @@ class Leadership:
             held.cancel()
 
     async def stop(self) -> None:
-        """No reconcile and no canary runs after this returns."""
+        """No reconcile, no canary and no Lease renewal runs after this returns (a renewal
+        racing `release()` would make the release a stale write the API server refuses)."""
         if self.work is not None:
             await cancel(self.work)
+        if self.renewing is not None:
+            await cancel(self.renewing)
         await self.guards.close()
 
     async def release(self) -> None:

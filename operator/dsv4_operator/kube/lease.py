@@ -128,13 +128,19 @@ class LeaderElector:
 
     async def release(self) -> None:
         """On a clean shutdown: empty the holder so a standby takes over at once."""
-        if self.lease is None or _record(self.lease)[0] != self.identity:
-            return
-        lease = {**self.lease, "spec": {**self.lease["spec"], "holderIdentity": ""}}
-        try:
-            self.lease = await self.client.replace(lease)
-        except KubeError as error:  # the standby then waits out the duration instead
-            log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
+        for _ in range(2):  # a renewal cut short may have changed the version: read it again
+            try:
+                current = await self.client.get(LEASE, self.namespace, self.name)
+                if current is None or _record(current)[0] != self.identity:
+                    return
+                released = {**current, "spec": {**current["spec"], "holderIdentity": ""}}
+                self.lease = await self.client.replace(released)
+                return
+            except Conflict:
+                continue
+            except KubeError as error:  # the standby then waits out the duration instead
+                log.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
+                return
 
     async def _try(self) -> bool:
         """One attempt to take or renew the Lease; True while this replica holds it."""
