@@ -35,8 +35,8 @@ def _operator_metrics() -> frozenset[str]:
     names = set()
     for value in vars(metrics).values():
         if isinstance(value, MetricWrapperBase):
-            kind = value._type  # counter, gauge, histogram
-            names.add(f"{value._name}_total" if kind == "counter" else value._name)
+            for family in value.describe():  # counters are exported with the _total suffix
+                names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return frozenset(names)
 
 

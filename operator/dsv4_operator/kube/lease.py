@@ -91,7 +91,6 @@ class LeaderElector:
         self.timing = timing or Timing()
         self.monotonic, self.wall = monotonic, wall
         self.observed: Observed | None = None
-        self.lease: Obj | None = None  # the last version written by or read for this replica
 
     async def acquire(self) -> None:
         """Until this replica holds the Lease (API errors are retried, never fatal)."""
@@ -134,7 +133,7 @@ class LeaderElector:
                 if current is None or _record(current)[0] != self.identity:
                     return
                 released = {**current, "spec": {**current["spec"], "holderIdentity": ""}}
-                self.lease = await self.client.replace(released)
+                await self.client.replace(released)
                 return
             except Conflict:
                 continue
@@ -154,7 +153,7 @@ class LeaderElector:
                 "spec": self._spec(wall, acquire_time=wall, transitions=0),
             }
             try:
-                self.lease = await self.client.create(body)
+                await self.client.create(body)
             except Conflict:  # another replica created it first
                 return False
             return True
@@ -174,10 +173,10 @@ class LeaderElector:
             ),
         }
         try:
-            self.lease = await self.client.replace(updated)
+            written = await self.client.replace(updated)
         except Conflict:  # someone wrote it since we read it: they won this round
             return False
-        self.observed = Observed(_record(self.lease), now)
+        self.observed = Observed(_record(written), now)
         return True
 
     def _spec(self, renew: str, acquire_time: str | None, transitions: int) -> Obj:
