@@ -20,7 +20,8 @@ WRITES = Counter(
 )
 READS = Counter(
     "dsv4_api_reads_total",
-    "API reads the operator made outside its watch cache, by verb and resource.",
+    "API requests that store nothing (reads outside the watch cache, the webhook's dry runs),"
+    " by verb and resource.",
     ["verb", "resource"],
 )
 WATCH_LISTS = Counter(

@@ -96,6 +96,32 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert rules_path == RULES_FILE.resolve()
 
 
+def test_every_alert_has_a_resolve_path() -> None:
+    """Each alert fires and later, in the same test case, clears: an alert that cannot
+    resolve (a series never removed, a window that never empties) pages for good."""
+    cases = yaml.safe_load(PROMTOOL_TESTS.read_text())
+    resolving: set[str] = set()
+    for case in cases["tests"]:
+        checks = case.get("alert_rule_test", [])
+        for fired in (c for c in checks if c["exp_alerts"]):
+            later = [
+                c
+                for c in checks
+                if c["alertname"] == fired["alertname"]
+                and not c["exp_alerts"]
+                and _minutes(c["eval_time"]) > _minutes(fired["eval_time"])
+            ]
+            if later:
+                resolving.add(fired["alertname"])
+    assert {a["alert"] for a in _alerts()} - resolving == set(), "alerts never tested resolving"
+
+
+def _minutes(duration: str) -> int:
+    match = re.fullmatch(r"(\d+)m", duration)
+    assert match, f"eval_time {duration!r}: write it in minutes"
+    return int(match.group(1))
+
+
 def test_rules_use_only_metrics_that_exist() -> None:
     for alert in _alerts():
         unknown = {m for m in metric_names(alert["expr"]) if not known_metric(m)}
@@ -109,6 +135,17 @@ def test_rules_use_only_metrics_that_exist() -> None:
         ("DSV4RollbackPerformed", "offset 15m) > 0)", "offset 15m) > 5)"),
         ("DSV4KVPoolPressure", "(sglang:token_usage) > 0.92", "(sglang:token_usage) > 0.99"),
         ("DSV4OperatorDown", 'absent(up{job="dsv4-operator"} == 1)', 'up{job="dsv4-op"} == 0'),
+        # Only the resolve paths catch these: the alert still fires, but never clears.
+        (
+            "DSV4GuardBlind",
+            "max by (deployment) (dsv4_guard_blind) > 0",
+            "max by (deployment) (max_over_time(dsv4_guard_blind[1h])) > 0",
+        ),
+        (
+            "DSV4LeakRateHigh",
+            "max by (deployment, revision) (dsv4_leak_rate) > 0.02",
+            "max by (deployment, revision) (last_over_time(dsv4_leak_rate[1h])) > 0.02",
+        ),
     ],
 )
 def test_unit_tests_catch_a_broken_rule(

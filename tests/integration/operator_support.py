@@ -297,3 +297,60 @@ def watch_router(cluster: Cluster, until: Callable[[], bool], timeout: float = 2
 
 def engine_flags(sts: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
     return parse_args(sts["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
+def statefulset_policy(
+    dyn: Any, namespace: str, expression: str, message: str, name: str = "policy"
+) -> Callable[[], None]:
+    """A ValidatingAdmissionPolicy (the API server's own CEL admission, what a cluster's
+    policy engine does) on creates, updates and deletes of StatefulSets in `namespace`,
+    refusing those where `expression` is false with `message`; returns the undo. Not on
+    `statefulsets/status`: the StatefulSet controller keeps working."""
+    policies = dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy"
+    )
+    bindings = dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding"
+    )
+    full = f"{name}-{namespace}"
+    policies.create(
+        body={
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": full},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE", "DELETE"],
+                            "resources": ["statefulsets"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": expression, "message": message}],
+            },
+        }
+    )
+    bindings.create(
+        body={
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": full},
+            "spec": {
+                "policyName": full,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        }
+    )
+
+    def undo() -> None:
+        bindings.delete(name=full)
+        policies.delete(name=full)
+
+    return undo

@@ -11,18 +11,26 @@ the chance of no rollback halves with every further run, far inside the 180 s al
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
 from tests.engine_double.config import parse_config, session_corruption_probability
 
 from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet
-from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool
+from .operator_support import (
+    Cluster,
+    OperatorProcess,
+    example,
+    free_port,
+    rtx_pool,
+    statefulset_policy,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -217,13 +225,8 @@ def test_prometheus_unreachable_holds_then_guard_blind_without_rollback(
     cluster.wait_events("GuardBlind")
 
 
-def test_oom_on_new_revision_rolls_back(
-    control_plane: ControlPlane,
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
-) -> None:
-    url = f"http://127.0.0.1:{engine.port}"
+def _baked_then_served(cluster: Cluster, url: str) -> tuple[str, str]:
+    """A sound revision baked, then a compatible change served: (good, new)."""
     cluster.apply(_guarded(cluster.namespace, url))
     good = _baked(cluster)
     cluster.apply(_guarded(cluster.namespace, url, **{"engine.maxRunningRequests": 48}))
@@ -233,7 +236,29 @@ def test_oom_on_new_revision_rolls_back(
         current = status.get("currentRevision")
         return current if status.get("phase") == "Ready" and current != good else None
 
-    new = wait_for("the new revision to be served", new_revision_ready, timeout=120)
+    return good, str(wait_for("the new revision to be served", new_revision_ready, timeout=120))
+
+
+def _wait_decode_on(cluster: Cluster, revision: str) -> None:
+    wait_for(
+        f"the decode StatefulSet on revision {revision}",
+        lambda: (
+            cluster.children()[("StatefulSet", "dsv4-flash-decode")]["metadata"]["labels"][
+                "dsv4.io/revision"
+            ]
+            == revision
+        ),
+        timeout=120,
+    )
+
+
+def test_oom_on_new_revision_rolls_back(
+    control_plane: ControlPlane,
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+) -> None:
+    good, new = _baked_then_served(cluster, f"http://127.0.0.1:{engine.port}")
     dyn = cluster.dyn
     report_container_terminated(
         dyn,
@@ -252,14 +277,84 @@ def test_oom_on_new_revision_rolls_back(
     obj = wait_for("the OOM rollback", rolled_back, timeout=120)
     assert _condition(obj, "RolledBack")["reason"] == "OOM"
     assert [q["hash"] for q in obj["status"]["quarantine"]] == [new]
-    wait_for(
-        "the last known good revision on decode again",
-        lambda: (
-            cluster.children()[("StatefulSet", "dsv4-flash-decode")]["metadata"]["labels"][
-                "dsv4.io/revision"
-            ]
-            == good
-        ),
-        timeout=120,
-    )
+    _wait_decode_on(cluster, good)
     assert operator.metric("dsv4_oom_events_total") >= 1
+
+
+def _freeze_statefulsets(dyn: Any, namespace: str) -> Callable[[], None]:
+    """Refuse every create, update and delete of a StatefulSet in `namespace`; returns the
+    undo once the refusal is in force."""
+    undo = statefulset_policy(dyn, namespace, "false", "frozen by the test", name="freeze")
+    statefulsets = dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+
+    def frozen() -> bool:
+        try:
+            statefulsets.patch(
+                name="dsv4-flash-decode",
+                namespace=namespace,
+                body={"metadata": {"labels": {"frozen-probe": "1"}}},
+                content_type="application/merge-patch+json",
+                dry_run="All",
+            )
+        except ApiException as exc:
+            return "frozen by the test" in str(exc.body)
+        return False
+
+    wait_for("the StatefulSet freeze in force", frozen, timeout=60)
+    return undo
+
+
+def test_a_rollback_is_recorded_before_any_child_is_touched(
+    cluster: Cluster, operator: OperatorProcess, engine: EngineKubelet
+) -> None:
+    """The quarantine is the rollback's only memory (the OOM-killed pod goes with the pods
+    it replaces): it must be on the object before the first child write, so an operator that
+    dies in between cannot roll the failed revision out again. Child writes are refused here
+    (an admission policy) to hold the pass between the two."""
+    good, bad = _baked_then_served(cluster, f"http://127.0.0.1:{engine.port}")
+    unfreeze = _freeze_statefulsets(cluster.dyn, cluster.namespace)
+    try:
+        report_container_terminated(
+            cluster.dyn,
+            cluster.namespace,
+            "dsv4-flash-decode-0",
+            "engine",
+            reason="OOMKilled",
+            exit_code=137,
+        )
+
+        def recorded() -> dict[str, Any] | None:
+            obj = cluster.get()
+            return obj if [q["hash"] for q in obj["status"].get("quarantine", [])] else None
+
+        obj = wait_for("the quarantine on the object", recorded, timeout=120)
+        assert [q["hash"] for q in obj["status"]["quarantine"]] == [bad]
+        assert _condition(obj, "RolledBack")["status"] == "True"
+        decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
+        assert decode["metadata"]["labels"]["dsv4.io/revision"] == bad  # nothing written yet
+    finally:
+        unfreeze()
+    _wait_decode_on(cluster, good)
+
+
+def test_a_canary_that_reaches_nothing_says_why_with_the_url(
+    cluster: Cluster, operator: OperatorProcess, engine_port: int
+) -> None:
+    """Nothing listens on the canary's endpoint (no engine fixture here)."""
+    url = f"http://127.0.0.1:{engine_port}"
+    guard = {
+        "enabled": True,
+        "canary": {"sessions": 2, "rounds": 1, "interval": "1s", "endpoint": url},
+        "errorLimit": 2,
+    }
+    cluster.apply(example(cluster.namespace, guard=guard))
+
+    def blind() -> dict[str, Any] | None:
+        obj = cluster.get()
+        return obj if _condition(obj, "GuardBlind").get("status") == "True" else None
+
+    obj = wait_for("GuardBlind from the canary", blind, timeout=120)
+    message = obj["status"]["guard"]["lastMessage"]
+    assert f"canary against {url}: all 2 requests failed" in message
+    assert "the first with cannot connect after" in message and "ConnectError" in message
+    assert message in _condition(obj, "GuardBlind")["message"]

@@ -7,15 +7,19 @@ places the engine pods on kwok GPU nodes of the requested product, and kwok mark
 
 from __future__ import annotations
 
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_operator.reconcile.world import statefulset_rolled
+from tests.chart.support import tool
 
 from .operator_support import (
     POOL,
@@ -25,6 +29,7 @@ from .operator_support import (
     OperatorProcess,
     engine_flags,
     example,
+    statefulset_policy,
     watch_router,
     webhook_operator,
 )
@@ -195,6 +200,10 @@ def test_compatible_update_rolls_decode_first(cluster: Cluster, operator: Operat
     router_generation = cluster.children()[("Deployment", "dsv4-flash-router")]["metadata"][
         "generation"
     ]
+    writes_before = {
+        kind: operator.metric("dsv4_api_writes_total", verb="patch", resource=kind) or 0
+        for kind in ("statefulsets", "deployments", "services", "poddisruptionbudgets")
+    }
     cluster.apply(example(cluster.namespace, **{"engine.maxRunningRequests": 48}))
     seen_prefill_before_decode = False
 
@@ -222,6 +231,12 @@ def test_compatible_update_rolls_decode_first(cluster: Cluster, operator: Operat
     assert router["metadata"]["uid"] == router_uid  # same format: the router is untouched
     assert router["metadata"]["generation"] == router_generation
     assert len(cluster.revisions()) == 2
+    # One write per object the change touches: each StatefulSet once, nothing else.
+    writes = {
+        kind: (operator.metric("dsv4_api_writes_total", verb="patch", resource=kind) or 0) - before
+        for kind, before in writes_before.items()
+    }
+    assert writes == {"statefulsets": 2, "deployments": 0, "services": 0, "poddisruptionbudgets": 0}
 
 
 @pytest.mark.parametrize("strategy", ["Recreate", "BlueGreen"])
@@ -446,6 +461,18 @@ def test_leader_killed_mid_blue_green_the_standby_takes_over_alone(
         second.stop()
 
 
+def _wait_managed_webhook(configs: Any) -> None:
+    """Until kopf has written the ValidatingWebhookConfiguration `dsv4.io.validation`."""
+    wait_for(
+        "the managed ValidatingWebhookConfiguration",
+        lambda: any(
+            c["metadata"]["name"] == "dsv4.io.validation" and c.get("webhooks")
+            for c in configs.get().to_dict()["items"]
+        ),
+        timeout=60,
+    )
+
+
 def test_admission_webhook_refuses_unsafe_specs(
     control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -458,14 +485,7 @@ def test_admission_webhook_refuses_unsafe_specs(
     )
     webhook = webhook_operator(control_plane.kubeconfig_path, cluster.namespace, tmp_path)
     try:
-        wait_for(
-            "the managed ValidatingWebhookConfiguration",
-            lambda: any(
-                c["metadata"]["name"] == "dsv4.io.validation" and c.get("webhooks")
-                for c in configs.get().to_dict()["items"]
-            ),
-            timeout=60,
-        )
+        _wait_managed_webhook(configs)
         unsafe = example(
             cluster.namespace,
             **{**BF16, "engine.hicache": {"enabled": True}, "engine.capabilities": ["bf16IndexK"]},
@@ -484,9 +504,156 @@ def test_admission_webhook_refuses_unsafe_specs(
         assert "DSV4-R010" not in message  # warnings do not block admission
         cluster.apply(example(cluster.namespace))  # a sound spec is admitted
         assert cluster.get()["spec"]["engine"]["indexKDtype"] == "fp8"
+        # Admitted with a warning finding: kubectl prints it as an admission warning.
+        warned = example(cluster.namespace, **{"engine.maxRunningRequests": 128})
+        applied = subprocess.run(
+            [
+                str(tool("kubectl")),
+                "--kubeconfig",
+                str(control_plane.kubeconfig_path),
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "tests",
+                "-f",
+                "-",
+            ],
+            input=yaml.safe_dump(warned),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert "Warning: spec.engine.maxRunningRequests: [DSV4-R006]" in applied.stderr
     finally:
         webhook.stop()
         print(f"--- webhook operator log ---\n{webhook.log_tail()}")
         for config in configs.get().to_dict()["items"]:
             if config["metadata"]["name"] == "dsv4.io.validation":
                 configs.delete(name="dsv4.io.validation")
+
+
+REPLICA_POLICY = "at most 2 replicas per StatefulSet in this namespace"
+
+
+def _replica_policy(cluster: Cluster) -> Callable[[], None]:
+    """A namespace policy the rules cannot know (what a cluster's policy engine enforces):
+    StatefulSets here have at most 2 replicas. Returns the undo once it is in force."""
+    undo = statefulset_policy(
+        cluster.dyn, cluster.namespace, "object.spec.replicas <= 2", REPLICA_POLICY
+    )
+    statefulsets = cluster.dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "policy-probe", "namespace": cluster.namespace},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+    def in_force() -> bool:
+        try:
+            statefulsets.create(body=probe, namespace=cluster.namespace, dry_run="All")
+        except Exception as error:
+            return REPLICA_POLICY in str(getattr(error, "body", error))
+        return False
+
+    wait_for("the replica policy in force", in_force, timeout=60)
+    return undo
+
+
+def test_a_child_the_api_server_refuses_is_reported_not_retried_in_silence(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    undo = _replica_policy(cluster)
+    try:
+        cluster.apply(example(cluster.namespace, **{"decode.replicas": 3}))
+
+        def rejected() -> dict[str, Any] | None:
+            obj = cluster.get()
+            progressing = next(
+                (
+                    c
+                    for c in obj.get("status", {}).get("conditions", [])
+                    if c["type"] == "Progressing"
+                ),
+                {},
+            )
+            return progressing if progressing.get("reason") == "ChildRejected" else None
+
+        progressing = wait_for("Progressing=False ChildRejected", rejected, timeout=60)
+        assert progressing["status"] == "False"
+        assert REPLICA_POLICY in progressing["message"]
+        assert "dsv4-flash-decode" in progressing["message"]
+        events = cluster.wait_events("ChildRejected")
+        assert sum(e.get("count", 1) for e in events if e["reason"] == "ChildRejected") == 1
+        operator.alive_or_raise()
+    finally:
+        undo()
+    cluster.apply(example(cluster.namespace, **{"decode.replicas": 3}))  # policy lifted
+    obj = cluster.wait_phase("Ready")
+    assert obj["status"]["roles"]["decode"]["replicas"] == 3
+
+
+def test_admission_webhook_refuses_a_spec_whose_children_the_api_server_refuses(
+    control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The rules accept the spec; the namespace's policy refuses its decode StatefulSet: the
+    webhook's server-side dry run of the children refuses the spec at the door."""
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    configs = cluster.dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingWebhookConfiguration"
+    )
+    undo = _replica_policy(cluster)
+    webhook = webhook_operator(control_plane.kubeconfig_path, cluster.namespace, tmp_path)
+    try:
+        _wait_managed_webhook(configs)
+
+        def refused() -> str | None:
+            try:
+                cluster.apply(example(cluster.namespace, **{"decode.replicas": 3}))
+            except DynamicApiError as error:
+                return str(error.body)
+            cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
+            return None  # the webhook was not wired yet; try again
+
+        message = wait_for("the webhook to refuse the spec", refused, timeout=60)
+        assert "StatefulSet dsv4-flash-decode" in message and REPLICA_POLICY in message
+        assert "dsv4-flash-prefill" not in message  # only the refused child is named
+        cluster.apply(example(cluster.namespace, **{"decode.replicas": 2}))  # admitted
+        assert cluster.get()["spec"]["decode"]["replicas"] == 2
+    finally:
+        webhook.stop()
+        undo()
+        for config in configs.get().to_dict()["items"]:
+            if config["metadata"]["name"] == "dsv4.io.validation":
+                configs.delete(name="dsv4.io.validation")
+
+
+def test_ready_says_why_a_pod_is_stuck(
+    dyn: Any, namespace: str, gpu_pool: list[str], operator: OperatorProcess
+) -> None:
+    """No PVC for the weights: the scheduler's verdict, with the pod's name, is in the Ready
+    condition (not only in `kubectl describe pod`); creating the PVC lets it through."""
+    cluster = Cluster(dyn, namespace)  # no weights_volume() here
+    cluster.apply(example(namespace))
+
+    def explained() -> str | None:
+        obj = cluster.get()
+        ready = next(
+            (c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
+        )
+        message = str(ready.get("message", ""))
+        return message if 'persistentvolumeclaim "dsv4-weights" not found' in message else None
+
+    message = wait_for("the cause in the Ready condition", explained, timeout=60)
+    assert "pod dsv4-flash-" in message and "Unschedulable" in message
+    weights_volume(dyn, namespace)
+    cluster.wait_phase("Ready")

@@ -278,3 +278,38 @@ def test_tolerations_the_api_server_would_refuse_are_refused(
     assert code == 1
     [finding] = all_findings(payload)
     assert finding["field"] == "spec.decode.tolerations[0]" and message in finding["message"]
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("pool name", "the name part"),
+        ("a/b/c", "the prefix before '/'"),
+        ("Example.com/pool", "the prefix before '/'"),
+        ("x" * 64, "the name part"),
+        ("example.com/", "the name part"),
+        ("-pool", "the name part"),
+    ],
+)
+def test_label_keys_the_api_server_would_refuse_are_refused(
+    tmp_path: Path, key: str, message: str
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["decode"]["nodeSelector"] = {key: "a"}
+    path = tmp_path / "selector.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, payload = run_json("validate", "-f", str(path))
+    assert code == 1
+    [finding] = all_findings(payload)
+    assert finding["field"].startswith("spec.decode.nodeSelector") and message in finding["message"]
+
+
+@pytest.mark.parametrize("key", ["pool", "example.com/pool", "a.b-c_d", "x" * 63])
+def test_valid_label_keys_are_accepted(tmp_path: Path, key: str) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["decode"]["nodeSelector"] = {key: "a"}
+    doc["spec"]["decode"]["tolerations"] = [{"key": key, "operator": "Exists"}]
+    path = tmp_path / "selector.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    code, _ = run_json("validate", "-f", str(path))
+    assert code == 0

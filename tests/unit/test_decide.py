@@ -197,3 +197,92 @@ def test_disabling_the_service_monitor_deletes_it(variant: Callable[..., dict[st
     live = _as_live([o for o in first.apply if o["kind"] != "ServiceMonitor"])
     world = _world(variant({}), revisions=first.create, service_monitors=[monitor], **live)
     assert ("ServiceMonitor", "x") in {(r.kind, n) for r, n in decide(world).delete}
+
+
+def _monitoring(status: DSV4DeploymentStatus) -> Any:
+    return next(c for c in status.conditions if c.type == "MonitoringReady")
+
+
+def test_a_service_monitor_without_its_crd_is_reported_once_and_the_rest_goes_on(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    enabled = variant({"monitoring.serviceMonitor": {"enabled": True}})
+    first = decide(_world(enabled, monitoring_served=False))
+    kinds = {o["kind"] for o in first.apply}
+    assert "ServiceMonitor" not in kinds and {"StatefulSet", "Deployment", "Service"} <= kinds
+    condition = _monitoring(first.status)
+    assert (condition.status, condition.reason) == ("False", "CRDMissing")
+    assert "prometheus-operator" in condition.message
+    assert [n.type for n in first.events if n.reason == "CRDMissing"] == ["Warning"]
+    # Next pass, the condition already says it: no second Event.
+    live = _as_live(first.apply)
+    second = decide(
+        _world(
+            enabled, status=first.status, revisions=first.create, monitoring_served=False, **live
+        )
+    )
+    assert "CRDMissing" not in {n.reason for n in second.events}
+    assert second.writes == 0 and second.status.phase == "Ready"
+    # The CRDs installed: the monitor is applied and the condition turns True.
+    third = decide(_world(enabled, status=second.status, revisions=first.create, **live))
+    assert [o["kind"] for o in third.apply] == ["ServiceMonitor"]
+    assert (_monitoring(third.status).status, _monitoring(third.status).reason) == (
+        "True",
+        "Applied",
+    )
+
+
+def test_monitoring_disabled_is_a_true_condition(variant: Callable[..., dict[str, Any]]) -> None:
+    decision = decide(_world(variant({}), monitoring_served=False))
+    condition = _monitoring(decision.status)
+    assert (condition.status, condition.reason) == ("True", "Disabled")
+    assert "CRDMissing" not in {n.reason for n in decision.events}
+
+
+def _blue_green_done(variant: Callable[..., dict[str, Any]]) -> tuple[dict[str, Any], Any]:
+    """Both pairs live and ready, the router switched to the new one: (spec, live pools)."""
+    blue = variant({"rollout.strategy": "BlueGreen"})
+    green = variant({"rollout.strategy": "BlueGreen", "engine.indexKDtype": "bf16"})
+    first = decide(_world(blue))
+    start = decide(_world(green, generation=2, revisions=first.create, **_as_live(first.apply)))
+    both = _as_live(first.apply)
+    for pool, objs in _as_live(start.apply).items():
+        both[pool] += objs
+    revisions = first.create + start.create
+    switch = decide(_world(green, generation=2, revisions=revisions, **both))
+    [router] = [o for o in switch.apply if o["kind"] == "Deployment"]
+    both["deployments"] = _as_live([router])["deployments"]
+    return green, (revisions, both)
+
+
+def test_the_old_pair_goes_services_first_statefulsets_last(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    spec, (revisions, live) = _blue_green_done(variant)
+    cleanup = decide(_world(spec, generation=2, revisions=revisions, **live))
+    order = [(r.kind, n) for r, n in cleanup.delete if r.kind != "ControllerRevision"]
+    assert order[-2:] == [("StatefulSet", "x-prefill"), ("StatefulSet", "x-decode")]
+    assert set(order[:-2]) == {
+        (kind, name)
+        for kind in ("Service", "PodDisruptionBudget")
+        for name in ("x-prefill", "x-decode")
+    }
+
+
+def test_services_and_pdbs_of_a_pair_without_statefulsets_are_deleted(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    """An operator stopped in the middle of deleting the old pair left its decode Service
+    and PDB behind: the next pass deletes them."""
+    spec, (revisions, live) = _blue_green_done(variant)
+    old = {"x-prefill", "x-decode"}
+    live["statefulsets"] = [s for s in live["statefulsets"] if s["metadata"]["name"] not in old]
+    for pool in ("services", "pdbs"):
+        live[pool] = [o for o in live[pool] if o["metadata"]["name"] != "x-prefill"]
+    decision = decide(_world(spec, generation=2, revisions=revisions, **live))
+    assert {(r.kind, n) for r, n in decision.delete if r.kind != "ControllerRevision"} == {
+        ("Service", "x-decode"),
+        ("PodDisruptionBudget", "x-decode"),
+    }
+    assert [n.reason for n in decision.events] == ["OrphansDeleted"]
+    assert decision.apply == []

@@ -1,16 +1,25 @@
 """Property-based: mutations of the examples through `dsv4 validate` and `dsv4 render`.
 
-Whatever a document holds, the CLI never raises, exits 0, 1 or 2 as documented, prints JSON
-that matches its schema, and a document `validate` accepts renders, byte for byte the same
-each time. Deterministic (derandomized); `DSV4_FUZZ_EXAMPLES` raises the case count.
+Whatever a document holds, the CLI never raises, never hangs (a case has CASE_TIMEOUT_SECONDS,
+far beyond the milliseconds one takes: it catches unbounded work, not slowness), exits 0, 1
+or 2 as documented, prints JSON that matches its schema, and a document `validate` accepts
+renders, byte for byte the same each time. Deterministic (derandomized): 2,000 cases by
+default (`DSV4_FUZZ_EXAMPLES` changes it), 50,000 in the nightly-sized run
+(`pytest -m nightly tests/unit/test_fuzz_cli.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
@@ -23,6 +32,8 @@ from .contract import assert_contract
 
 EXAMPLES = [EXAMPLE, *sorted((REPO / "examples" / "unsafe").glob("*.yaml"))]
 CASES = int(os.environ.get("DSV4_FUZZ_EXAMPLES", "2000"))
+NIGHTLY_CASES = 50_000
+CASE_TIMEOUT_SECONDS = 30.0
 
 scalars = st.one_of(
     st.none(),
@@ -101,8 +112,29 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
+class CaseTimeout(Exception):
+    """One case ran past CASE_TIMEOUT_SECONDS: unbounded work on some input."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise CaseTimeout(f"a case ran for more than {seconds:.0f}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _run(*args: str, stdin: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), input=stdin)
+    with _time_limit(CASE_TIMEOUT_SECONDS):
+        result = CliRunner().invoke(main, list(args), input=stdin)
+    if isinstance(result.exception, CaseTimeout):
+        raise result.exception
     # SystemExit is how click reports the exit code; any other exception is a crash.
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         f"{args} raised {result.exception!r}"
@@ -110,15 +142,35 @@ def _run(*args: str, stdin: str) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-@settings(
-    max_examples=CASES,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    database=None,
-)
+def _fuzzed(cases: int) -> Any:
+    return settings(
+        max_examples=cases,
+        derandomize=True,
+        deadline=None,  # no timing assertion; CASE_TIMEOUT_SECONDS catches hangs
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        database=None,
+    )
+
+
+@_fuzzed(CASES)
 @given(doc=mutated())
 def test_any_document_keeps_the_contract(doc: dict[str, Any]) -> None:
+    _keeps_the_contract(doc)
+
+
+@pytest.mark.nightly
+@_fuzzed(NIGHTLY_CASES)
+@given(doc=mutated())
+def test_any_document_keeps_the_contract_nightly(doc: dict[str, Any]) -> None:
+    _keeps_the_contract(doc)
+
+
+def test_a_hang_is_caught_as_a_failure() -> None:
+    with pytest.raises(CaseTimeout), _time_limit(0.2):
+        threading.Event().wait(5)
+
+
+def _keeps_the_contract(doc: dict[str, Any]) -> None:
     text = yaml.safe_dump(doc)
     code, out = _run("validate", "-f", "-", "-o", "json", stdin=text)
     event(f"validate exit {code}")  # the spread shows with --hypothesis-show-statistics

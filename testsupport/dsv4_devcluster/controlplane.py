@@ -278,6 +278,39 @@ class ControlPlane:
     ) -> None:
         self.stop()
 
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, as an upgrade or a node drain would); the other
+        components keep running and retry until :meth:`start_apiserver`."""
+        self._apiserver().stop()
+
+    def start_apiserver(self, timeout: float = 120.0) -> None:
+        """Start kube-apiserver again with the same flags, port and data; wait for /readyz."""
+        old = self._apiserver()
+        if old.alive():
+            raise DevClusterError("kube-apiserver is running; stop it first")
+        new = ManagedProcess(old.name, old.argv, old.log_path, old.env)
+        self._procs[self._procs.index(old)] = new
+        self._wait_apiserver_ready(new, timeout)
+
+    def restart_exited(self) -> list[str]:
+        """Start again, with the same flags, every component that has exited, the way a
+        kubelet restarts a crashed static pod (kube-scheduler exits on purpose when its cache
+        disagrees with the API server, which an API server restart can cause). Returns the
+        names of the components restarted."""
+        restarted = []
+        for index, proc in enumerate(self._procs):
+            if not proc.alive():
+                proc.stop()  # reap it
+                self._procs[index] = ManagedProcess(proc.name, proc.argv, proc.log_path, proc.env)
+                restarted.append(proc.name)
+        return restarted
+
+    def _apiserver(self) -> ManagedProcess:
+        found = next((p for p in self._procs if p.name == "kube-apiserver"), None)
+        if found is None:
+            raise DevClusterError("control plane not started")
+        return found
+
     # --- start-up ------------------------------------------------------------------------
 
     def _start(self) -> None:
@@ -373,15 +406,15 @@ class ControlPlane:
             "allow-privileged": "true",
         }
         api_args.update(self.extra_apiserver_args)
-        apiserver = self._spawn(
-            "kube-apiserver",
-            [str(bins.path("kube-apiserver")), *(f"--{k}={v}" for k, v in api_args.items())],
-        )
+        argv = [str(bins.path("kube-apiserver")), *(f"--{k}={v}" for k, v in api_args.items())]
+        self._wait_apiserver_ready(self._spawn("kube-apiserver", argv), remaining())
+
+    def _wait_apiserver_ready(self, apiserver: ManagedProcess, timeout: float) -> None:
         ctx = self._client_ssl_context()
         wait_for(
             "kube-apiserver /readyz",
             lambda: _http_get(f"{self.server_url}/readyz", ctx) == b"ok",
-            remaining(),
+            timeout,
             interval=0.5,
             process=apiserver,
         )

@@ -42,6 +42,7 @@ class ManagedProcess:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.env = dict(env) if env is not None else None
         prefix: list[str] = []
         setpriv = shutil.which("setpriv")
         if setpriv and threading.current_thread() is threading.main_thread():

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 from pydantic.config import JsonDict
 
 from dsv4_operator.api.base import DURATION_SHAPE, ApiModel, DurationBounds
@@ -39,6 +40,30 @@ MAX_VALUE_LENGTH = 32768
 LabelValue = Annotated[
     str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 ]
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _label_key(key: str) -> str:
+    """apimachinery's IsQualifiedName, which a schema cannot express for a map's keys:
+    `[prefix/]name`, the name at most 63 alphanumerics, '-', '_' or '.' (alphanumeric at both
+    ends), the prefix a DNS subdomain of at most 253 characters."""
+    prefix, slash, name = key.rpartition("/")
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+        raise ValueError(
+            f"key {key!r}: the name part must be 1-63 characters of [A-Za-z0-9-_.], "
+            "alphanumeric at both ends (for example example.com/pool)"
+        )
+    if slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        raise ValueError(
+            f"key {key!r}: the prefix before '/' must be a lowercase DNS subdomain of at "
+            "most 253 characters (for example example.com/pool)"
+        )
+    return key
+
+
+# A label key (apimachinery's validation.IsQualifiedName).
+LabelKey = Annotated[str, AfterValidator(_label_key)]
 # Printable ASCII without '=' (what the API server accepts as an environment variable name).
 ENV_NAME_PATTERN = r"^[!-<>-~]+$"
 
@@ -284,6 +309,8 @@ class Toleration(ApiModel):
             raise ValueError("value must be empty when operator is Exists")
         if not self.key and self.operator != "Exists":
             raise ValueError("operator must be Exists when key is empty")
+        if self.key:
+            _label_key(self.key)
         if self.toleration_seconds is not None and self.effect != "NoExecute":
             raise ValueError("tolerationSeconds is only allowed with effect NoExecute")
         return self
@@ -370,7 +397,7 @@ class RoleSpec(ApiModel):
         default_factory=RoleOverrides,
         description="Role-safe settings that differ from spec.engine.",
     )
-    node_selector: dict[str, LabelValue] = Field(
+    node_selector: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Added to the GPU product selector."
     )
     tolerations: list[Toleration] = Field(
@@ -544,7 +571,7 @@ class ServiceMonitorSpec(ApiModel):
 
     enabled: bool = Field(default=False, description="Render a ServiceMonitor.")
     interval: ScrapeInterval = Field(default="30s", description="Scrape interval (5s to 1h).")
-    labels: dict[str, LabelValue] = Field(
+    labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Extra labels (for selectors)."
     )
 

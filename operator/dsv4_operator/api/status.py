@@ -13,7 +13,9 @@ from dsv4_operator.api.base import ApiModel
 log = logging.getLogger(__name__)
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "RolledBack", "Invalid"]
-ConditionType = Literal["Validated", "Ready", "Progressing", "Degraded", "RolledBack", "GuardBlind"]
+ConditionType = Literal[
+    "Validated", "Ready", "Progressing", "Degraded", "RolledBack", "GuardBlind", "MonitoringReady"
+]
 Severity = Literal["error", "warning"]
 
 
@@ -122,7 +124,9 @@ class DSV4DeploymentStatus(ApiModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind.",
+        description=(
+            "Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind, MonitoringReady."
+        ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     findings: list[Finding] = Field(default_factory=list, description="Rule findings on the spec.")

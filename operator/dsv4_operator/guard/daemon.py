@@ -22,6 +22,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,15 +48,26 @@ from dsv4_operator.trust import (
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
 
-# (endpoint, served model, spec) -> verdict counts of one canary run
-CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[dict[str, int]]]
+
+@dataclass(frozen=True)
+class CanaryRun:
+    """What one canary run saw: verdict counts, and why the first failed request failed
+    (the reason only, such as `HTTP 503` or `cannot connect after 3 attempts: ConnectError`:
+    never the reply's text, since status is readable by anyone who can read the object)."""
+
+    counts: dict[str, int]
+    first_error: str | None = None
+
+
+# (endpoint, served model, spec) -> one canary run
+CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[CanaryRun]]
 
 
 def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str:
     return router_url(name, namespace, spec.router.port)
 
 
-async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> dict[str, int]:
+async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
     """The real canary: multi-turn tool-calling sessions classified by the DSML detector."""
     from dsv4_operator.probe.canary import run_canary
 
@@ -72,7 +84,8 @@ async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> d
             rounds=canary.rounds,
             seed=random.randrange(1 << 30),
         )
-    return {str(k): int(v) for k, v in report.counts.items()}
+    failed = (r.verdict.reason for r in report.records if r.verdict.kind == VerdictKind.ERROR)
+    return CanaryRun({str(k): int(v) for k, v in report.counts.items()}, next(failed, None))
 
 
 class GuardSupervisor:
@@ -88,6 +101,7 @@ class GuardSupervisor:
         policy: TrustPolicy | None = None,
     ) -> None:
         self.client, self.observations, self.wake, self.runner = client, observations, wake, runner
+        self._said: dict[Key, str] = {}  # the last canary failure logged, per deployment
         self.http = http or httpx.AsyncClient(timeout=10.0, follow_redirects=False)
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
@@ -122,6 +136,7 @@ class GuardSupervisor:
             self._tasks[key] = (fingerprint, task)
 
     def stop(self, key: Key) -> None:
+        self._said.pop(key, None)
         entry = self._tasks.pop(key, None)
         if entry is not None:
             entry[1].cancel()
@@ -154,28 +169,38 @@ class GuardSupervisor:
             model = spec.model.served_name or spec.model.profile
             now = datetime.now(UTC)
             try:
-                counts = await self.runner(endpoint, model, spec)
+                run = await self.runner(endpoint, model, spec)
             except Exception as error:  # the canary itself failed: count toward errorLimit
-                log.warning("%s: canary against %s failed: %s", label, endpoint, error)
                 # The class only: the error text may quote the reply, and status is readable
                 # by anyone who can read the object.
-                self.observations.record_error(
-                    key, f"canary against {endpoint}: {type(error).__name__}", now
-                )
+                self._failed(key, f"canary against {endpoint}: {type(error).__name__}", now)
             else:
+                counts = run.counts
                 leaks = sum(counts.get(v, 0) for v in LEAK_KINDS)
                 answered = sum(c for v, c in counts.items() if v != VerdictKind.ERROR)
                 if answered == 0:
-                    self.observations.record_error(
-                        key, f"canary: all {counts.get(VerdictKind.ERROR, 0)} requests failed", now
+                    failed = counts.get(VerdictKind.ERROR, 0)
+                    self._failed(
+                        key,
+                        f"canary against {endpoint}: all {failed} requests failed, the first "
+                        f"with {run.first_error or 'no reason given'}",
+                        now,
                     )
                 else:
+                    self._said.pop(key, None)
                     self.observations.record(key, revision, counts, leaks, now)
                 for verdict, count in counts.items():
                     metrics.CANARY_RESPONSES.labels(label, revision, verdict).inc(count)
                 if answered:  # a run where nothing answered is no run (DSV4CanaryNotRunning)
                     metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
         self.wake(key)
+
+    def _failed(self, key: Key, message: str, now: datetime) -> None:
+        """Count a canary failure; log it once per distinct message, not once per run."""
+        if self._said.get(key) != message:
+            log.warning("%s/%s: %s", key[0], key[1], message)
+            self._said[key] = message
+        self.observations.record_error(key, message, now)
 
     async def _prometheus(self, key: Key, spec: DSV4DeploymentSpec, url: str) -> None:
         prom = spec.guard.prometheus

@@ -6,12 +6,14 @@ import asyncio
 import logging
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kopf
 
 from dsv4_operator import metrics
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.daemon import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
@@ -19,7 +21,7 @@ from dsv4_operator.handlers.leadership import Leadership, cancel
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.cache import Listener, WatchCache, Watched
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import Forbidden
+from dsv4_operator.kube.errors import Forbidden, KubeError
 from dsv4_operator.kube.lease import LeaderElector
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
@@ -34,6 +36,7 @@ from dsv4_operator.kube.resources import (
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from dsv4_operator.reconcile.actions import ReconcileSettings
+from dsv4_operator.reconcile.dry_run import refused_children
 from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.webhook_certs import self_signed
@@ -54,7 +57,7 @@ WATCHED = (
 
 
 def _count_request(verb: str, resource: str) -> None:
-    counter = metrics.READS if verb in ("get", "list") else metrics.WRITES
+    counter = metrics.READS if verb in ("get", "list", "dryrun") else metrics.WRITES
     counter.labels(verb, resource).inc()
 
 
@@ -144,9 +147,17 @@ def configure(settings: kopf.OperatorSettings, op: OperatorSettings) -> None:
             settings.admission.managed = f"{op.prefix}.validation"
 
 
+@dataclass
+class _Started:
+    """What startup made that the admission handler needs (it has no memo of its own)."""
+
+    client: KubeClient | None = None
+
+
 def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
     """All handlers of the operator, on a registry of their own."""
     registry = kopf.OperatorRegistry()
+    started = _Started()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -159,6 +170,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         client = KubeClient.from_environment(
             field_manager=op.field_manager, on_request=_count_request
         )
+        started.client = client
         cache = WatchCache(
             settings,
             WATCHED,
@@ -201,7 +213,14 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         await memo.client.close()
 
     if op.webhook:
-        admission.register(registry, op.trust_policy)
+
+        async def dry_run(name: str, namespace: str, spec: DSV4DeploymentSpec) -> list[str]:
+            client = started.client
+            if client is None:  # admission before startup finished: the rules alone
+                raise KubeError(0, "NotStarted", "the operator's client is not ready yet")
+            return await refused_children(client, name, namespace, spec)
+
+        admission.register(registry, op.trust_policy, dry_run)
     return registry
 
 

@@ -59,6 +59,8 @@ class Reader(Protocol):
         self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
     ) -> list[Obj]: ...
 
+    async def serves(self, res: Resource) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Watched:
@@ -193,6 +195,11 @@ class WatchCache:
         else:
             candidates = [o for k, o in sorted(store.objects.items()) if namespace in (None, k[0])]
         return [o for o in candidates if _matches(o, wanted)]
+
+    async def serves(self, res: Resource) -> bool:
+        """Whether `res` is served, as of the last discovery (optional kinds only are ever
+        absent; they are checked again every ABSENT_RECHECK_SECONDS)."""
+        return res not in self._absent
 
     def keys(self, res: Resource) -> builtins.list[Key]:
         return sorted(self._stores[res].objects)

@@ -263,8 +263,8 @@ class KubeClient:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        if method in WRITE_METHODS:
-            self.writes += 1
+        if method in WRITE_METHODS and not (params and "dryRun" in params):
+            self.writes += 1  # a dry run stores nothing
         self.requests[verb, resource] += 1
         if self.on_request is not None:
             self.on_request(verb, resource)
@@ -343,6 +343,20 @@ class KubeClient:
         meta, res = obj["metadata"], resource_of(obj)
         return await self._request(
             "POST", res.path(meta.get("namespace")), verb="create", resource=res.plural, body=obj
+        )
+
+    async def dry_run_create(self, obj: Obj) -> None:
+        """A create with `dryRun=All`: the API server validates and admits `obj` and stores
+        nothing. It validates before it looks for a namesake, so `Conflict` (the name exists)
+        means the object itself was accepted; `Invalid` carries the server's reasons."""
+        meta, res = obj["metadata"], resource_of(obj)
+        await self._request(
+            "POST",
+            res.path(meta.get("namespace")),
+            verb="dryrun",
+            resource=res.plural,
+            params={"dryRun": "All", "fieldManager": self.field_manager},
+            body=obj,
         )
 
     async def replace(self, obj: Obj) -> Obj:

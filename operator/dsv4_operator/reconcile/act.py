@@ -28,9 +28,19 @@ async def act(
 ) -> None:
     """Deletes first (Recreate must stop the old pair before anything new starts).
 
+    The status is written after the children, except for a rollback: its quarantine entry is
+    the only record of why the spec is not served, and the evidence (an OOM-killed pod) goes
+    with the pods the rollback replaces. Written first, a crash between the two writes cannot
+    make the next pass roll the failed revision out again.
+
     `observe` gets every object the API server returns for a write, so a watch cache can
     fold it in before the watch event arrives.
     """
+    status = decision.status.to_wire()
+    written = world.status.to_wire()
+    if decision.rollbacks and status != written:
+        observe(await client.apply_status(DSV4, world.namespace, world.name, status))
+        written = status
     for res, name in decision.delete:
         await client.delete(res, world.namespace, name)
     for obj in decision.create:
@@ -42,8 +52,7 @@ async def act(
             continue
     for obj in decision.apply:
         observe(await client.apply(obj))
-    status = decision.status.to_wire()
-    if status != world.status.to_wire():
+    if status != written:
         observe(await client.apply_status(DSV4, world.namespace, world.name, status))
     recorder = recorder or EventRecorder(client)
     subject = Subject(world.namespace, world.name, world.uid)

@@ -14,6 +14,7 @@ import dataclasses
 
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
+from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardOutcome
 from dsv4_operator.kube.resources import (
@@ -23,12 +24,22 @@ from dsv4_operator.kube.resources import (
     SERVICE,
     SERVICE_MONITOR,
     STATEFULSET,
+    Resource,
 )
-from dsv4_operator.names import API_VERSION, KIND, parse_time, revision_name, router_name
+from dsv4_operator.names import (
+    API_VERSION,
+    KIND,
+    MAIN_PAIR,
+    PAIR_LABEL,
+    ROLE_LABEL,
+    parse_time,
+    revision_name,
+    router_name,
+)
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
 from dsv4_operator.reconcile.status import Progress, build_status
-from dsv4_operator.reconcile.world import Pair, World, deployment_rolled
+from dsv4_operator.reconcile.world import Pair, World, deployment_rolled, labels_of, name_of
 from dsv4_operator.render.children import (
     controller_revision,
     render_role,
@@ -40,12 +51,27 @@ from dsv4_operator.revisions.store import next_number, to_prune
 
 
 def _remove_pair(actions: Actions, ctx: RenderContext, pair: str) -> None:
+    """Services and PDBs first, the StatefulSets (which make the pair known) last: an
+    operator stopped half-way still sees the pair next time and finishes the job."""
     old = _with_pair(ctx, pair)
-    for role in ROLES:
-        name = old.role_name(role)
-        actions.remove(STATEFULSET, name)
+    names = [old.role_name(role) for role in ROLES]
+    for name in names:
         actions.remove(SERVICE, name)
         actions.remove(PDB, name)
+    for name in names:
+        actions.remove(STATEFULSET, name)
+
+
+def _orphans(world: World, pairs: dict[str, Pair]) -> list[tuple[Resource, str]]:
+    """Engine Services and PDBs of a pair that has no StatefulSet left (a cleanup cut short
+    before the order above, or a StatefulSet deleted by hand)."""
+    return [
+        (res, name_of(obj))
+        for res, pool in ((SERVICE, world.services), (PDB, world.pdbs))
+        for obj in pool
+        if labels_of(obj).get(ROLE_LABEL) in ROLES
+        and labels_of(obj).get(PAIR_LABEL, MAIN_PAIR) not in pairs
+    ]
 
 
 def _with_pair(ctx: RenderContext, pair: str) -> RenderContext:
@@ -96,6 +122,13 @@ def _roll_in_place(
         )
         actions.wait()
         return Progress("CleaningUp", f"deleting old pair(s) {', '.join(stale)}")
+    orphans = _orphans(actions.world, pairs)
+    if orphans:
+        for res, name in orphans:
+            actions.remove(res, name)
+        listed = ", ".join(f"{res.kind} {name}" for res, name in orphans)
+        actions.note("Normal", "OrphansDeleted", f"deleted {listed} of pairs no longer running")
+        return Progress("CleaningUp", f"deleting {listed}")
     return Progress.done()
 
 
@@ -225,6 +258,14 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardOutcome) -> f
     return max((due - world.now).total_seconds(), 1.0)
 
 
+def _monitoring_event(actions: Actions, status: DSV4DeploymentStatus) -> None:
+    """One Warning when the ServiceMonitor cannot be applied (not one per pass)."""
+    now = next((c for c in status.conditions if c.type == "MonitoringReady"), None)
+    was = next((c for c in actions.world.status.conditions if c.type == "MonitoringReady"), None)
+    if now is not None and now.status == "False" and (was is None or was.reason != now.reason):
+        actions.note("Warning", now.reason, now.message)
+
+
 def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     """One reconcile pass."""
     settings = settings or ReconcileSettings()
@@ -252,6 +293,7 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
     decision.status = build_status(world, validation, target, progress, None, guard)
+    _monitoring_event(actions, decision.status)
     decision.requeue_after = _bake_wake(world, spec, guard)
     return decision
 

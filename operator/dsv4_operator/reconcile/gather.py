@@ -75,4 +75,5 @@ async def gather(
         pods=await client.list(POD, namespace, selector),
         annotations=dict(owner["metadata"].get("annotations") or {}),
         canary=observations.snapshot((namespace, name)) if observations else None,
+        monitoring_served=await client.serves(SERVICE_MONITOR),
     )

@@ -6,16 +6,21 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.cache import Reader, WatchCache
 from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.errors import Invalid
+from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
-from dsv4_operator.reconcile.actions import ReconcileSettings
+from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
 from dsv4_operator.reconcile.guarding import served_spec
-from dsv4_operator.reconcile.recorder import EventRecorder
+from dsv4_operator.reconcile.recorder import EventRecorder, Subject
+from dsv4_operator.reconcile.status import with_rejection
+from dsv4_operator.reconcile.world import World
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -54,6 +59,22 @@ class Reconciler:
         self.observations.forget(key)
         self.guard_metrics.forget(f"{key[0]}/{key[1]}")
 
+    async def _report_rejection(self, world: World, decision: Decision, error: Invalid) -> None:
+        """Say on the object why the rollout stopped (once per distinct refusal): a child
+        the API server refuses is not the operator's error to retry in silence."""
+        status = with_rejection(world, decision.status, error.message)
+        if status.to_wire() == world.status.to_wire():
+            return  # already said
+        log.warning(
+            "%s/%s: the API server refused a child: %s", world.namespace, world.name, error.message
+        )
+        await self.client.apply_status(DSV4, world.namespace, world.name, status.to_wire())
+        await self.recorder.post(
+            Subject(world.namespace, world.name, world.uid),
+            Note("Warning", "ChildRejected", error.message),
+            world.now,
+        )
+
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
         world = await gather(
@@ -82,10 +103,14 @@ class Reconciler:
                 len(decision.create),
                 "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
             )
-        if self.cache is not None:
-            await act(self.client, world, decision, self.recorder, self.cache.observe)
-        else:
-            await act(self.client, world, decision, self.recorder)
+        try:
+            if self.cache is not None:
+                await act(self.client, world, decision, self.recorder, self.cache.observe)
+            else:
+                await act(self.client, world, decision, self.recorder)
+        except Invalid as error:
+            await self._report_rejection(world, decision, error)
+            raise  # the queue retries with backoff: a policy may be lifted, the spec changed
         if decision.cleared or decision.rollbacks:
             self.observations.forget(key)  # the next window starts from nothing
         self.guard_metrics.observe(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.api.spec import ROLES
+from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
 from dsv4_operator.api.status import (
     Condition,
     ConditionType,
@@ -18,8 +18,16 @@ from dsv4_operator.api.status import (
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardOutcome
-from dsv4_operator.names import REVISION_LABEL, format_time, router_name
-from dsv4_operator.reconcile.world import World, labels_of
+from dsv4_operator.names import (
+    PAIR_LABEL,
+    REVISION_LABEL,
+    ROLE_LABEL,
+    ROUTER,
+    format_time,
+    router_name,
+)
+from dsv4_operator.reconcile.pod_causes import first_problem
+from dsv4_operator.reconcile.world import Obj, World, labels_of
 from dsv4_operator.render.context import RenderContext
 
 
@@ -56,6 +64,20 @@ def _condition(
     )
 
 
+def _pods(world: World, component: str, pair: str | None) -> list[Obj]:
+    """The pods of one role of `pair` (the router's when `pair` is None)."""
+    return [
+        pod
+        for pod in world.pods
+        if labels_of(pod).get(ROLE_LABEL) == component
+        and (pair is None or labels_of(pod).get(PAIR_LABEL) == pair)
+    ]
+
+
+def _because(what: str, problem: str | None) -> str:
+    return f"{what} ({problem})" if problem else what
+
+
 def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
     """Per-role observed state of the active pair, whether all is ready, and what is not."""
     pairs = world.pairs()
@@ -72,12 +94,14 @@ def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
             ready=ready,
         )
         if sts is None or ready < want or want == 0:
-            missing.append(f"{role} {ready}/{want} ready")
+            pods = _pods(world, role, active.id if active else None)
+            missing.append(_because(f"{role} {ready}/{want} ready", first_problem(pods)))
     router = world.live("Deployment", router_name(world.name))
     router_want = int(router["spec"].get("replicas", 0)) if router else 0
     router_ready = int((router or {}).get("status", {}).get("availableReplicas", 0))
     if router is None or router_ready < router_want:
-        missing.append(f"router {router_ready}/{router_want} available")
+        problem = first_problem(_pods(world, ROUTER, None))
+        missing.append(_because(f"router {router_ready}/{router_want} available", problem))
     return RolesStatus(prefill=roles["prefill"], decode=roles["decode"]), not missing, missing
 
 
@@ -99,6 +123,23 @@ def _plan(ctx: RenderContext) -> PlanStatus:
         sessions_capacity=decode.sessions_capacity,
         headroom_gib=round((decode.kv_pool_bytes - decode.workload_bytes) / GIB, 3),
     )
+
+
+MONITORING_CRD_MISSING = (
+    "spec.monitoring.serviceMonitor.enabled is true, but the API server does not serve "
+    "monitoring.coreos.com/v1 ServiceMonitor: install the prometheus-operator CRDs (checked "
+    "again every 5 minutes) or set spec.monitoring.serviceMonitor.enabled: false; the rest of "
+    "the deployment is reconciled as usual"
+)
+
+
+def monitoring_condition(world: World, spec: DSV4DeploymentSpec) -> Condition:
+    """MonitoringReady: the ServiceMonitor is applied, not asked for, or cannot be."""
+    if not spec.monitoring.service_monitor.enabled:
+        return _condition(world, "MonitoringReady", True, "Disabled", "no ServiceMonitor asked for")
+    if not world.monitoring_served:
+        return _condition(world, "MonitoringReady", False, "CRDMissing", MONITORING_CRD_MISSING)
+    return _condition(world, "MonitoringReady", True, "Applied", "ServiceMonitor applied")
 
 
 def build_status(
@@ -193,6 +234,8 @@ def build_status(
             phase = "RolledBack"
         if view.no_known_good and phase == "Ready":
             phase = "Degraded"
+    if ctx is not None:
+        conditions.append(monitoring_condition(world, ctx.spec))
     revisions = {roles.prefill.revision, roles.decode.revision}
     current: str | None
     if settled and ctx is not None:
@@ -216,3 +259,13 @@ def build_status(
         quarantine=list(view.quarantine if view is not None else previous.quarantine),
         guard=view.guard if view is not None else previous.guard,
     )
+
+
+def with_rejection(
+    world: World, status: DSV4DeploymentStatus, message: str
+) -> DSV4DeploymentStatus:
+    """`status` after the API server refused a child this pass wrote: `Progressing=False`,
+    reason `ChildRejected`, with the server's message (it names the child and the field)."""
+    rejected = _condition(world, "Progressing", False, "ChildRejected", message)
+    conditions = [rejected if c.type == "Progressing" else c for c in status.conditions]
+    return status.model_copy(update={"conditions": conditions})

@@ -109,6 +109,8 @@ class World:
     pods: list[Obj] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     canary: Snapshot | None = None
+    # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
+    monitoring_served: bool = True
 
     @property
     def spec(self) -> DSV4DeploymentSpec | None:

@@ -1,0 +1,173 @@
+"""Why a pod is not ready, read from its status the way a kubelet and the scheduler write it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dsv4_operator.reconcile.pod_causes import MESSAGE_LIMIT, first_problem, pod_problem
+
+
+def _pod(name: str, conditions: list[dict[str, Any]], containers: list[dict[str, Any]]) -> Any:
+    return {
+        "metadata": {"name": name},
+        "status": {"conditions": conditions, "containerStatuses": containers},
+    }
+
+
+NOT_READY = {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (
+            _pod(
+                "x-decode-0",
+                [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": '0/3 nodes are available: persistentvolumeclaim "dsv4-weights"'
+                        " not found. preemption: 0/3 nodes are available.",
+                    }
+                ],
+                [],
+            ),
+            "pod x-decode-0: Unschedulable: 0/3 nodes are available: persistentvolumeclaim "
+            '"dsv4-weights" not found. preemption: 0/3 nodes are available.',
+        ),
+        (
+            _pod(
+                "x-prefill-0",
+                [NOT_READY],
+                [
+                    {
+                        "name": "engine",
+                        "state": {
+                            "waiting": {
+                                "reason": "ImagePullBackOff",
+                                "message": 'Back-off pulling image "registry.example.com/e:1"',
+                            }
+                        },
+                    }
+                ],
+            ),
+            "pod x-prefill-0 container engine: ImagePullBackOff: Back-off pulling image "
+            '"registry.example.com/e:1"',
+        ),
+        (
+            _pod(
+                "x-decode-1",
+                [NOT_READY],
+                [
+                    {
+                        "name": "engine",
+                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off"}},
+                        "lastState": {
+                            "terminated": {
+                                "reason": "Error",
+                                "exitCode": 1,
+                                "message": "torch.OutOfMemoryError: CUDA out of memory.",
+                            }
+                        },
+                    }
+                ],
+            ),
+            "pod x-decode-1 container engine: CrashLoopBackOff, last Error: exit code 1, "
+            "torch.OutOfMemoryError: CUDA out of memory.",
+        ),
+        (
+            _pod(
+                "x-decode-2",
+                [NOT_READY],
+                [
+                    {
+                        "name": "engine",
+                        "state": {"running": {}},
+                        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                    }
+                ],
+            ),
+            "pod x-decode-2 container engine: restarted after OOMKilled: exit code 137",
+        ),
+        (
+            _pod(
+                "x-router-1",
+                [NOT_READY],
+                [
+                    {
+                        "name": "router",
+                        "state": {
+                            "waiting": {
+                                "reason": "CreateContainerConfigError",
+                                "message": 'secret "hf-token" not found',
+                            }
+                        },
+                    }
+                ],
+            ),
+            'pod x-router-1 container router: CreateContainerConfigError: secret "hf-token" not '
+            "found",
+        ),
+    ],
+)
+def test_the_cause_names_the_pod_and_what_kubernetes_says(pod: Any, expected: str) -> None:
+    assert pod_problem(pod) == expected
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        _pod(
+            "starting",
+            [NOT_READY],
+            [{"name": "e", "state": {"waiting": {"reason": "ContainerCreating"}}}],
+        ),
+        _pod("running", [NOT_READY], [{"name": "e", "state": {"running": {}}}]),
+        _pod(
+            "ready",
+            [{"type": "Ready", "status": "True"}],
+            [{"name": "e", "state": {"running": {}}}],
+        ),
+        {"metadata": {"name": "new"}},
+    ],
+)
+def test_a_pod_on_its_way_has_no_problem(pod: Any) -> None:
+    assert pod_problem(pod) is None
+
+
+def test_the_first_problem_is_stable_and_long_messages_are_cut() -> None:
+    long = "x" * 2000
+    pods = [
+        _pod(
+            "b",
+            [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "b",
+                }
+            ],
+            [],
+        ),
+        _pod(
+            "a",
+            [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": long,
+                }
+            ],
+            [],
+        ),
+    ]
+    problem = first_problem(pods)
+    assert problem is not None and problem.startswith("pod a: Unschedulable: xxx")
+    assert len(problem) < MESSAGE_LIMIT + 40
+    assert first_problem(list(reversed(pods))) == problem
