@@ -657,3 +657,31 @@ def test_ready_says_why_a_pod_is_stuck(
     assert "pod dsv4-flash-" in message and "Unschedulable" in message
     weights_volume(dyn, namespace)
     cluster.wait_phase("Ready")
+
+
+def test_pod_settings_reach_the_pods_and_cause_no_write_loop(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """What the API server adds to a user's volume or security context (defaults) is not
+    drift: after Ready, passes write nothing."""
+    pod_template = {
+        "imagePullSecrets": [{"name": "engine-pull"}],
+        "labels": {"team": "llm"},
+        "annotations": {"example.com/owner": "llm-platform"},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}],
+    }
+    _ready(cluster, podTemplate=pod_template, **{"decode.podTemplate": {"labels": {"x": "y"}}})
+    [pod] = cluster.pods("dsv4.io/role=decode")
+    assert pod["metadata"]["labels"]["team"] == "llm" and pod["metadata"]["labels"]["x"] == "y"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "engine-pull"}]
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000
+    assert {"name": "scratch", "mountPath": "/scratch"}.items() <= next(
+        m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "scratch"
+    ).items()
+    time.sleep(2)  # the settling pass's status write lands
+    writes = operator.metric("dsv4_api_writes_total")
+    _more_passes(operator, 3)
+    assert operator.metric("dsv4_api_writes_total") == writes

@@ -54,3 +54,38 @@ def test_every_child_of_a_valid_spec_passes_a_server_side_dry_run(dyn: Any, name
     valid = checked.count("StatefulSet") // 2  # two engine roles per spec
     print(f"{valid} valid specs, {len(checked)} children dry-run applied")
     assert valid >= CASES // 6, valid
+
+
+def test_pod_settings_pass_a_server_side_dry_run(dyn: Any, namespace: str) -> None:
+    """Pull secrets, service account, affinity, spread, security context, an extra volume
+    and env from a Secret, per role overrides: the API server accepts every child."""
+    import copy
+
+    import yaml
+
+    from tests.unit.conftest import EXAMPLE
+    from tests.unit.test_render import VARIANTS
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    spec = copy.deepcopy(doc["spec"])
+    for dotted, value in VARIANTS["pod-settings"].items():
+        *parents, last = dotted.split(".")
+        node = spec
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    validation = validate_object({**doc, "spec": spec})
+    assert validation.valid and validation.spec is not None, validation.errors
+    children = render_spec("dsv4-flash", namespace, validation.spec)
+    for child in children:
+        if child["kind"] == "ServiceMonitor":
+            continue
+        resource = dyn.resources.get(api_version=child["apiVersion"], kind=child["kind"])
+        resource.server_side_apply(
+            body=child,
+            namespace=namespace,
+            field_manager="dry-run-check",
+            query_params=[("dryRun", "All")],
+        )
+    pods = [c for c in children if c["kind"] in ("StatefulSet", "Deployment")]
+    assert all(c["spec"]["template"]["spec"]["serviceAccountName"] == "dsv4-engines" for c in pods)

@@ -518,3 +518,22 @@ def test_degenerate_false_positive_rate_on_normal_prose() -> None:
     marked = [t for t in corpus if find_markup(t) is not None]
     assert len(flagged) <= len(corpus) // 500, flagged[:3]  # at most 0.2%
     assert marked == []
+
+
+def test_the_garbage_class_is_exactly_the_unicode_categories() -> None:
+    """The garbage rule scans with one regex class; it must equal the rule it replaced:
+    U+FFFD, or category Cc (not tab, newline, CR) or Co, for every code point."""
+    import unicodedata
+
+    from dsv4_operator.probe.degenerate import _GARBAGE
+
+    differ = [
+        hex(cp)
+        for cp in range(0x110000)
+        if (_GARBAGE.match(chr(cp)) is not None)
+        != (
+            chr(cp) == "\ufffd"
+            or (unicodedata.category(chr(cp)) in ("Cc", "Co") and chr(cp) not in "\t\n\r")
+        )
+    ]
+    assert differ == []

@@ -49,6 +49,47 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "transfer.ibDevices": "mlx5_0,mlx5_1",
         "monitoring.serviceMonitor": {"enabled": True},
     },
+    "pod-settings": {
+        "podTemplate": {
+            "imagePullSecrets": [{"name": "engine-pull"}],
+            "serviceAccountName": "dsv4-engines",
+            "labels": {"team": "llm", "example.com/cost-center": "gpu"},
+            "annotations": {"example.com/owner": "llm-platform"},
+            "tolerations": [{"key": "example.com/reserved", "operator": "Exists"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "example.com/zone", "operator": "In", "values": ["a"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": {"dsv4.io/deployment": "dsv4-flash"}},
+                }
+            ],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+            "volumes": [{"name": "rdma", "hostPath": {"path": "/dev/infiniband"}}],
+            "volumeMounts": [{"name": "rdma", "mountPath": "/dev/infiniband"}],
+            "env": [
+                {
+                    "name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
+                }
+            ],
+        },
+        "decode.podTemplate": {"priorityClassName": "llm-critical", "labels": {"team": "dec"}},
+        "router.podTemplate": {"volumes": [], "volumeMounts": [], "env": []},
+    },
 }
 
 
@@ -178,3 +219,79 @@ if __name__ == "__main__":  # regenerate the golden file
             render_spec("dsv4-flash", "default", spec, OWNER), sort_keys=True, width=100
         )
     )
+
+
+def test_pod_settings_land_in_every_pod_after_what_the_operator_owns(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    objs = _render(variant(VARIANTS["pod-settings"]))
+    decode = _by(objs, "StatefulSet", "dsv4-flash-decode")["spec"]["template"]
+    prefill = _by(objs, "StatefulSet", "dsv4-flash-prefill")["spec"]["template"]
+    router = _by(objs, "Deployment", "dsv4-flash-router")["spec"]["template"]
+    for pod in (decode, prefill, router):
+        spec = pod["spec"]
+        assert spec["imagePullSecrets"] == [{"name": "engine-pull"}]
+        assert spec["serviceAccountName"] == "dsv4-engines"
+        assert spec["automountServiceAccountToken"] is False  # still no API token
+        assert spec["securityContext"] == {
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+        }
+        assert pod["metadata"]["labels"]["dsv4.io/deployment"] == "dsv4-flash"
+        assert pod["metadata"]["annotations"] == {"example.com/owner": "llm-platform"}
+        assert {"key": "example.com/reserved", "operator": "Exists"} in spec["tolerations"]
+    # The role's settings on top: its own field replaces, labels merge.
+    assert decode["spec"]["priorityClassName"] == "llm-critical"
+    assert "priorityClassName" not in prefill["spec"]
+    assert decode["metadata"]["labels"]["team"] == "dec"
+    assert prefill["metadata"]["labels"]["team"] == "llm"
+    assert decode["metadata"]["labels"]["example.com/cost-center"] == "gpu"
+    # Engines: the operator's volumes, mounts and env first, the user's after.
+    engine = decode["spec"]["containers"][0]
+    assert [v["name"] for v in decode["spec"]["volumes"]] == ["models", "dshm", "rdma"]
+    assert [m["name"] for m in engine["volumeMounts"]] == ["models", "dshm", "rdma"]
+    assert engine["env"][-1] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
+    }
+    # The router emptied its lists: no extra volume, mount or env there.
+    assert "volumes" not in router["spec"]
+    assert "env" not in router["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("pod_template", "message"),
+    [
+        ({"labels": {"dsv4.io/role": "x"}}, "key 'dsv4.io/role' is the operator's"),
+        ({"annotations": {"app.kubernetes.io/name": "x"}}, "is the operator's"),
+        ({"volumes": [{"name": "models", "emptyDir": {}}]}, "'models' is the operator's"),
+        ({"volumes": [{"emptyDir": {}}]}, "every volume needs a name"),
+        (
+            {
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "volumeMounts": [{"name": "v", "mountPath": "/models/extra"}],
+            },
+            "where the operator mounts",
+        ),
+        (
+            {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]},
+            "'nope' is not among the volumes",
+        ),
+        ({"env": [{"name": "SGLANG_X", "value": "1"}]}, "use spec.engine.env"),
+        ({"env": [{"name": "HF_HOME", "value": "/x"}]}, "use spec.engine.env"),
+        ({"env": [{"name": "T"}]}, "exactly one of value and valueFrom"),
+        ({"imagePullSecrets": [{"name": "Bad_Name"}]}, "String should match pattern"),
+    ],
+)
+def test_pod_settings_that_take_what_the_operator_owns_are_refused(
+    pod_template: dict[str, Any], message: str, variant: Callable[..., dict[str, Any]]
+) -> None:
+    from dsv4_operator.engine.validation import validate_spec
+
+    validation = validate_spec(variant({"podTemplate": pod_template}))
+    assert not validation.valid
+    assert any(message in f.message for f in validation.errors), [
+        (f.field, f.message) for f in validation.errors
+    ]
+    assert all(f.field.startswith("spec") for f in validation.errors)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic.config import JsonDict
 
 from dsv4_operator.api.base import DURATION_SHAPE, ApiModel, DurationBounds
+from dsv4_operator.api.kube_types import ENV_NAME_PATTERN, LabelKey, LabelValue, Toleration
+from dsv4_operator.api.pod import PodSettings
 
 # The engine's HTTP port inside every engine pod (sglang `--port`); fixed so probes and the
 # router can be rendered without reading the pod.
@@ -36,36 +37,6 @@ MAX_CANARY_ROUNDS = 16
 MAX_LIST_ITEMS = 128
 MAX_ARG_LENGTH = 4096
 MAX_VALUE_LENGTH = 32768
-# A label value (apimachinery's validation.IsValidLabelValue).
-LabelValue = Annotated[
-    str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-]
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def _label_key(key: str) -> str:
-    """apimachinery's IsQualifiedName, which a schema cannot express for a map's keys:
-    `[prefix/]name`, the name at most 63 alphanumerics, '-', '_' or '.' (alphanumeric at both
-    ends), the prefix a DNS subdomain of at most 253 characters."""
-    prefix, slash, name = key.rpartition("/")
-    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
-        raise ValueError(
-            f"key {key!r}: the name part must be 1-63 characters of [A-Za-z0-9-_.], "
-            "alphanumeric at both ends (for example example.com/pool)"
-        )
-    if slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        raise ValueError(
-            f"key {key!r}: the prefix before '/' must be a lowercase DNS subdomain of at "
-            "most 253 characters (for example example.com/pool)"
-        )
-    return key
-
-
-# A label key (apimachinery's validation.IsQualifiedName).
-LabelKey = Annotated[str, AfterValidator(_label_key)]
-# Printable ASCII without '=' (what the API server accepts as an environment variable name).
-ENV_NAME_PATTERN = r"^[!-<>-~]+$"
 
 IndexKDtype = Literal["fp8", "bf16", "fp4"]
 # DSV4 accepts only fp8_e4m3 and bfloat16; V3.2 also fp8_e5m2 (docs/engine-notes.md#kv-cache-dtype).
@@ -286,36 +257,6 @@ class GpuSpec(ApiModel):
     )
 
 
-class Toleration(ApiModel):
-    """A pod toleration (core/v1 Toleration)."""
-
-    key: str | None = Field(default=None, max_length=317, description="Taint key.")
-    operator: Literal["Exists", "Equal"] | None = Field(
-        default=None, description="Exists or Equal."
-    )
-    value: LabelValue | None = Field(default=None, description="Taint value.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect."
-    )
-    toleration_seconds: int | None = Field(
-        default=None, ge=0, le=1 << 31, description="For NoExecute."
-    )
-
-    @model_validator(mode="after")
-    def _as_the_api_server_checks(self) -> Toleration:
-        # core/v1 validation (ValidateTolerations) the schema cannot express; caught here,
-        # the pod template the operator renders would be refused by the API server.
-        if self.operator == "Exists" and self.value:
-            raise ValueError("value must be empty when operator is Exists")
-        if not self.key and self.operator != "Exists":
-            raise ValueError("operator must be Exists when key is empty")
-        if self.key:
-            _label_key(self.key)
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds is only allowed with effect NoExecute")
-        return self
-
-
 # A Kubernetes resource quantity without a sign (apimachinery's quantity grammar).
 QUANTITY_PATTERN = (
     r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -406,6 +347,11 @@ class RoleSpec(ApiModel):
     resources: Resources = Field(
         default_factory=Resources, description="cpu/memory for the engine."
     )
+    pod_template: PodSettings | None = Field(
+        default=None,
+        description="Pod settings of this role on top of spec.podTemplate (a field set here "
+        "replaces that field there; labels and annotations merge).",
+    )
 
 
 class RouterSpec(ApiModel):
@@ -418,6 +364,9 @@ class RouterSpec(ApiModel):
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port (OpenAI API).")
     image: str | None = Field(
         default=None, max_length=512, description="Router image; defaults to spec.engine.image."
+    )
+    pod_template: PodSettings | None = Field(
+        default=None, description="Pod settings of the router on top of spec.podTemplate."
     )
 
 
@@ -626,6 +575,24 @@ class DSV4DeploymentSpec(ApiModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout strategy.")
     guard: GuardSpec = Field(default_factory=GuardSpec, description="Leak/OOM guard and rollback.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Scraping.")
+    pod_template: PodSettings = Field(
+        default_factory=PodSettings,
+        description="Pod settings for every pod (pull secrets, service account, placement, "
+        "security context, extra volumes and env); overridable per role.",
+    )
 
     def role(self, role: Role) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
+
+    def pod_settings(self, component: Role | Literal["router"]) -> PodSettings:
+        """spec.podTemplate with the component's own on top."""
+        own = (
+            self.router.pod_template if component == "router" else self.role(component).pod_template
+        )
+        return self.pod_template.merged(own)
+
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> DSV4DeploymentSpec:
+        for component in ("prefill", "decode", "router"):
+            self.pod_settings(component).check_mounts(component)
+        return self

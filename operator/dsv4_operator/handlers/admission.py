@@ -16,6 +16,8 @@ from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.names import GROUP, PLURAL, VERSION
 from dsv4_operator.trust import Placement, TrustPolicy
 
+# kopf serves the handler at /<id>; the chart's ValidatingWebhookConfiguration points there.
+ADMISSION_HANDLER_ID = "rules"
 # (name, namespace, spec) -> the children the API server refuses, "<Kind> <name>: <why>".
 DryRun = Callable[[str, str, DSV4DeploymentSpec], Awaitable[list[str]]]
 
@@ -62,7 +64,7 @@ def register(
         GROUP,
         VERSION,
         PLURAL,
-        id="rules",
+        id=ADMISSION_HANDLER_ID,
         operations=["CREATE", "UPDATE"],
         registry=registry,
     )

@@ -17,6 +17,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.daemon import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
+from dsv4_operator.handlers.admission import ADMISSION_HANDLER_ID
 from dsv4_operator.handlers.leadership import Leadership, cancel
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.cache import Listener, WatchCache, Watched
@@ -224,6 +225,21 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
     return registry
 
 
+class AdmissionDenials(logging.Filter):
+    """kopf logs every refused admission as an ERROR ("Webhook 'rules' failed permanently:
+    ..."); refusing an unsafe spec is the webhook doing its job, so it is logged at INFO as
+    `admission denied: <why>`. Other errors pass unchanged."""
+
+    PREFIX = f"Webhook {ADMISSION_HANDLER_ID!r} failed permanently: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.levelno == logging.ERROR and message.startswith(self.PREFIX):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = f"admission denied: {message[len(self.PREFIX) :]}", None
+        return True
+
+
 def run(op: OperatorSettings) -> None:
     """Start the operator and block until it stops."""
     kopf.configure(
@@ -234,6 +250,7 @@ def run(op: OperatorSettings) -> None:
     # One line per request or per watch event is noise; reconcile decisions are logged.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(AdmissionDenials())
     namespaces = op.namespace_list
     kopf.run(
         registry=build_registry(op),

@@ -11,6 +11,7 @@ from dsv4_operator.names import (
     REVISION_LABEL,
 )
 from dsv4_operator.render.context import Manifest, RenderContext
+from dsv4_operator.render.pod_settings import with_pod_settings
 from dsv4_operator.render.security import container_security, pod_security
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -78,7 +79,7 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
         REVISION_LABEL: ctx.revision,
         FORMAT_LABEL: ctx.transfer_format,
     }
-    return {
+    template: Manifest = {
         "metadata": {"labels": labels},
         "spec": {
             "nodeSelector": {**role_spec.node_selector, GPU_PRODUCT_LABEL: ctx.spec.gpu.product},
@@ -119,6 +120,7 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
             ],
         },
     }
+    return with_pod_settings(template, ctx.spec.pod_settings(role))
 
 
 def statefulset(ctx: RenderContext, role: Role) -> Manifest:

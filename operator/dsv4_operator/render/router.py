@@ -5,6 +5,7 @@ from __future__ import annotations
 from dsv4_operator.api.spec import ROUTER_METRICS_PORT
 from dsv4_operator.names import FORMAT_LABEL, ROUTER, TARGET_PAIR_ANNOTATION
 from dsv4_operator.render.context import Manifest, RenderContext, router_command
+from dsv4_operator.render.pod_settings import with_pod_settings
 from dsv4_operator.render.security import container_security, pod_security
 
 
@@ -22,33 +23,36 @@ def deployment(ctx: RenderContext) -> Manifest:
         "spec": {
             "replicas": ctx.spec.router.replicas,
             "selector": {"matchLabels": ctx.selector(ROUTER)},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "enableServiceLinks": False,
-                    **pod_security(),
-                    "containers": [
-                        {
-                            "name": "router",
-                            "image": ctx.spec.router.image or ctx.spec.engine.image,
-                            "command": list(launch.command),
-                            "ports": [
-                                {"name": "api", "containerPort": ctx.spec.router.port},
-                                {"name": "metrics", "containerPort": ROUTER_METRICS_PORT},
-                            ],
-                            "securityContext": container_security(),
-                            "readinessProbe": {
-                                "httpGet": {"path": "/readiness", "port": "api"},
-                                "periodSeconds": 10,
-                            },
-                            "livenessProbe": {
-                                "httpGet": {"path": "/liveness", "port": "api"},
-                                "periodSeconds": 20,
-                            },
-                        }
-                    ],
+            "template": with_pod_settings(
+                {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "enableServiceLinks": False,
+                        **pod_security(),
+                        "containers": [
+                            {
+                                "name": "router",
+                                "image": ctx.spec.router.image or ctx.spec.engine.image,
+                                "command": list(launch.command),
+                                "ports": [
+                                    {"name": "api", "containerPort": ctx.spec.router.port},
+                                    {"name": "metrics", "containerPort": ROUTER_METRICS_PORT},
+                                ],
+                                "securityContext": container_security(),
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/readiness", "port": "api"},
+                                    "periodSeconds": 10,
+                                },
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/liveness", "port": "api"},
+                                    "periodSeconds": 20,
+                                },
+                            }
+                        ],
+                    },
                 },
-            },
+                ctx.spec.pod_settings("router"),
+            ),
         },
     }
 
