@@ -1,11 +1,12 @@
-"""Property-based: mutations of the examples through `dsv4 validate` and `dsv4 render`.
+"""Property-based: mutations of the examples, and documents drawn from the CRD's own schema
+(`schema_strategy.py`), through `dsv4 validate`, `dsv4 plan` and `dsv4 render`.
 
 Whatever a document holds, the CLI never raises, never hangs (a case has CASE_TIMEOUT_SECONDS,
 far beyond the milliseconds one takes: it catches unbounded work, not slowness), exits 0, 1
 or 2 as documented, prints JSON that matches its schema, and a document `validate` accepts
-renders, byte for byte the same each time. Deterministic (derandomized): 2,000 cases by
-default (`DSV4_FUZZ_EXAMPLES` changes it), 50,000 in the nightly-sized run
-(`pytest -m nightly tests/unit/test_fuzz_cli.py`).
+renders, byte for byte the same each time. Deterministic (derandomized): 2,000 mutation
+cases (`DSV4_FUZZ_EXAMPLES` changes it) and 1,000 schema-drawn cases by default, 50,000
+mutation cases in the nightly-sized run (`pytest -m nightly tests/unit/test_fuzz_cli.py`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from dsv4_operator.api.crd import openapi_schema
 from dsv4_operator.cli import main
 
 from .conftest import EXAMPLE, REPO
 from .contract import assert_contract
+from .schema_strategy import from_structural
 
 EXAMPLES = [EXAMPLE, *sorted((REPO / "examples" / "unsafe").glob("*.yaml"))]
 CASES = int(os.environ.get("DSV4_FUZZ_EXAMPLES", "2000"))
+SCHEMA_CASES = 1000
 NIGHTLY_CASES = 50_000
 CASE_TIMEOUT_SECONDS = 30.0
 
@@ -130,6 +134,40 @@ def _time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+SPEC_SCHEMA = openapi_schema()["properties"]["spec"]
+
+
+def _schema_paths(
+    schema: dict[str, Any], prefix: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    out = []
+    for name, sub in schema.get("properties", {}).items():
+        out.append(((*prefix, name), sub))
+        out += _schema_paths(sub, (*prefix, name))
+    return out
+
+
+SCHEMA_PATHS = _schema_paths(SPEC_SCHEMA)
+
+
+@st.composite
+def from_the_crd(draw: st.DrawFn) -> dict[str, Any]:
+    """The safe example with one field (any depth) drawn from the CRD's schema for it, or a
+    whole spec drawn from the schema."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    if draw(st.integers(min_value=0, max_value=9)) == 0:
+        doc["spec"] = draw(from_structural(SPEC_SCHEMA))
+        return doc
+    path, schema = draw(st.sampled_from(SCHEMA_PATHS))
+    node: dict[str, Any] = doc["spec"]
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[path[-1]] = draw(from_structural(schema))
+    return doc
+
+
 def _run(*args: str, stdin: str) -> tuple[int, str]:
     with _time_limit(CASE_TIMEOUT_SECONDS):
         result = CliRunner().invoke(main, list(args), input=stdin)
@@ -155,6 +193,12 @@ def _fuzzed(cases: int) -> Any:
 @_fuzzed(CASES)
 @given(doc=mutated())
 def test_any_document_keeps_the_contract(doc: dict[str, Any]) -> None:
+    _keeps_the_contract(doc)
+
+
+@_fuzzed(SCHEMA_CASES)
+@given(doc=from_the_crd())
+def test_documents_from_the_crd_schema_keep_the_contract(doc: dict[str, Any]) -> None:
     _keeps_the_contract(doc)
 
 

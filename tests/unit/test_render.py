@@ -295,3 +295,90 @@ def test_pod_settings_that_take_what_the_operator_owns_are_refused(
         (f.field, f.message) for f in validation.errors
     ]
     assert all(f.field.startswith("spec") for f in validation.errors)
+
+
+@pytest.mark.parametrize(
+    ("pod_template", "message"),
+    [
+        ({"affinity": {"nodeAfinity": {}}}, "affinity is not a valid core/v1 Affinity"),
+        (
+            {"volumes": [{"name": "x", "hostPath": {"path": 3}}]},
+            "volumes[0] is not a valid core/v1 Volume: hostPath.path",
+        ),
+        (
+            {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"key": "k", "nam": "s"}}}]},
+            "env[0].valueFrom is not a valid core/v1 EnvVarSource",
+        ),
+        (
+            {"topologySpreadConstraints": [{"maxSkew": 1}]},
+            "'topologyKey' is a required property",
+        ),
+        ({"securityContext": {"runAsUser": "root"}}, "securityContext is not a valid"),
+    ],
+)
+def test_free_form_pod_settings_are_checked_against_the_kubernetes_schema(
+    pod_template: dict[str, Any], message: str, variant: Callable[..., dict[str, Any]]
+) -> None:
+    from dsv4_operator.engine.validation import validate_spec
+
+    validation = validate_spec(variant({"podTemplate": pod_template}))
+    assert [f.message for f in validation.errors if message in f.message], [
+        f.message for f in validation.errors
+    ]
+
+
+def test_the_packaged_kubernetes_schemas_are_current() -> None:
+    """operator/dsv4_operator/api/data/k8s-pod-settings.schema.json is what
+    tools/gen_pod_schemas.py extracts from the pinned kubernetes-validate."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gen_pod_schemas.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"podTemplate": {"imagePullSecrets": [{"name": "a"}, {"name": "a"}]}}, "a more than once"),
+        (
+            {"podTemplate": {"env": [{"name": "T", "value": "1"}, {"name": "T", "value": "2"}]}},
+            "T more than once",
+        ),
+        (
+            {
+                "engine.env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
+                "podTemplate": {"env": [{"name": "NCCL_IB_HCA", "value": "mlx5_1"}]},
+            },
+            "NCCL_IB_HCA also in spec.engine.env",
+        ),
+        ({"decode.resources": {"requests": {"0": "1"}}}, "resource '0'"),
+        ({"decode.resources": {"requests": {"kubernetes.io/x": "1"}}}, "fully qualified"),
+        ({"decode.resources": {"requests": {"memory": "1e1.5"}}}, "String should match pattern"),
+    ],
+)
+def test_what_server_side_apply_or_core_validation_refuses_is_refused(
+    changes: dict[str, Any], message: str, variant: Callable[..., dict[str, Any]]
+) -> None:
+    from dsv4_operator.engine.validation import validate_spec
+
+    validation = validate_spec(variant(changes))
+    assert [f for f in validation.errors if message in f.message], [
+        f.message for f in validation.errors
+    ]
+
+
+def test_request_bodies_carry_no_character_yaml_refuses() -> None:
+    """The operator's apply bodies are read as YAML: DEL and C1 controls go as \\u escapes,
+    non-BMP characters as raw UTF-8 (YAML refuses surrogate escapes)."""
+    from dsv4_operator.kube.client import yaml_safe_json
+
+    value = "a" + chr(0x7F) + "b" + chr(0x85) + "c" + chr(0x2028) + chr(0x1F600) + chr(0xE9)
+    body = yaml_safe_json({"v": value}).decode()
+    assert body == '{"v": "a\\u007fb\\u0085c\\u2028' + chr(0x1F600) + chr(0xE9) + '"}'
+    assert yaml.safe_load(body) == {"v": value}  # NEL and U+2028 would fold to a space raw

@@ -36,6 +36,25 @@ def _label_key(key: str) -> str:
     return key
 
 
+_STANDARD_CONTAINER_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+
+
+def _resource_name(name: str) -> str:
+    """A container resource the API server accepts: cpu, memory, ephemeral-storage,
+    hugepages-<size>, or a fully qualified extended resource (`example.com/device`)."""
+    if name in _STANDARD_CONTAINER_RESOURCES or name.startswith("hugepages-"):
+        return name
+    if "/" in name and "kubernetes.io/" not in name:
+        _label_key(name)
+        return name
+    raise ValueError(
+        f"resource {name!r}: use cpu, memory, ephemeral-storage, hugepages-<size> or a fully "
+        "qualified extended resource (example.com/device)"
+    )
+
+
+# A container resource name (core/v1 validation of resource requirements).
+ResourceName = Annotated[str, AfterValidator(_resource_name)]
 # A label key (apimachinery's validation.IsQualifiedName).
 LabelKey = Annotated[str, AfterValidator(_label_key)]
 # Printable ASCII without '=' (what the API server accepts as an environment variable name).

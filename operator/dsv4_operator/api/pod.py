@@ -13,6 +13,14 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from dsv4_operator.api.base import ApiModel
+from dsv4_operator.api.kube_schema import (
+    AFFINITY,
+    ENV_VAR_SOURCE,
+    POD_SECURITY_CONTEXT,
+    TOPOLOGY_SPREAD,
+    VOLUME,
+    kubernetes_error,
+)
 from dsv4_operator.api.kube_types import ENV_NAME_PATTERN, LabelKey, LabelValue, Toleration
 
 # An object the API server validates itself (through the webhook's dry run of the children):
@@ -128,11 +136,43 @@ class PodSettings(ApiModel):
                     f"volumeMounts: {mount.mount_path!r} is where the operator mounts the "
                     "weights or shared memory; mount elsewhere"
                 )
+        # Server-side apply merges these lists by key and refuses a key twice.
+        named: tuple[tuple[str, list[str]], ...] = (
+            ("imagePullSecrets", [s.name for s in self.image_pull_secrets]),
+            ("volumes", [str(v.get("name")) for v in self.volumes]),
+            ("volumeMounts", [m.mount_path for m in self.volume_mounts]),
+            ("env", [e.name for e in self.env]),
+        )
+        for field, entries in named:
+            if twice := sorted({k for k in entries if entries.count(k) > 1}):
+                raise ValueError(f"{field}: {', '.join(twice)} more than once")
         for var in self.env:
             if var.name.startswith(ENGINE_ENV_PREFIXES) or var.name == "HF_HOME":
                 raise ValueError(
                     f"env: {var.name} is read by the engine or set by the operator: use "
                     "spec.engine.env (or spec.<role>.overrides.env), which the rules check"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _as_the_api_server_reads_them(self) -> PodSettings:
+        checks: list[tuple[str, str, Any]] = [
+            ("affinity", AFFINITY, self.affinity),
+            ("securityContext", POD_SECURITY_CONTEXT, self.security_context),
+            *(
+                (f"topologySpreadConstraints[{i}]", TOPOLOGY_SPREAD, c)
+                for i, c in enumerate(self.topology_spread_constraints)
+            ),
+            *((f"volumes[{i}]", VOLUME, v) for i, v in enumerate(self.volumes)),
+            *(
+                (f"env[{i}].valueFrom", ENV_VAR_SOURCE, e.value_from)
+                for i, e in enumerate(self.env)
+            ),
+        ]
+        for field, definition, value in checks:
+            if value is not None and (why := kubernetes_error(definition, value)):
+                raise ValueError(
+                    f"{field} is not a valid core/v1 {definition.rsplit('.', 1)[-1]}: {why}"
                 )
         return self
 

@@ -9,7 +9,13 @@ from pydantic import Field, model_validator
 from pydantic.config import JsonDict
 
 from dsv4_operator.api.base import DURATION_SHAPE, ApiModel, DurationBounds
-from dsv4_operator.api.kube_types import ENV_NAME_PATTERN, LabelKey, LabelValue, Toleration
+from dsv4_operator.api.kube_types import (
+    ENV_NAME_PATTERN,
+    LabelKey,
+    LabelValue,
+    ResourceName,
+    Toleration,
+)
 from dsv4_operator.api.pod import PodSettings
 
 # The engine's HTTP port inside every engine pod (sglang `--port`); fixed so probes and the
@@ -258,9 +264,10 @@ class GpuSpec(ApiModel):
 
 
 # A Kubernetes resource quantity without a sign (apimachinery's quantity grammar).
+# The exponent is an integer: apimachinery's parser (`splitREString`) refuses `1e1.5`, which
+# its documented grammar would allow.
 QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$"
 )
 Quantity = Annotated[
     Annotated[int, Field(ge=0, le=1 << 53)]
@@ -272,10 +279,10 @@ Quantity = Annotated[
 class Resources(ApiModel):
     """Extra container resources (cpu, memory); GPUs come from the parallelism."""
 
-    requests: dict[str, Quantity] = Field(
+    requests: dict[ResourceName, Quantity] = Field(
         default_factory=dict, max_length=16, description="Resource requests."
     )
-    limits: dict[str, Quantity] = Field(
+    limits: dict[ResourceName, Quantity] = Field(
         default_factory=dict, max_length=16, description="Resource limits."
     )
 
@@ -595,4 +602,11 @@ class DSV4DeploymentSpec(ApiModel):
     def _mounts_name_volumes(self) -> DSV4DeploymentSpec:
         for component in ("prefill", "decode", "router"):
             self.pod_settings(component).check_mounts(component)
+        for role in ROLES:
+            engine_env = {e.name for e in (*self.engine.env, *self.role(role).overrides.env)}
+            if clash := sorted(engine_env & {e.name for e in self.pod_settings(role).env}):
+                raise ValueError(
+                    f"{role} podTemplate.env: {', '.join(clash)} also in spec.engine.env or "
+                    f"spec.{role}.overrides.env: set each variable in one place"
+                )
         return self

@@ -18,6 +18,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import ssl
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from pathlib import Path
@@ -220,6 +221,20 @@ def http_client_for(
 # --- client ---------------------------------------------------------------------------------
 
 
+# Characters YAML may not carry raw (DEL, C1 controls, U+FFFE/U+FFFF) or reads as a line
+# break that a quoted scalar folds to a space (NEL, U+2028, U+2029); json.dumps escapes only
+# the C0 controls when it writes raw UTF-8.
+_YAML_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufffe\uffff]")
+
+
+def yaml_safe_json(body: object) -> bytes:
+    """JSON that an apply-patch+yaml body may be: raw UTF-8, never the \\u surrogate escapes
+    json.dumps writes for non-BMP characters (YAML refuses them), and the characters YAML
+    refuses raw written as \\u escapes (which it accepts)."""
+    text = json.dumps(body, ensure_ascii=False)
+    return _YAML_UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+
+
 class KubeClient:
     """The operations the operator needs, with typed errors and a write counter.
 
@@ -273,9 +288,7 @@ class KubeClient:
                 method,
                 path,
                 params=params,
-                # Raw UTF-8, never \u escapes: an apply-patch+yaml body is read as YAML,
-                # which refuses the surrogate pairs json.dumps writes for non-BMP characters.
-                content=json.dumps(body, ensure_ascii=False).encode() if body is not None else None,
+                content=yaml_safe_json(body) if body is not None else None,
                 headers={"Content-Type": content_type} if body is not None else None,
             )
         except httpx.HTTPError as error:
@@ -355,7 +368,12 @@ class KubeClient:
             res.path(meta.get("namespace")),
             verb="dryrun",
             resource=res.plural,
-            params={"dryRun": "All", "fieldManager": self.field_manager},
+            # Strict: an undeclared field is an error, as it is for the operator's apply.
+            params={
+                "dryRun": "All",
+                "fieldManager": self.field_manager,
+                "fieldValidation": "Strict",
+            },
             body=obj,
         )
 

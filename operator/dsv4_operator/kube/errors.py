@@ -43,3 +43,12 @@ _BY_STATUS: dict[int, type[KubeError]] = {
 
 def error_for(status: int, reason: str, message: str) -> KubeError:
     return _BY_STATUS.get(status, KubeError)(status, reason, message)
+
+
+def refused(error: KubeError) -> bool:
+    """The API server refused the object itself (validation, an admission policy, a field its
+    schema does not declare), rather than failing to serve the request. Server-side apply
+    reports an undeclared field as a 500 ("failed to create typed patch object")."""
+    return error.status in (400, 422) or (
+        error.status == 500 and "failed to create typed patch object" in error.message
+    )

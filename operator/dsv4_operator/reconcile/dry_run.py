@@ -6,7 +6,7 @@ import asyncio
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import Conflict, Invalid, NotFound
+from dsv4_operator.kube.errors import Conflict, KubeError, NotFound, refused
 from dsv4_operator.reconcile.world import Obj
 from dsv4_operator.render.children import render_spec
 
@@ -26,10 +26,12 @@ async def refused_children(
 async def _refusal(client: KubeClient, child: Obj) -> str | None:
     try:
         await client.dry_run_create(child)
-    except Invalid as error:
-        return f"{child['kind']} {child['metadata']['name']}: {error.message}"
     except Conflict:
         return None  # validated, then found to exist: the object itself is acceptable
     except NotFound:
         return None  # a kind the server does not serve (ServiceMonitor): not the spec's fault
+    except KubeError as error:
+        if refused(error):
+            return f"{child['kind']} {child['metadata']['name']}: {error.message}"
+        raise
     return None

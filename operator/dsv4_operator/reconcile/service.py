@@ -10,7 +10,7 @@ from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.cache import Reader, WatchCache
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import Invalid
+from dsv4_operator.kube.errors import KubeError, refused
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
@@ -59,7 +59,7 @@ class Reconciler:
         self.observations.forget(key)
         self.guard_metrics.forget(f"{key[0]}/{key[1]}")
 
-    async def _report_rejection(self, world: World, decision: Decision, error: Invalid) -> None:
+    async def _report_rejection(self, world: World, decision: Decision, error: KubeError) -> None:
         """Say on the object why the rollout stopped (once per distinct refusal): a child
         the API server refuses is not the operator's error to retry in silence."""
         status = with_rejection(world, decision.status, error.message)
@@ -108,8 +108,9 @@ class Reconciler:
                 await act(self.client, world, decision, self.recorder, self.cache.observe)
             else:
                 await act(self.client, world, decision, self.recorder)
-        except Invalid as error:
-            await self._report_rejection(world, decision, error)
+        except KubeError as error:
+            if refused(error):
+                await self._report_rejection(world, decision, error)
             raise  # the queue retries with backoff: a policy may be lifted, the spec changed
         if decision.cleared or decision.rollbacks:
             self.observations.forget(key)  # the next window starts from nothing
