@@ -63,7 +63,7 @@ def _documents(path: str) -> list[Document]:
     try:
         docs = load_documents(text)
     except InputError as error:
-        _fail(f"{path} is {error}" if str(error).startswith("not valid") else f"{path}: {error}")
+        _fail(f"{path}: {error}")
     if not docs:
         _fail(f"{path} holds no YAML document")
     # The same trust policy as an operator configured by these DSV4_* variables.

@@ -304,8 +304,9 @@ def statefulset_policy(
 ) -> Callable[[], None]:
     """A ValidatingAdmissionPolicy (the API server's own CEL admission, what a cluster's
     policy engine does) on creates, updates and deletes of StatefulSets in `namespace`,
-    refusing those where `expression` is false with `message`; returns the undo. Not on
-    `statefulsets/status`: the StatefulSet controller keeps working."""
+    refusing those where `expression` is false with `message`; returns the undo once the
+    policy is in force. Not on `statefulsets/status`: the StatefulSet controller keeps
+    working."""
     policies = dyn.resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy"
     )
@@ -353,4 +354,29 @@ def statefulset_policy(
         bindings.delete(name=full)
         policies.delete(name=full)
 
+    # A binding takes effect a moment later: wait until a StatefulSet of 3 replicas (which
+    # every policy the tests use refuses) is refused with `message`.
+    statefulsets = dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "policy-probe", "namespace": namespace},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+    def in_force() -> bool:
+        try:
+            statefulsets.create(body=probe, namespace=namespace, dry_run="All")
+        except Exception as error:
+            return message in str(getattr(error, "body", error))
+        return False
+
+    wait_for(f"the policy {full} in force", in_force, timeout=60)
     return undo

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
@@ -284,24 +283,7 @@ def test_oom_on_new_revision_rolls_back(
 def _freeze_statefulsets(dyn: Any, namespace: str) -> Callable[[], None]:
     """Refuse every create, update and delete of a StatefulSet in `namespace`; returns the
     undo once the refusal is in force."""
-    undo = statefulset_policy(dyn, namespace, "false", "frozen by the test", name="freeze")
-    statefulsets = dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
-
-    def frozen() -> bool:
-        try:
-            statefulsets.patch(
-                name="dsv4-flash-decode",
-                namespace=namespace,
-                body={"metadata": {"labels": {"frozen-probe": "1"}}},
-                content_type="application/merge-patch+json",
-                dry_run="All",
-            )
-        except ApiException as exc:
-            return "frozen by the test" in str(exc.body)
-        return False
-
-    wait_for("the StatefulSet freeze in force", frozen, timeout=60)
-    return undo
+    return statefulset_policy(dyn, namespace, "false", "frozen by the test", name="freeze")
 
 
 def test_a_rollback_is_recorded_before_any_child_is_touched(

@@ -237,7 +237,7 @@ def test_errors_make_the_guard_blind_without_rollback(
 ) -> None:
     spec, first = _served(variant, {"guard.errorLimit": 3})
     rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
-    blind = Snapshot(revision=rev, consecutive_errors=3, last_error="prometheus: ConnectError")
+    blind = Snapshot(revision=rev, source_errors={"prometheus": (3, "prometheus: ConnectError")})
     decision = decide(
         _world(
             spec,

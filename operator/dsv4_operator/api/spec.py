@@ -599,7 +599,7 @@ class DSV4DeploymentSpec(ApiModel):
         return self.pod_template.merged(own)
 
     @model_validator(mode="after")
-    def _mounts_name_volumes(self) -> DSV4DeploymentSpec:
+    def _pod_settings_consistent(self) -> DSV4DeploymentSpec:
         for component in ("prefill", "decode", "router"):
             self.pod_settings(component).check_mounts(component)
         for role in ROLES:

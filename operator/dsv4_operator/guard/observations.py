@@ -23,28 +23,31 @@ class Snapshot:
     leaks: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     last_run: datetime | None = None
-    consecutive_errors: int = 0  # the worst source's errors in a row
-    last_error: str | None = None  # every failing source, named
     prometheus_leak_rate: float | None = None
     prometheus_oom_events: float | None = None
     # Per source ("canary", "prometheus"): errors in a row and the last message. Each source
     # is counted on its own, so a source that answers never hides one that keeps failing.
     source_errors: dict[str, tuple[int, str]] = field(default_factory=dict)
 
+    def _failing(self) -> list[tuple[str, tuple[int, str]]]:
+        return sorted(self.source_errors.items(), key=lambda item: (-item[1][0], item[0]))
 
-def _with_errors(current: Snapshot, errors: dict[str, tuple[int, str]]) -> Snapshot:
-    failing = sorted(errors.items(), key=lambda item: (-item[1][0], item[0]))
-    return replace(
-        current,
-        source_errors=errors,
-        consecutive_errors=failing[0][1][0] if failing else 0,
-        last_error="; ".join(f"{message} ({count} in a row)" for _, (count, message) in failing)
-        or None,
-    )
+    @property
+    def consecutive_errors(self) -> int:
+        """The worst source's errors in a row."""
+        failing = self._failing()
+        return failing[0][1][0] if failing else 0
+
+    @property
+    def last_error(self) -> str | None:
+        """Every failing source, named, the worst first."""
+        text = "; ".join(f"{message} ({count} in a row)" for _, (count, message) in self._failing())
+        return text or None
 
 
 def _cleared(current: Snapshot, source: str) -> Snapshot:
-    return _with_errors(current, {k: v for k, v in current.source_errors.items() if k != source})
+    errors = {k: v for k, v in current.source_errors.items() if k != source}
+    return replace(current, source_errors=errors)
 
 
 class Observations:
@@ -66,7 +69,7 @@ class Observations:
     ) -> None:
         current = self._windows.get(key, Snapshot())
         if current.revision != revision:  # a new window; a failing source keeps failing
-            current = _with_errors(Snapshot(revision=revision), current.source_errors)
+            current = Snapshot(revision=revision, source_errors=current.source_errors)
         merged = dict(current.verdicts)
         for verdict, count in verdicts.items():
             merged[verdict] = merged.get(verdict, 0) + count
@@ -86,7 +89,7 @@ class Observations:
         current = self._windows.get(key, Snapshot())
         count = current.source_errors.get(source, (0, ""))[0] + 1
         errors = {**current.source_errors, source: (count, error)}
-        self._windows[key] = _with_errors(replace(current, last_run=at), errors)
+        self._windows[key] = replace(current, last_run=at, source_errors=errors)
 
     def record_prometheus(
         self, key: Key, leak_rate: float | None, oom_events: float | None

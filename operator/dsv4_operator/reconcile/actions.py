@@ -55,8 +55,6 @@ class Actions:
         """Queue objects that differ from the world; True when all were already in place."""
         done = True
         for obj in objs:
-            if obj["kind"] == "ServiceMonitor" and not self.world.monitoring_served:
-                continue  # no prometheus-operator CRDs: reported as MonitoringReady=False
             desired = stamped(obj)
             if not in_place(desired, self.world.live(obj["kind"], obj["metadata"]["name"])):
                 self.decision.apply.append(desired)

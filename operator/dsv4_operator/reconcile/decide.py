@@ -46,7 +46,7 @@ from dsv4_operator.render.children import (
     render_router,
     render_shared,
 )
-from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
+from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
 from dsv4_operator.revisions.store import next_number, to_prune
 
 
@@ -74,6 +74,12 @@ def _orphans(world: World, pairs: dict[str, Pair]) -> list[tuple[Resource, str]]
     ]
 
 
+def _shared(world: World, ctx: RenderContext) -> list[Manifest]:
+    """The shared children (the ServiceMonitor), unless the API server cannot take them
+    (no prometheus-operator CRDs: reported as MonitoringReady=False instead)."""
+    return render_shared(ctx) if world.monitoring_served else []
+
+
 def _with_pair(ctx: RenderContext, pair: str) -> RenderContext:
     return dataclasses.replace(ctx, pair=pair)
 
@@ -83,7 +89,7 @@ def _roll_in_place(
 ) -> Progress:
     """Same transfer format: decode first, then prefill; the router stays on this pair."""
     ctx = _with_pair(ctx, active.id)
-    actions.ensure(render_shared(ctx))
+    actions.ensure(_shared(actions.world, ctx))
     router_done = actions.ensure(render_router(ctx))
     for role in reversed(ROLES):  # decode, then prefill
         objs = render_role(ctx, role)
@@ -188,7 +194,7 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
         fresh = not actions.ensure(
             [o for role in reversed(ROLES) for o in render_role(ctx, role)]
             + render_router(ctx)
-            + render_shared(ctx)
+            + _shared(actions.world, ctx)
         )
         if fresh:
             actions.note(

@@ -13,40 +13,45 @@ from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
 
 
-@lru_cache(maxsize=64)
-def _render_stored(name: str, namespace: str, owner: OwnerRef, spec_json: str) -> RenderContext:
-    """A stored config does not change: its plan and launches are computed once, not per pass."""
-    spec = DSV4DeploymentSpec.model_validate_json(spec_json)
-    return build_context(name, namespace, spec, owner)
-
-
-def stored_context(world: World, revision: str | None, owner: OwnerRef) -> RenderContext | None:
-    """The render context of a stored ControllerRevision (the rollback target)."""
+def _stored_json(world: World, revision: str | None) -> str | None:
+    """The spec stored with `revision`'s ControllerRevision, as canonical JSON (a cache key)."""
     if not revision:
         return None
     stored = world.live("ControllerRevision", revision_name(world.name, revision))
     if stored is None:
         return None
-    spec_json = json.dumps(stored.get("data", {}).get("spec", {}), sort_keys=True)
-    return _render_stored(world.name, world.namespace, owner, spec_json)
+    return json.dumps(stored.get("data", {}).get("spec", {}), sort_keys=True)
 
 
 @lru_cache(maxsize=256)
-def _stored_spec(spec_json: str) -> DSV4DeploymentSpec | None:
+def _parsed(spec_json: str) -> DSV4DeploymentSpec | None:
     try:
         return DSV4DeploymentSpec.model_validate_json(spec_json)
     except ValueError:  # stored by an older version whose spec no longer parses
         return None
 
 
+@lru_cache(maxsize=64)
+def _render_stored(
+    name: str, namespace: str, owner: OwnerRef, spec_json: str
+) -> RenderContext | None:
+    """A stored config does not change: its plan and launches are computed once, not per pass."""
+    spec = _parsed(spec_json)
+    return None if spec is None else build_context(name, namespace, spec, owner)
+
+
+def stored_context(world: World, revision: str | None, owner: OwnerRef) -> RenderContext | None:
+    """The render context of a stored ControllerRevision (the rollback target)."""
+    spec_json = _stored_json(world, revision)
+    if spec_json is None:
+        return None
+    return _render_stored(world.name, world.namespace, owner, spec_json)
+
+
 def served_spec(world: World, revision: str | None) -> DSV4DeploymentSpec | None:
     """The spec stored with `revision` (what its children were rendered from), or None."""
-    if not revision:
-        return None
-    stored = world.live("ControllerRevision", revision_name(world.name, revision))
-    if stored is None:
-        return None
-    return _stored_spec(json.dumps(stored.get("data", {}).get("spec", {}), sort_keys=True))
+    spec_json = _stored_json(world, revision)
+    return None if spec_json is None else _parsed(spec_json)
 
 
 def _settled_revision(world: World) -> str | None:

@@ -11,10 +11,10 @@ from dsv4_operator.render.context import Manifest
 
 
 def with_pod_settings(template: Manifest, settings: PodSettings) -> Manifest:
-    """`template` (a rendered pod template, its first container the main one) with
-    `settings` added; unchanged when the settings are empty."""
-    out = copy.deepcopy(template)
-    meta, spec = out["metadata"], out["spec"]
+    """`template` (a pod template the caller has just built, its first container the main
+    one) with `settings` added in place, and returned; unchanged when the settings are empty.
+    What comes from the settings is copied: manifests must not share the spec's objects."""
+    meta, spec = template["metadata"], template["spec"]
     main = spec["containers"][0]
     if settings.labels:
         meta["labels"] = {**settings.labels, **meta["labels"]}
@@ -50,4 +50,4 @@ def with_pod_settings(template: Manifest, settings: PodSettings) -> Manifest:
             *main.get("env", []),
             *(e.to_wire() for e in settings.env),
         ]
-    return out
+    return template
