@@ -143,22 +143,36 @@ def show(dyn: Any, namespace: str, name: str) -> None:
     print(_table(rows))
 
 
-def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> None:
-    """A pre-bound hostPath PV + PVC standing in for the model cache (no storage here)."""
+def volume_for(
+    dyn: Any,
+    namespace: str,
+    claim: str,
+    *,
+    access_modes: tuple[str, ...] = ("ReadOnlyMany",),
+    storage_class: str = "",
+    capacity: str = "200Gi",
+) -> None:
+    """A hostPath PV reserved for claim `namespace/claim` (there is no provisioner here): the
+    PV controller binds the claim to it once the claim exists."""
     dyn.resources.get(api_version="v1", kind="PersistentVolume").create(
         body={
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {"name": f"{namespace}-{claim}"},
             "spec": {
-                "capacity": {"storage": "200Gi"},
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
+                "capacity": {"storage": capacity},
+                "accessModes": list(access_modes),
+                "storageClassName": storage_class,
                 "hostPath": {"path": "/models"},
                 "claimRef": {"namespace": namespace, "name": claim},
             },
         }
     )
+
+
+def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> None:
+    """A pre-bound hostPath PV + PVC standing in for the model cache (no storage here)."""
+    volume_for(dyn, namespace, claim)
     dyn.resources.get(api_version="v1", kind="PersistentVolumeClaim").create(
         namespace=namespace,
         body={

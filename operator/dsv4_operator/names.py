@@ -94,6 +94,16 @@ def service_monitor_name(deployment: str) -> str:
     return deployment
 
 
+def weights_claim_name(deployment: str) -> str:
+    """The PVC the operator creates for weights downloaded from the Hugging Face Hub."""
+    return f"{deployment}-weights"
+
+
+def weights_job_name(deployment: str, source_hash: str) -> str:
+    """The download Job of one (repo, revision, endpoint): Job templates are immutable."""
+    return f"{deployment}-weights-{source_hash}"
+
+
 def revision_name(deployment: str, revision: str) -> str:
     """The ControllerRevision that stores the config of `revision`."""
     return f"{deployment}-{revision}"

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from dsv4_operator.api.base import DURATION_PATTERN
 from dsv4_operator.kube.lease import Timing
 from dsv4_operator.names import GROUP, OPERATOR
+from dsv4_operator.render.weights import DEFAULT_WEIGHTS_IMAGE
 from dsv4_operator.trust import TrustPolicy, split_list
 
 
@@ -63,6 +64,11 @@ class OperatorSettings(BaseSettings):
         default="",
         description="Comma-separated node directories spec.model.cache.hostPath may name "
         "(empty: hostPath refused).",
+    )
+    weights_image: str = Field(
+        default=DEFAULT_WEIGHTS_IMAGE,
+        description="Image of the weights download Job (spec.model.cache.huggingFace): the "
+        "operator's own (the chart sets it).",
     )
     cluster_domain: str = Field(default="cluster.local", description="The cluster's DNS domain.")
     min_canary_interval: str = Field(

@@ -60,7 +60,22 @@ NAMESPACED_RULES = [
         "verbs": ["list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["persistentvolumeclaims", "serviceaccounts"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create", "patch"]},
     {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["servicemonitors"],

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_devcluster import wait_for
+from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_operator.engine.effective import parse_args
 from dsv4_operator.names import (
     API_VERSION,
@@ -380,3 +381,23 @@ def statefulset_policy(
 
     wait_for(f"the policy {full} in force", in_force, timeout=60)
     return undo
+
+
+def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
+    api = cp.api_client()
+    try:
+        request = {"spec": {"expirationSeconds": 3600}}
+        token = (
+            k8s.CoreV1Api(api)
+            .create_namespaced_service_account_token(name, namespace, request)
+            .status.token
+        )
+    finally:
+        api.close()
+    config = yaml.safe_load(cp.kubeconfig_path.read_text())
+    config["users"] = [{"name": name, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = name
+    path.write_text(yaml.safe_dump(config))
+    return path

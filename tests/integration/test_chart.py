@@ -29,19 +29,23 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from dsv4_demo import weights_volume
+from dsv4_demo import volume_for, weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.hub import HubRepo, StandInHub
 
 from ..chart.support import CHART, helm_args, render, tool
 from .operator_support import (
     POOL_LABEL,
+    REPO,
     RTX,
     Cluster,
     OperatorProcess,
     example,
     free_port,
+    service_account_kubeconfig,
     webhook_operator,
 )
+from .weights_support import JobContainer
 
 pytestmark = pytest.mark.integration
 POOL = "chart"  # this module's own fake GPU nodes
@@ -131,26 +135,6 @@ def _values(**values: Any) -> dict[str, Any]:
     """Chart values for the dev cluster: the operator pod goes to this module's kwok nodes; the
     CRD is the control plane's own (installed at start, so no release owns it)."""
     return {"nodeSelector": {POOL_LABEL: POOL}, "crds": {"enabled": False}, **values}
-
-
-def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
-    api = cp.api_client()
-    try:
-        request = {"spec": {"expirationSeconds": 3600}}
-        token = (
-            k8s.CoreV1Api(api)
-            .create_namespaced_service_account_token(name, namespace, request)
-            .status.token
-        )
-    finally:
-        api.close()
-    config = yaml.safe_load(cp.kubeconfig_path.read_text())
-    config["users"] = [{"name": name, "user": {"token": token}}]
-    for context in config["contexts"]:
-        context["context"]["user"] = name
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _denials(op: OperatorProcess) -> list[str]:
@@ -620,3 +604,80 @@ def test_chart_webhook_configuration_matches_what_kopf_creates(
     for selector in ("namespaceSelector", "objectSelector"):
         assert theirs.pop(selector, {}) == ours.pop(selector, {}) == {}
     assert ours == theirs
+
+
+def test_the_readme_install_with_weights_from_the_hub_reaches_ready(
+    control_plane: ControlPlane,
+    dyn: Any,
+    helm: Helm,
+    namespace: str,
+    work_namespace: str,
+    chart_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    """README "Install in a cluster", steps 2 and 3, as a user runs them: helm install, then
+    examples/dsv4-hub.yaml (namespace, node pool and Hub endpoint changed: the stand-in Hub
+    serves a small repo under the example's name). The operator runs with the chart's RBAC
+    and the chart's DSV4_WEIGHTS_IMAGE; the Job's container runs here (kwok runs nothing)."""
+    release = "dsv4-readme"
+    helm.install(release, namespace, _values(webhook={"enabled": False}))
+    try:
+        deployment = (
+            dyn.resources.get(api_version="apps/v1", kind="Deployment")
+            .get(name=f"{release}-dsv4-operator", namespace=namespace)
+            .to_dict()
+        )
+        env = {
+            e["name"]: e.get("value")
+            for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert env["DSV4_WEIGHTS_IMAGE"] == image
+        kubeconfig = service_account_kubeconfig(
+            control_plane, namespace, f"{release}-dsv4-operator", tmp_path / "sa.kubeconfig"
+        )
+        doc = yaml.safe_load((REPO / "examples" / "dsv4-hub.yaml").read_text())
+        name = doc["metadata"]["name"]
+        assert name == "dsv4-flash"  # the name _wait_ready and Cluster read
+        doc["metadata"]["namespace"] = work_namespace
+        for role in ("prefill", "decode"):
+            doc["spec"][role]["nodeSelector"] = {POOL_LABEL: POOL}
+        files = {"config.json": b"{}", "model-00001-of-00001.safetensors": b"w" * 300_000}
+        with StandInHub({doc["spec"]["model"]["name"]: HubRepo(files)}) as hub:
+            doc["spec"]["model"]["cache"]["huggingFace"]["endpoint"] = hub.endpoint
+            volume_for(
+                dyn,
+                work_namespace,
+                f"{name}-weights",
+                access_modes=("ReadWriteOnce",),
+                capacity="2Ti",
+            )
+            op = OperatorProcess(
+                kubeconfig, work_namespace, tmp_path, DSV4_NAMESPACES="", DSV4_WEIGHTS_IMAGE=image
+            ).start()
+            cluster = Cluster(dyn, work_namespace)
+            try:
+                cluster.apply(doc)
+                jobs = wait_for(
+                    "the download Job",
+                    lambda: cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}"),
+                    timeout=60,
+                )
+                assert jobs[0]["spec"]["template"]["spec"]["containers"][0]["image"] == image
+                claim_dir = tmp_path / "claim"
+                claim_dir.mkdir()
+                attempt = JobContainer(control_plane, work_namespace, jobs[0], claim_dir, tmp_path)
+                assert attempt.start().finish() == 0
+                ready = _wait_ready(cluster, op)
+                weights = next(
+                    c for c in ready["status"]["conditions"] if c["type"] == "WeightsReady"
+                )
+                print(f"WeightsReady: {weights['message']}")
+                assert weights["status"] == "True"
+            finally:
+                op.stop()
+                print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
+            denials = _denials(op)
+            assert not denials, "the chart's RBAC denied the operator:\n" + "\n".join(denials)
+    finally:
+        helm.uninstall(release, namespace)

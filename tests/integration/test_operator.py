@@ -17,7 +17,13 @@ import pytest
 import yaml
 
 from dsv4_demo import weights_volume
-from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster import (
+    ControlPlane,
+    report_container_terminated,
+    report_container_waiting,
+    wait_for,
+    wait_pod_running,
+)
 from dsv4_operator.reconcile.world import statefulset_rolled
 from tests.chart.support import tool
 
@@ -633,6 +639,108 @@ def test_ready_says_why_a_pod_is_stuck(
     assert "pod dsv4-flash-" in message and "Unschedulable" in message
     weights_volume(dyn, namespace)
     cluster.wait_phase("Ready")
+
+
+def _ready_message(cluster: Cluster, word: str) -> str | None:
+    """The Ready condition's message once it contains `word`."""
+    obj = cluster.get()
+    ready = next(
+        (c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
+    )
+    message = str(ready.get("message", ""))
+    return message if word in message else None
+
+
+def _pod_warning(cluster: Cluster, pod: str, reason: str, message: str) -> None:
+    """A Warning Event on `pod`, as the kubelet posts one."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.dyn.resources.get(api_version="v1", kind="Event").create(
+        namespace=cluster.namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod}.{time.monotonic_ns()}"},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod,
+                "namespace": cluster.namespace,
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message,
+            "source": {"component": "kubelet"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        },
+    )
+
+
+def test_ready_names_a_gpu_product_no_node_has(cluster: Cluster, operator: OperatorProcess) -> None:
+    """Unschedulable: the scheduler's own message, with the pod's name."""
+    cluster.apply(example(cluster.namespace, **{"gpu.product": "NVIDIA-H200"}))
+    message = wait_for(
+        "the scheduler's verdict in Ready",
+        lambda: _ready_message(cluster, "Unschedulable"),
+        timeout=30,
+    )
+    print(f"Ready: {message}")
+    assert "pod dsv4-flash-" in message and "node(s) didn't match" in message
+
+
+@pytest.mark.parametrize("cause", ["ImagePullBackOff", "CrashLoopBackOff", "FailedMount"])
+def test_ready_names_what_the_kubelet_reports(
+    cluster: Cluster, operator: OperatorProcess, cause: str
+) -> None:
+    """The kubelet's report on the engine container (written here as a kubelet would: kwok
+    runs nothing) reaches the Ready condition within 30 s, with the pod's name."""
+    cluster.apply(example(cluster.namespace))
+    cluster.wait_phase("Ready")
+    pod = "dsv4-flash-decode-0"
+    wait_pod_running(cluster.dyn, cluster.namespace, pod)
+    if cause == "ImagePullBackOff":
+        report_container_waiting(
+            cluster.dyn,
+            cluster.namespace,
+            pod,
+            "engine",
+            "ImagePullBackOff",
+            'Back-off pulling image "registry.example.com/dsv4-engine:0.5.16-p3": 401 Unauthorized',
+        )
+        words = ["ImagePullBackOff", "401 Unauthorized"]
+    elif cause == "CrashLoopBackOff":
+        report_container_terminated(
+            cluster.dyn,
+            cluster.namespace,
+            pod,
+            "engine",
+            reason="Error",
+            exit_code=1,
+            message="ValueError: --tool-call-parser deepseekv4 is not a known parser",
+        )
+        words = ["CrashLoopBackOff", "exit code 1", "not a known parser"]
+    else:
+        # Nothing in the pod's status but ContainerCreating: the cause is only in its Events.
+        report_container_waiting(
+            cluster.dyn, cluster.namespace, pod, "engine", "ContainerCreating", ""
+        )
+        _pod_warning(
+            cluster,
+            pod,
+            "FailedMount",
+            'MountVolume.SetUp failed for volume "models" : mount failed: exit status 32',
+        )
+        words = ["FailedMount", 'volume "models"']
+    message = wait_for(
+        f"{cause} in Ready",
+        lambda: _ready_message(cluster, cause),
+        timeout=30,
+    )
+    print(f"Ready: {message}")
+    assert f"pod {pod}" in message
+    for word in words:
+        assert word in message
 
 
 def test_pod_settings_reach_the_pods_and_cause_no_write_loop(

@@ -73,7 +73,10 @@ def test_cel_rules_present() -> None:
         r["rule"]
         for r in schema["properties"]["model"]["properties"]["cache"]["x-kubernetes-validations"]
     ]
-    assert "has(self.pvc) != has(self.hostPath)" in rules
+    assert (
+        "[has(self.pvc), has(self.hostPath), has(self.huggingFace)].filter(x, x).size() == 1"
+        in rules
+    )
     assert "self.workload.contextTokens <= self.engine.contextLength" in rules
 
 

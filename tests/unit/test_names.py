@@ -72,6 +72,13 @@ def _rule(expression: str, field_path: str = "") -> CelRule:
         ("self.port != 30000", {"port": 30000}, False),
         ("self.mode == 'x'", {"mode": "x"}, True),
         ("self.a < self.b", {"a": 1}, True),  # absent: not judged here
+        ("[has(self.a), has(self.b), has(self.c)].filter(x, x).size() == 1", {"b": 1}, True),
+        ("[has(self.a), has(self.b), has(self.c)].filter(x, x).size() == 1", {}, False),
+        (
+            "[has(self.a), has(self.b), has(self.c)].filter(x, x).size() == 1",
+            {"a": 1, "c": {}},
+            False,
+        ),
     ],
 )
 def test_cel_subset(expression: str, obj: dict[str, Any], holds: bool) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from dsv4_operator.reconcile.pod_causes import MESSAGE_LIMIT, first_problem, pod_problem
+from dsv4_operator.reconcile.pod_causes import (
+    MESSAGE_LIMIT,
+    first_problem,
+    pod_problem,
+    unexplained,
+)
 
 
 def _pod(name: str, conditions: list[dict[str, Any]], containers: list[dict[str, Any]]) -> Any:
@@ -171,3 +177,49 @@ def test_the_first_problem_is_stable_and_long_messages_are_cut() -> None:
     assert problem is not None and problem.startswith("pod a: Unschedulable: xxx")
     assert len(problem) < MESSAGE_LIMIT + 40
     assert first_problem(list(reversed(pods))) == problem
+
+
+def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() -> None:
+    created = "2026-11-29T11:59:00Z"
+    pod = {
+        "metadata": {"name": "x-decode-0", "creationTimestamp": created},
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "False"},
+            ],
+            "containerStatuses": [
+                {"name": "engine", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        },
+    }
+    events = [
+        {
+            "type": "Warning",
+            "reason": "FailedMount",
+            "message": "old",
+            "lastTimestamp": "2026-11-29T11:59:10Z",
+        },
+        {
+            "type": "Normal",
+            "reason": "Scheduled",
+            "message": "fine",
+            "lastTimestamp": "2026-11-29T11:59:50Z",
+        },
+        {
+            "type": "Warning",
+            "reason": "FailedMount",
+            "message": 'MountVolume.SetUp failed for volume "models"',
+            "lastTimestamp": "2026-11-29T11:59:40Z",
+        },
+    ]
+    assert pod_problem(pod) is None
+    assert pod_problem(pod, events) == (
+        'pod x-decode-0: FailedMount: MountVolume.SetUp failed for volume "models"'
+    )
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    assert unexplained([pod], now) == ["x-decode-0"]
+    # Too young to be called stuck, or ready: no lookup.
+    assert unexplained([pod], datetime(2026, 11, 29, 11, 59, 5, tzinfo=UTC)) == []
+    ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert unexplained([ready], now) == []

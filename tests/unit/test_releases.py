@@ -16,7 +16,8 @@ from dsv4_operator.engine.ownership import (
 )
 from dsv4_operator.engine.releases import FORK_ENV, releases, supported_versions
 
-OPERATOR_ONLY_ENV = {"HF_HOME"}  # where the weights are mounted, not an engine variable
+# huggingface_hub variables (where the weights are, no network), not engine variables.
+OPERATOR_ONLY_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
 
 
 def _all_flags() -> set[str]:

@@ -12,6 +12,7 @@ import yaml
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import parse_args
+from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.render.context import OwnerRef, build_context
 
@@ -28,6 +29,20 @@ def _render(spec: dict[str, Any], owner: OwnerRef | None = None) -> list[dict[st
 
 def _by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+HUB_WEIGHTS: dict[str, Any] = {
+    "model.name": "deepseek-ai/DeepSeek-V4-Flash",
+    "model.cache": {
+        "huggingFace": {
+            "revision": "v1.0",
+            "tokenSecret": {"name": "hf-token"},
+            "endpoint": "https://hub.example.internal",
+            "storageClassName": "fast-rwx",
+        }
+    },
+    "podTemplate": {"imagePullSecrets": [{"name": "regcred"}]},
+}
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -90,6 +105,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "decode.podTemplate": {"priorityClassName": "llm-critical", "labels": {"team": "dec"}},
         "router.podTemplate": {"volumes": [], "volumeMounts": [], "env": []},
     },
+    "hugging-face-weights": HUB_WEIGHTS,
 }
 
 
@@ -102,6 +118,82 @@ def test_every_builtin_child_validates_against_kubernetes_schema(
     assert len(builtin) >= 9
     for obj in builtin:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_hub_weights_render_a_claim_a_job_and_rights_for_that_job_only(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    objs = _render(variant(HUB_WEIGHTS), OWNER)
+    claim = _by(objs, "PersistentVolumeClaim", "dsv4-flash-weights")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["storageClassName"] == "fast-rwx"
+    job = next(o for o in objs if o["kind"] == "Job")
+    assert job["metadata"]["name"].startswith("dsv4-flash-weights-")
+    pod = job["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["DSV4_WEIGHTS_REPO"]["value"] == "deepseek-ai/DeepSeek-V4-Flash"
+    assert env["DSV4_WEIGHTS_REVISION"]["value"] == "v1.0"
+    assert env["HF_ENDPOINT"]["value"] == "https://hub.example.internal"
+    assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["serviceAccountName"] == "dsv4-flash-weights"
+    role = _by(objs, "Role", "dsv4-flash-weights")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["batch"],
+            "resources": ["jobs"],
+            "resourceNames": [job["metadata"]["name"]],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    # Permanent failures (401, 404, disk full, checksum) end the Job at once.
+    codes = job["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"]
+    assert codes == [3, 4, 5, 6]
+    # The engines mount the claim read-only, run offline, and load the same revision; the
+    # token is the download Job's only.
+    for role_name in ("dsv4-flash-prefill", "dsv4-flash-decode"):
+        sts = _by(objs, "StatefulSet", role_name)
+        tpl = sts["spec"]["template"]["spec"]
+        volume = next(v for v in tpl["volumes"] if v["name"] == "models")
+        assert volume["persistentVolumeClaim"] == {
+            "claimName": "dsv4-flash-weights",
+            "readOnly": True,
+        }
+        engine = tpl["containers"][0]
+        assert engine["command"][engine["command"].index("--revision") + 1] == "v1.0"
+        engine_env = {e["name"]: e.get("value") for e in engine["env"]}
+        assert engine_env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in engine_env
+
+
+def test_a_new_revision_is_a_new_job(variant: Callable[..., dict[str, Any]]) -> None:
+    def job_of(revision: str) -> str:
+        change = dict(HUB_WEIGHTS)
+        change["model.cache"] = {"huggingFace": {"revision": revision}}
+        objs = _render(variant(change), OWNER)
+        return str(next(o for o in objs if o["kind"] == "Job")["metadata"]["name"])
+
+    assert job_of("v1.0") == job_of("v1.0") != job_of("v1.1")
+
+
+@pytest.mark.parametrize("storage", [0, "0", "0Gi", "0.0Ti", "0e3"])
+def test_a_hub_claim_of_size_zero_is_refused(
+    variant: Callable[..., dict[str, Any]], storage: int | str
+) -> None:
+    change = dict(HUB_WEIGHTS, **{"model.cache": {"huggingFace": {"storage": storage}}})
+    validation = validate_spec(variant(change))
+    assert not validation.valid
+    assert (
+        "storage" in validation.errors[0].message and "more than 0" in validation.errors[0].message
+    )
+    ok = dict(HUB_WEIGHTS, **{"model.cache": {"huggingFace": {"storage": "0.5Ti"}}})
+    assert validate_spec(variant(ok)).valid
+
+
+def test_a_hub_source_needs_a_repo_id(variant: Callable[..., dict[str, Any]]) -> None:
+    change = dict(HUB_WEIGHTS, **{"model.name": "/models/DeepSeek-V4-Flash"})
+    validation = validate_spec(variant(change))
+    assert not validation.valid
+    assert "must be a Hugging Face repo id" in validation.errors[0].message
 
 
 def test_schema_validation_catches_a_broken_object(example_spec: DSV4DeploymentSpec) -> None:

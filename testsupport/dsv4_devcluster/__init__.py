@@ -16,11 +16,13 @@ Public API::
         cp.add_gpu_node("gpu-a", gpus=8, product="NVIDIA-H100-80GB-HBM3")
 
     report_container_terminated(dyn, ns, pod, container)   # kubelet-style OOMKilled report
+    report_pod_exited(dyn, ns, pod, container, exit_code)  # a Job's pod ended
     wait_for("what", lambda: value_or_none(), timeout=60)    # poll; returns the truthy value
 
 Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificates and keys),
 :mod:`.process` (child processes, teardown), :mod:`.controlplane` (start/stop order, flags),
 :mod:`.nodes` (fake GPU Node objects), :mod:`.kubelet` (pod status reports),
+:mod:`.hub` (a stand-in for the Hugging Face Hub's download API),
 ``python -m dsv4_devcluster`` (run one locally until Ctrl-C).
 """
 
@@ -34,6 +36,8 @@ from dsv4_devcluster.controlplane import ControlPlane, DevClusterError
 from dsv4_devcluster.kubelet import (
     MANUAL_STATUS_ANNOTATION,
     report_container_terminated,
+    report_container_waiting,
+    report_pod_exited,
     wait_pod_running,
 )
 from dsv4_devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_node_manifest
@@ -51,6 +55,8 @@ __all__ = [
     "gpu_node_manifest",
     "locate",
     "report_container_terminated",
+    "report_container_waiting",
+    "report_pod_exited",
     "wait_for",
     "wait_pod_running",
 ]

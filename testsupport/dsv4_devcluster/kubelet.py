@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 #: Pods annotated key=value are never made Running/Ready by the harness's kwok stages.
@@ -41,6 +42,63 @@ def wait_pod_running(dyn: Any, namespace: str, name: str, timeout: float = 60.0)
         time.sleep(0.25)
 
 
+def _report(
+    dyn: Any,
+    namespace: str,
+    name: str,
+    container: str,
+    change: Callable[[dict[str, Any], str], None],
+    *,
+    phase: str | None = None,
+    not_ready: str = "ContainersNotReady",
+) -> dict[str, Any]:
+    """Take the pod off kwok's stages, let `change(container_status, now)` edit the named
+    container's status, mark the pod not ready (and set `phase`), write it back; return it."""
+    pods = dyn.resources.get(api_version="v1", kind="Pod")
+    key, value = MANUAL_STATUS_ANNOTATION
+    pods.patch(
+        name=name,
+        namespace=namespace,
+        body={"metadata": {"annotations": {key: value}}},
+        content_type=MERGE_PATCH,
+    )
+    pod: dict[str, Any] = pods.get(name=name, namespace=namespace).to_dict()
+    status = pod.get("status") or {}
+    now = _now()
+    statuses = [dict(s) for s in status.get("containerStatuses") or []]
+    target = next((s for s in statuses if s.get("name") == container), None)
+    if target is None:
+        raise ValueError(f"pod {namespace}/{name} has no status for container {container!r}")
+    change(target, now)
+    target["ready"] = False
+    target["started"] = False
+    conditions = [
+        dict(c, status="False", reason=not_ready, lastTransitionTime=now)
+        if c.get("type") in ("Ready", "ContainersReady")
+        else c
+        for c in status.get("conditions") or []
+    ]
+    body: dict[str, Any] = {"containerStatuses": statuses, "conditions": conditions}
+    if phase is not None:
+        body["phase"] = phase
+    updated = pods.status.patch(
+        name=name, namespace=namespace, body={"status": body}, content_type=MERGE_PATCH
+    )
+    result: dict[str, Any] = updated.to_dict()
+    return result
+
+
+def _terminated(target: dict[str, Any], now: str, reason: str, code: int, message: str) -> Any:
+    started = (target.get("state") or {}).get("running", {}).get("startedAt") or now
+    return {
+        "exitCode": code,
+        "reason": reason,
+        "startedAt": started,
+        "finishedAt": now,
+        **({"message": message} if message else {}),
+    }
+
+
 def report_container_terminated(
     dyn: Any,
     namespace: str,
@@ -59,53 +117,47 @@ def report_container_terminated(
     and the kill in ``lastState``. ``restarting=False`` leaves the container in
     ``state.terminated``. The pod should already be Running (see :func:`wait_pod_running`).
     """
-    pods = dyn.resources.get(api_version="v1", kind="Pod")
-    key, value = MANUAL_STATUS_ANNOTATION
-    pods.patch(
-        name=name,
-        namespace=namespace,
-        body={"metadata": {"annotations": {key: value}}},
-        content_type=MERGE_PATCH,
-    )
-    pod: dict[str, Any] = pods.get(name=name, namespace=namespace).to_dict()
-    status = pod.get("status") or {}
-    now = _now()
-    statuses = [dict(s) for s in status.get("containerStatuses") or []]
-    target = next((s for s in statuses if s.get("name") == container), None)
-    if target is None:
-        raise ValueError(f"pod {namespace}/{name} has no status for container {container!r}")
-    started = (target.get("state") or {}).get("running", {}).get("startedAt") or now
-    terminated = {
-        "exitCode": exit_code,
-        "reason": reason,
-        "startedAt": started,
-        "finishedAt": now,
-        **({"message": message} if message else {}),
-    }
-    if restarting:
-        target["state"] = {
-            "waiting": {
-                "reason": "CrashLoopBackOff",
-                "message": f"back-off 10s restarting failed container={container} pod={name}",
+
+    def killed(target: dict[str, Any], now: str) -> None:
+        terminated = _terminated(target, now, reason, exit_code, message)
+        if restarting:
+            target["state"] = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off 10s restarting failed container={container} pod={name}",
+                }
             }
-        }
-        target["lastState"] = {"terminated": terminated}
-        target["restartCount"] = int(target.get("restartCount") or 0) + 1
-    else:
-        target["state"] = {"terminated": terminated}
-    target["ready"] = False
-    target["started"] = False
-    conditions = [
-        dict(c, status="False", reason="ContainersNotReady", lastTransitionTime=now)
-        if c.get("type") in ("Ready", "ContainersReady")
-        else c
-        for c in status.get("conditions") or []
-    ]
-    updated = pods.status.patch(
-        name=name,
-        namespace=namespace,
-        body={"status": {"containerStatuses": statuses, "conditions": conditions}},
-        content_type=MERGE_PATCH,
-    )
-    result: dict[str, Any] = updated.to_dict()
-    return result
+            target["lastState"] = {"terminated": terminated}
+            target["restartCount"] = int(target.get("restartCount") or 0) + 1
+        else:
+            target["state"] = {"terminated": terminated}
+
+    return _report(dyn, namespace, name, container, killed)
+
+
+def report_pod_exited(
+    dyn: Any, namespace: str, name: str, container: str, exit_code: int, message: str = ""
+) -> dict[str, Any]:
+    """Report a run-to-completion pod (restartPolicy Never, a Job's) as ended: phase
+    Succeeded for exit code 0, else Failed, with the container's ``state.terminated`` (exit
+    code, reason, the termination message), as a kubelet does after the container exits."""
+    reason = "Completed" if exit_code == 0 else "Error"
+
+    def exited(target: dict[str, Any], now: str) -> None:
+        target["state"] = {"terminated": _terminated(target, now, reason, exit_code, message)}
+
+    phase = "Succeeded" if exit_code == 0 else "Failed"
+    not_ready = "PodCompleted" if exit_code == 0 else "PodFailed"
+    return _report(dyn, namespace, name, container, exited, phase=phase, not_ready=not_ready)
+
+
+def report_container_waiting(
+    dyn: Any, namespace: str, name: str, container: str, reason: str, message: str
+) -> dict[str, Any]:
+    """Report ``container`` as waiting (``ImagePullBackOff``, ``CreateContainerConfigError``,
+    ...) and the pod not ready, as a kubelet does when it cannot start the container."""
+
+    def waiting(target: dict[str, Any], now: str) -> None:
+        target["state"] = {"waiting": {"reason": reason, "message": message}}
+
+    return _report(dyn, namespace, name, container, waiting)

@@ -7,7 +7,8 @@ them here, so the two can never disagree on wording or on what a rule checks.
 
 Only the small part of CEL the rules use is understood: `has(self.a.b)`, field paths
 `self` and `self.a.b`, integer, string and boolean literals, `duration(...)` of a path or a
-literal, and one comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`). A rule outside that subset
+literal, how many of a list of `has(...)` hold (`[has(self.a), has(self.b)].filter(x, x).size()`),
+and one comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`). A rule outside that subset
 fails loudly when the table is built (a unit test builds it), so a new rule cannot be silently
 skipped.
 
@@ -41,6 +42,7 @@ _PATH = r"self((?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
 _HAS = re.compile(rf"^has\({_PATH}\)$")
 _FIELD = re.compile(rf"^{_PATH}$")
 _DURATION = re.compile(r"^duration\((.+)\)$")
+_COUNT = re.compile(r"^\[(.+)\]\.filter\(x, x\)\.size\(\)$")
 _MISSING = object()
 
 Operand = Callable[[Mapping[str, Any]], Any]
@@ -72,6 +74,9 @@ def _operand(text: str, rule: str) -> Operand:
                 return _MISSING  # the field's pattern reports the shape
 
         return as_duration
+    if match := _COUNT.match(text):
+        flags = [_operand(part.strip(), rule) for part in match.group(1).split(",")]
+        return lambda obj: sum(1 for flag in flags if flag(obj) is True)
     if match := _HAS.match(text):
         path = tuple(match.group(1).split(".")[1:])
         return lambda obj: _lookup(obj, path) is not _MISSING

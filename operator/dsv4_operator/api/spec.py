@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -43,6 +44,22 @@ MAX_CANARY_ROUNDS = 16
 MAX_LIST_ITEMS = 128
 MAX_ARG_LENGTH = 4096
 MAX_VALUE_LENGTH = 32768
+
+# A Kubernetes resource quantity without a sign (apimachinery's quantity grammar).
+# The exponent is an integer: apimachinery's parser (`splitREString`) refuses `1e1.5`, which
+# its documented grammar would allow.
+QUANTITY_PATTERN = (
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$"
+)
+Quantity = Annotated[
+    Annotated[int, Field(ge=0, le=1 << 53)]
+    | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)],
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+
+# A Hub repo id, as huggingface_hub's validate_repo_id accepts it (`org/name`).
+HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,95}/[A-Za-z0-9][-A-Za-z0-9_.]{0,95}$")
 
 IndexKDtype = Literal["fp8", "bf16", "fp4"]
 # DSV4 accepts only fp8_e4m3 and bfloat16; V3.2 also fp8_e5m2 (docs/engine-notes.md#kv-cache-dtype).
@@ -91,18 +108,108 @@ class HostPathSource(ApiModel):
     path: str = Field(pattern=r"^/", max_length=4096, description="Absolute directory on the node.")
 
 
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the deployment's namespace."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Secret name.",
+    )
+    key: str = Field(
+        default="token",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key in the Secret.",
+    )
+
+
+class HuggingFaceSource(ApiModel):
+    """Weights downloaded from the Hugging Face Hub into a PVC the operator creates.
+
+    spec.model.name is the repo id. A Job downloads the snapshot once (resumable; the Hub's
+    file list gives the size up front) and verifies it; the engines start when it succeeded
+    (condition WeightsReady). The claim is shared by both roles and kept with the deployment.
+    """
+
+    revision: str = Field(
+        default="main",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$",
+        description="Branch, tag or commit sha (sglang --revision).",
+    )
+    token_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding a Hub token (gated or private repos); HF_TOKEN of the "
+        "download Job only, never of the engines.",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://\S+$",
+        description="Hub endpoint (HF_ENDPOINT), for a mirror; defaults to huggingface.co.",
+    )
+    storage: Quantity | None = Field(
+        default=None,
+        description="Size of the claim; defaults to 1.2 x the profile's weight size "
+        "(spec.model.weightsGiB when set).",
+    )
+    storage_class_name: str | None = Field(
+        default=None, max_length=253, description="StorageClass of the claim."
+    )
+    access_modes: list[AccessMode] = Field(
+        default_factory=lambda: list[AccessMode](["ReadWriteMany"]),
+        min_length=1,
+        max_length=3,
+        description="Access modes of the claim; ReadWriteMany lets prefill and decode pods "
+        "on different nodes share it.",
+    )
+    verify: Literal["Checksum", "Size"] = Field(
+        default="Checksum",
+        description="Checksum: every LFS file's sha256 against the Hub's; Size: sizes only.",
+    )
+
+    @model_validator(mode="after")
+    def _storage_not_zero(self) -> HuggingFaceSource:
+        if self.storage is not None and not _positive_quantity(self.storage):
+            raise ValueError(
+                f"spec.model.cache.huggingFace.storage {self.storage!r} must be more than 0 "
+                "(the claim's size; leave it out for 1.2 x the weights)"
+            )
+        return self
+
+
+def _positive_quantity(value: int | str) -> bool:
+    """A quantity (QUANTITY_PATTERN) above zero: a digit 1-9 before any suffix or exponent."""
+    if isinstance(value, int):
+        return value > 0
+    mantissa = re.match(r"^[0-9.]*", value)
+    return mantissa is not None and re.search(r"[1-9]", mantissa.group()) is not None
+
+
 class ModelCache(ApiModel):
     """Where the weights live; mounted at /models in every engine pod (HF_HOME)."""
 
     model_config = ApiModel.with_cel(
         {
-            "rule": "has(self.pvc) != has(self.hostPath)",
-            "message": "set exactly one of spec.model.cache.pvc or spec.model.cache.hostPath",
+            "rule": "[has(self.pvc), has(self.hostPath), has(self.huggingFace)]"
+            ".filter(x, x).size() == 1",
+            "message": "set exactly one of spec.model.cache.pvc, spec.model.cache.hostPath or "
+            "spec.model.cache.huggingFace",
         }
     )
 
     pvc: PvcSource | None = Field(default=None, description="Weights on a PVC.")
     host_path: HostPathSource | None = Field(default=None, description="Weights on a node path.")
+    hugging_face: HuggingFaceSource | None = Field(
+        default=None, description="Weights downloaded from the Hugging Face Hub."
+    )
 
 
 class ModelSpec(ApiModel):
@@ -137,6 +244,15 @@ class ModelSpec(ApiModel):
         description="Override of the profile's weight size in GiB (all ranks together).",
     )
     cache: ModelCache = Field(description="Where the weights live.")
+
+    @model_validator(mode="after")
+    def _hub_repo_id(self) -> ModelSpec:
+        if self.cache.hugging_face is not None and not HUB_REPO_ID.match(self.name):
+            raise ValueError(
+                f"spec.model.name {self.name!r} must be a Hugging Face repo id "
+                "(`organization/model`) when spec.model.cache.huggingFace is set"
+            )
+        return self
 
 
 class HiCacheSpec(ApiModel):
@@ -261,19 +377,6 @@ class GpuSpec(ApiModel):
         le=MAX_GPUS_PER_NODE,
         description="GPUs per node; a role replica never spans nodes.",
     )
-
-
-# A Kubernetes resource quantity without a sign (apimachinery's quantity grammar).
-# The exponent is an integer: apimachinery's parser (`splitREString`) refuses `1e1.5`, which
-# its documented grammar would allow.
-QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]+))?$"
-)
-Quantity = Annotated[
-    Annotated[int, Field(ge=0, le=1 << 53)]
-    | Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)],
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
-]
 
 
 class Resources(ApiModel):

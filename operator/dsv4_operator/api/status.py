@@ -14,7 +14,14 @@ log = logging.getLogger(__name__)
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "RolledBack", "Invalid"]
 ConditionType = Literal[
-    "Validated", "Ready", "Progressing", "Degraded", "RolledBack", "GuardBlind", "MonitoringReady"
+    "Validated",
+    "Ready",
+    "Progressing",
+    "Degraded",
+    "RolledBack",
+    "GuardBlind",
+    "MonitoringReady",
+    "WeightsReady",
 ]
 Severity = Literal["error", "warning"]
 

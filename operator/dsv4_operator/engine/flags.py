@@ -82,10 +82,16 @@ def engine_launch(
         args += ["--hicache-write-policy", engine.hicache.write_policy]
     if engine.index_k_dtype == "fp4":
         args.append("--enable-deepseek-v4-fp4-indexer")
+    hub = spec.model.cache.hugging_face
+    if hub is not None:
+        args += ["--revision", hub.revision]
     args += [*eff.extra_args, *eff.role_extra_args]
 
     env = dict(eff.env)
     env["HF_HOME"] = MODEL_MOUNT
+    if hub is not None:
+        # The download Job verified the snapshot; the engines read it and never the network.
+        env["HF_HUB_OFFLINE"] = "1"
     # Upstream defaults multi-stream overlap ON; the operator always states it explicitly.
     env["SGLANG_OPT_USE_MULTI_STREAM_OVERLAP"] = "1" if engine.overlap.multi_stream else "0"
     if Capability.BF16_INDEX_K in engine.capabilities:

@@ -42,6 +42,7 @@ OWNED_FLAGS: dict[str, str] = {
     "--tool-call-parser": "spec.engine.toolCallParser",
     "--reasoning-parser": "spec.engine.reasoningParser",
     "--enable-metrics": "nothing: the operator always enables metrics",
+    "--revision": "spec.model.cache.huggingFace.revision",
 }
 
 # Env name -> the spec field to use instead.
@@ -49,6 +50,8 @@ OWNED_ENV: dict[str, str] = {
     "SGLANG_DSV4_BF16_INDEX_K": "spec.engine.indexKDtype",
     "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "spec.engine.overlap.multiStream",
     "HF_HOME": "spec.model.cache (mounted at /models)",
+    "HF_HUB_OFFLINE": "nothing: set with spec.model.cache.huggingFace (the engines read the "
+    "verified snapshot only)",
 }
 
 # Passthrough settings that change what travels between prefill and decode (docs/engine-notes.md:

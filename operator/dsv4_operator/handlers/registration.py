@@ -33,6 +33,7 @@ from dsv4_operator.kube.resources import (
     SERVICE,
     SERVICE_MONITOR,
     STATEFULSET,
+    WEIGHTS_KINDS,
     Resource,
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
@@ -53,6 +54,7 @@ WATCHED = (
         Watched(res, label_selector=CHILD_SELECTOR)
         for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB, CONTROLLER_REVISION, POD)
     ),
+    *(Watched(res, label_selector=CHILD_SELECTOR) for res in WEIGHTS_KINDS),
     Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
 )
 
@@ -183,7 +185,9 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         reconciler = _Counted(
             client,
             ReconcileSettings(
-                revision_history_limit=op.revision_history_limit, trust=op.trust_policy
+                revision_history_limit=op.revision_history_limit,
+                trust=op.trust_policy,
+                weights_image=op.weights_image,
             ),
             observations=observations,
             cache=cache,

@@ -15,6 +15,7 @@ certificates are read once (an exec plugin that returns certificates is not re-r
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import json
 import os
@@ -30,7 +31,7 @@ from kubernetes.client import Configuration
 from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 
 from dsv4_operator.kube.errors import KubeError, NotFound, Unreachable, error_for
-from dsv4_operator.kube.resources import Resource, resource_of
+from dsv4_operator.kube.resources import EVENT, Resource, resource_of
 
 Obj = dict[str, Any]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -337,6 +338,19 @@ class KubeClient:
         for item in items:  # list responses omit these per item
             item.setdefault("apiVersion", res.api_version)
             item.setdefault("kind", res.kind)
+        return items
+
+    async def pod_warnings(self, namespace: str, pod: str) -> builtins.list[Obj]:
+        """The Warning Events of one pod (a field-selected list: never cached)."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning"
+        data = await self._request(
+            "GET",
+            EVENT.path(namespace),
+            verb="list",
+            resource=EVENT.plural,
+            params={"fieldSelector": selector},
+        )
+        items: builtins.list[Obj] = data.get("items", [])
         return items
 
     async def apply(self, obj: Obj) -> Obj:

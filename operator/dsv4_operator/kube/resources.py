@@ -37,6 +37,13 @@ EVENT = Resource("v1", "Event", "events")
 PDB = Resource("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SERVICE_MONITOR = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
 LEASE = Resource("coordination.k8s.io/v1", "Lease", "leases")
+# Weights from the Hugging Face Hub: the claim, the download Job and the Job's own rights.
+JOB = Resource("batch/v1", "Job", "jobs")
+PVC = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+SERVICE_ACCOUNT = Resource("v1", "ServiceAccount", "serviceaccounts")
+RBAC_ROLE = Resource("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDING = Resource("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+WEIGHTS_KINDS = (PVC, SERVICE_ACCOUNT, RBAC_ROLE, ROLE_BINDING, JOB)
 
 BY_KIND: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
@@ -51,6 +58,7 @@ BY_KIND: dict[tuple[str, str], Resource] = {
         PDB,
         SERVICE_MONITOR,
         LEASE,
+        *WEIGHTS_KINDS,
     )
 }
 

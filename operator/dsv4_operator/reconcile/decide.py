@@ -20,6 +20,7 @@ from dsv4_operator.guard.decision import GuardOutcome
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
+    JOB,
     PDB,
     SERVICE,
     SERVICE_MONITOR,
@@ -39,6 +40,7 @@ from dsv4_operator.names import (
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
 from dsv4_operator.reconcile.status import Progress, build_status
+from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
 from dsv4_operator.reconcile.world import Pair, World, deployment_rolled, labels_of, name_of
 from dsv4_operator.render.children import (
     controller_revision,
@@ -47,6 +49,7 @@ from dsv4_operator.render.children import (
     render_shared,
 )
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
+from dsv4_operator.render.weights import render_weights
 from dsv4_operator.revisions.store import next_number, to_prune
 
 
@@ -217,6 +220,27 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
     return _recreate(actions, ctx, active, old_format)
 
 
+def _weights(
+    actions: Actions, ctx: RenderContext, settings: ReconcileSettings
+) -> tuple[WeightsState | None, Progress | None]:
+    """Weights from the Hub: claim, Job and its rights applied; the rollout waits (running
+    children keep serving) until the Job has downloaded and verified this source."""
+    state = weights_state(actions.world, ctx)
+    if state is None:
+        return None, None
+    actions.ensure(render_weights(ctx, settings.weights_image))
+    if not state.ready:
+        was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
+        if was is None or was.reason != state.reason:
+            ok = state.reason in ("Pending", "Downloading")
+            actions.note("Normal" if ok else "Warning", f"Weights{state.reason}", state.message)
+        actions.wait()
+        return state, Progress("WaitingForWeights", state.message)
+    for name in stale_jobs(actions.world, ctx):
+        actions.remove(JOB, name)
+    return state, None
+
+
 def _revisions(
     actions: Actions, contexts: list[RenderContext], settings: ReconcileSettings, keep: set[str]
 ) -> None:
@@ -290,15 +314,17 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     decision = actions.decision
     decision.events += guard.events
     decision.ooms, decision.rollbacks, decision.cleared = guard.ooms, guard.rollbacks, guard.cleared
+    weights: WeightsState | None = None
     if target is None:
         progress = Progress("Quarantined", guard.no_known_good or "quarantined")
         target = user
     else:
-        progress = _rollout(actions, target, target.spec)
+        weights, waiting = _weights(actions, target, settings)
+        progress = waiting or _rollout(actions, target, target.spec)
     keep = {p.revision(r) or "" for p in world.pairs().values() for r in ROLES}
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
-    decision.status = build_status(world, validation, target, progress, None, guard)
+    decision.status = build_status(world, validation, target, progress, None, guard, weights)
     _monitoring_event(actions, decision.status)
     decision.requeue_after = _bake_wake(world, spec, guard)
     return decision

@@ -21,10 +21,12 @@ from dsv4_operator.kube.resources import (
     SERVICE,
     SERVICE_MONITOR,
     STATEFULSET,
+    WEIGHTS_KINDS,
     Resource,
 )
-from dsv4_operator.names import DEPLOYMENT_LABEL
-from dsv4_operator.reconcile.world import Obj, World
+from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
+from dsv4_operator.reconcile.world import Obj, World, labels_of
+from dsv4_operator.render.weights import WEIGHTS_COMPONENT
 from dsv4_operator.trust import Placement, TrustPolicy
 
 
@@ -57,6 +59,12 @@ async def gather(
 
     # Listed even when disabled, so a monitor left from before is deleted (404 -> none).
     monitors = await owned(SERVICE_MONITOR)
+    pods = await client.list(POD, namespace, selector)
+    weights: list[Obj] = []
+    for res in WEIGHTS_KINDS:
+        # A list item carries no kind: the World looks its weights objects up by kind.
+        kind = {"apiVersion": res.api_version, "kind": res.kind}
+        weights += [{**o, **kind} for o in await owned(res)]
     return World(
         name=name,
         namespace=namespace,
@@ -71,8 +79,15 @@ async def gather(
         pdbs=await owned(PDB),
         service_monitors=monitors,
         revisions=await owned(CONTROLLER_REVISION),
-        # Pods are owned by StatefulSets, not by us: select by label only.
-        pods=await client.list(POD, namespace, selector),
+        # Pods are owned by StatefulSets, not by us: select by label only. The download Job's
+        # pods go with the weights objects: they are no engine (no OOM, no leftover).
+        pods=[p for p in pods if labels_of(p).get(ROLE_LABEL) != WEIGHTS_COMPONENT],
+        weights=weights
+        + [
+            {**p, "apiVersion": "v1", "kind": "Pod"}
+            for p in pods
+            if labels_of(p).get(ROLE_LABEL) == WEIGHTS_COMPONENT
+        ],
         annotations=dict(owner["metadata"].get("annotations") or {}),
         canary=observations.snapshot((namespace, name)) if observations else None,
         monitoring_served=await client.serves(SERVICE_MONITOR),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -10,7 +11,7 @@ from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.cache import Reader, WatchCache
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import KubeError, refused
+from dsv4_operator.kube.errors import Forbidden, KubeError, refused
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
@@ -18,9 +19,10 @@ from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
 from dsv4_operator.reconcile.guarding import served_spec
+from dsv4_operator.reconcile.pod_causes import unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
-from dsv4_operator.reconcile.world import World
+from dsv4_operator.reconcile.world import Obj, World
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
@@ -53,6 +55,7 @@ class Reconciler:
         self.clock = clock
         self.observations = observations or Observations()
         self.guard_metrics = GuardMetrics()
+        self._events_forbidden = False
 
     def forget(self, key: tuple[str, str]) -> None:
         """The deployment is gone: its canary window and every metric series of it."""
@@ -75,6 +78,23 @@ class Reconciler:
             world.now,
         )
 
+    async def _with_pod_events(self, world: World) -> World:
+        """The Warning Events of the few pods whose status does not say why they are stuck
+        (FailedMount, FailedAttachVolume, ...): read on demand, never watched."""
+        pods = world.pods + world.weights_objects("Pod")
+        names = unexplained(pods, world.now)
+        if not names or self._events_forbidden:
+            return world
+        events: dict[str, list[Obj]] = {}
+        try:
+            for name in names:
+                events[name] = await self.client.pod_warnings(world.namespace, name)
+        except Forbidden:
+            self._events_forbidden = True
+            log.warning("cannot list Events (RBAC): pod causes come from pod status only")
+            return world
+        return dataclasses.replace(world, pod_events=events)
+
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
         world = await gather(
@@ -83,6 +103,7 @@ class Reconciler:
         if world is None:
             self.forget(key)
             return None
+        world = await self._with_pod_events(world)
         previous = world.status.guard
         if world.canary is None and previous is not None and previous.revision:
             # resume the window after a restart

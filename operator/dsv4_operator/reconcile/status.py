@@ -27,6 +27,7 @@ from dsv4_operator.names import (
     router_name,
 )
 from dsv4_operator.reconcile.pod_causes import first_problem
+from dsv4_operator.reconcile.weights import WeightsState
 from dsv4_operator.reconcile.world import Obj, World, labels_of
 from dsv4_operator.render.context import RenderContext
 
@@ -95,12 +96,14 @@ def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
         )
         if sts is None or ready < want or want == 0:
             pods = _pods(world, role, active.id if active else None)
-            missing.append(_because(f"{role} {ready}/{want} ready", first_problem(pods)))
+            missing.append(
+                _because(f"{role} {ready}/{want} ready", first_problem(pods, world.pod_events))
+            )
     router = world.live("Deployment", router_name(world.name))
     router_want = int(router["spec"].get("replicas", 0)) if router else 0
     router_ready = int((router or {}).get("status", {}).get("availableReplicas", 0))
     if router is None or router_ready < router_want:
-        problem = first_problem(_pods(world, ROUTER, None))
+        problem = first_problem(_pods(world, ROUTER, None), world.pod_events)
         missing.append(_because(f"router {router_ready}/{router_want} available", problem))
     return RolesStatus(prefill=roles["prefill"], decode=roles["decode"]), not missing, missing
 
@@ -149,6 +152,7 @@ def build_status(
     progress: Progress | None,
     invalid_message: str | None,
     view: GuardOutcome | None = None,
+    weights: WeightsState | None = None,
 ) -> DSV4DeploymentStatus:
     """The whole status object."""
     previous = world.status
@@ -186,13 +190,18 @@ def build_status(
         )
         phase = "Progressing" if not progress.complete else ("Ready" if ready else "Degraded")
     settled = invalid_message is None and progress is not None and progress.complete
+    waiting_for_weights = weights is not None and not weights.ready and not ready
     conditions.append(
         _condition(
             world,
             "Ready",
             ready,
-            "AllReplicasReady" if ready else "ReplicasNotReady",
-            "all roles and the router are ready" if ready else "; ".join(missing),
+            "AllReplicasReady"
+            if ready
+            else ("WeightsNotReady" if waiting_for_weights else "ReplicasNotReady"),
+            "all roles and the router are ready"
+            if ready
+            else "; ".join([weights.message] if weights and waiting_for_weights else missing),
         )
     )
     if view is not None and view.no_known_good:
@@ -236,6 +245,10 @@ def build_status(
             phase = "Degraded"
     if ctx is not None:
         conditions.append(monitoring_condition(world, ctx.spec))
+    if weights is not None:
+        conditions.append(
+            _condition(world, "WeightsReady", weights.ready, weights.reason, weights.message)
+        )
     revisions = {roles.prefill.revision, roles.decode.revision}
     current: str | None
     if settled and ctx is not None:

@@ -107,6 +107,11 @@ class World:
     service_monitors: list[Obj] = field(default_factory=list)
     revisions: list[Obj] = field(default_factory=list)
     pods: list[Obj] = field(default_factory=list)
+    # Weights from the Hub (render/weights.py): claim, download Jobs and their pods, the
+    # Jobs' rights; each with its kind.
+    weights: list[Obj] = field(default_factory=list)
+    # Warning Events of pods whose status explains nothing (pod_causes.unexplained), by name.
+    pod_events: dict[str, list[Obj]] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     canary: Snapshot | None = None
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
@@ -126,7 +131,13 @@ class World:
             "ServiceMonitor": self.service_monitors,
             "ControllerRevision": self.revisions,
         }
-        return next((o for o in pools.get(kind, []) if name_of(o) == name), None)
+        pool = pools.get(kind)
+        if pool is None:
+            pool = [o for o in self.weights if o.get("kind") == kind]
+        return next((o for o in pool if name_of(o) == name), None)
+
+    def weights_objects(self, kind: str) -> list[Obj]:
+        return [o for o in self.weights if o.get("kind") == kind]
 
     def pairs(self) -> dict[str, Pair]:
         grouped: dict[str, dict[Role, Obj]] = {}

@@ -13,6 +13,7 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.render import engine, router
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
+from dsv4_operator.render.weights import DEFAULT_WEIGHTS_IMAGE, render_weights
 
 
 def service_monitor(ctx: RenderContext) -> Manifest:
@@ -85,7 +86,12 @@ def render(ctx: RenderContext) -> list[Manifest]:
 
 
 def render_spec(
-    name: str, namespace: str, spec: DSV4DeploymentSpec, owner: OwnerRef | None = None
+    name: str,
+    namespace: str,
+    spec: DSV4DeploymentSpec,
+    owner: OwnerRef | None = None,
+    weights_image: str = DEFAULT_WEIGHTS_IMAGE,
 ) -> list[Manifest]:
-    """Convenience: build the context and render."""
-    return render(build_context(name, namespace, spec, owner))
+    """Convenience: build the context and render, with the weights download when asked."""
+    ctx = build_context(name, namespace, spec, owner)
+    return render(ctx) + render_weights(ctx, weights_image)

@@ -9,6 +9,7 @@ from dsv4_operator.names import (
     MAX_TOTAL_TOKENS_ANNOTATION,
     PAIR_LABEL,
     REVISION_LABEL,
+    weights_claim_name,
 )
 from dsv4_operator.render.context import Manifest, RenderContext
 from dsv4_operator.render.pod_settings import with_pod_settings
@@ -44,7 +45,10 @@ def _volume(ctx: RenderContext) -> Manifest:
                 "readOnly": cache.pvc.read_only,
             },
         }
-    assert cache.host_path is not None  # schema: exactly one of pvc/hostPath
+    if cache.hugging_face is not None:
+        claim = {"claimName": weights_claim_name(ctx.name), "readOnly": True}
+        return {"name": "models", "persistentVolumeClaim": claim}
+    assert cache.host_path is not None  # schema: exactly one source
     return {"name": "models", "hostPath": {"path": cache.host_path.path, "type": "Directory"}}
 
 

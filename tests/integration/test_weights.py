@@ -1,0 +1,220 @@
+"""Weights from the Hugging Face Hub on the control plane, against the stand-in Hub.
+
+The operator creates the claim, the download Job and its rights; the engines wait. The Job's
+container runs here (weights_support.JobContainer: kwok runs no process) against
+dsv4_devcluster.hub, a local test double of the Hub's download API. WeightsReady reports the
+progress the fetcher writes, the failure reason (404 here), and a killed attempt that the Job
+retries and that resumes; once the Job is complete the engines start and the deployment is
+Ready.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsv4_demo import volume_for
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.hub import HubRepo, StandInHub
+from tests.integration.operator_support import (
+    POOL,
+    POOL_LABEL,
+    RTX,
+    Cluster,
+    OperatorProcess,
+    example,
+)
+from tests.integration.weights_support import JobContainer
+
+pytestmark = pytest.mark.integration
+
+REPO_ID = "example-org/tiny-dsv4"
+TOKEN = "hf_stand_in_token"
+SHARD = "model-00001-of-00002.safetensors"
+BIG = 24 << 20  # above huggingface_hub's 10 MiB read chunk: a part reaches the disk
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    names = [f"weights-rtx-{i}" for i in range(2)]
+    for name in names:
+        control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: POOL})
+    return names
+
+
+@pytest.fixture
+def hub() -> Iterator[StandInHub]:
+    files = {
+        "config.json": b'{"architectures": ["DeepseekV4ForCausalLM"]}',
+        "tokenizer.json": b"t" * 5000,
+        SHARD: os.urandom(BIG),
+        "model-00002-of-00002.safetensors": os.urandom(300_000),
+    }
+    with StandInHub({REPO_ID: HubRepo(files, token=TOKEN)}) as server:
+        yield server
+
+
+def _hub_spec(namespace: str, hub: StandInHub, name: str, repo: str) -> dict[str, Any]:
+    return example(
+        namespace,
+        name,
+        **{
+            "model.name": repo,
+            "model.cache": {
+                "huggingFace": {
+                    "revision": "main",
+                    "endpoint": hub.endpoint,
+                    "tokenSecret": {"name": "hf-token"},
+                    "storage": "10Gi",
+                    "storageClassName": "dsv4-test-weights",
+                }
+            },
+        },
+    )
+
+
+def _weights(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    conditions = cluster.get(name).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "WeightsReady"), None)
+
+
+def _job(cluster: Cluster, name: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        jobs = cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}")
+        return jobs[0] if jobs else None
+
+    return wait_for(f"the download Job of {name}", found, timeout=60)  # type: ignore[no-any-return]
+
+
+def _deploy(
+    cluster: Cluster, hub: StandInHub, name: str, repo: str, tmp_path: Path
+) -> tuple[dict[str, Any], Path]:
+    """A PV for the claim the operator will create, the DSV4Deployment, and its Job; the
+    directory standing for the claim."""
+    storage_class = "dsv4-test-weights"
+    volume_for(
+        cluster.dyn,
+        cluster.namespace,
+        f"{name}-weights",
+        access_modes=("ReadWriteMany",),
+        storage_class=storage_class,
+        capacity="10Gi",
+    )
+    claim_dir = tmp_path / "claim"
+    claim_dir.mkdir()
+    cluster.apply(_hub_spec(cluster.namespace, hub, name, repo))
+    return _job(cluster, name), claim_dir
+
+
+@pytest.fixture
+def setup(
+    control_plane: ControlPlane,
+    dyn: Any,
+    namespace: str,
+    gpu_nodes: list[str],
+    tmp_path: Path,
+) -> Iterator[tuple[Cluster, OperatorProcess]]:
+    dyn.resources.get(api_version="v1", kind="Secret").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf-token"},
+            "stringData": {"token": TOKEN},
+        },
+    )
+    operator = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
+    try:
+        yield Cluster(dyn, namespace), operator
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(60)}")
+
+
+def test_weights_are_downloaded_resumed_after_a_killed_pod_then_the_engines_start(
+    control_plane: ControlPlane,
+    setup: tuple[Cluster, OperatorProcess],
+    hub: StandInHub,
+    tmp_path: Path,
+) -> None:
+    cluster, operator = setup
+    namespace, name = cluster.namespace, "hub-weights"
+    job, claim_dir = _deploy(cluster, hub, name, REPO_ID, tmp_path)
+    pending = wait_for("WeightsReady=False", lambda: _weights(cluster, name), timeout=30)
+    assert pending["status"] == "False"
+    assert cluster.items("apps/v1", "StatefulSet", f"dsv4.io/deployment={name}") == []
+
+    # Attempt 1 stalls half-way through the big shard, shows its progress, and is killed.
+    hub.stall_after(SHARD, 12 << 20)
+    first = JobContainer(control_plane, namespace, job, claim_dir, tmp_path).start()
+
+    def partial() -> dict[str, Any] | None:
+        c = _weights(cluster, name)
+        return c if c and c["reason"] == "Downloading" and "3/4 files" in c["message"] else None
+
+    downloading = wait_for("progress in WeightsReady", partial, timeout=60)
+    print(f"WeightsReady while downloading: {downloading['message']}")
+    assert f"downloading {REPO_ID}@main: 3/4 files" in downloading["message"]
+    first.kill()
+    hub.release()
+
+    # The Job retries in a new pod (the Job controller's back-off), which resumes the shard.
+    second = JobContainer(control_plane, namespace, job, claim_dir, tmp_path)
+    second.start(exclude={first.pod["metadata"]["name"]} if first.pod else None)
+    assert second.finish() == 0
+    ranges = [r[2] for r in hub.log.requests if r[0] == "GET" and r[1].endswith(SHARD)]
+    assert ranges[-1].startswith("bytes=") and ranges[-1] != "bytes=0-"
+    assert hub.log.bytes_sent[SHARD] < 2 * BIG
+
+    def downloaded() -> dict[str, Any] | None:
+        c = _weights(cluster, name)
+        return c if c and c["status"] == "True" else None
+
+    done = wait_for("WeightsReady=True", downloaded, timeout=60)
+    print(f"WeightsReady when complete: {done['message']}")
+    assert "4/4 files" in done["message"] and "verified (Checksum)" in done["message"]
+    ready = cluster.wait_phase("Ready", name, timeout=180)
+    sts = cluster.items("apps/v1", "StatefulSet", f"dsv4.io/deployment={name}")
+    for item in sts:
+        volume = next(
+            v for v in item["spec"]["template"]["spec"]["volumes"] if v["name"] == "models"
+        )
+        assert volume["persistentVolumeClaim"]["claimName"] == f"{name}-weights"
+    assert ready["status"]["phase"] == "Ready"
+    assert operator.metric("dsv4_reconciles_total", result="error") == 0
+
+
+def test_a_missing_repo_fails_the_job_at_once_and_says_why(
+    control_plane: ControlPlane,
+    setup: tuple[Cluster, OperatorProcess],
+    hub: StandInHub,
+    tmp_path: Path,
+) -> None:
+    cluster, _operator = setup
+    namespace, name = cluster.namespace, "hub-missing"
+    job, claim_dir = _deploy(cluster, hub, name, "example-org/no-such-model", tmp_path)
+    attempt = JobContainer(control_plane, namespace, job, claim_dir, tmp_path).start()
+    assert attempt.finish() == 4
+    started = time.monotonic()
+
+    def failed() -> dict[str, Any] | None:
+        c = _weights(cluster, name)
+        return c if c and c["reason"] == "NotFound" else None
+
+    condition = wait_for("WeightsReady NotFound", failed, timeout=30)
+    print(f"WeightsReady after a 404: {condition['message']} ({time.monotonic() - started:.1f}s)")
+    assert "404: repository example-org/no-such-model not found" in condition["message"]
+    assert "check spec.model.name" in condition["message"]
+    ready = next(c for c in cluster.get(name)["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "WeightsNotReady"
+    # podFailurePolicy: no retry of a 404.
+    live = cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}")[0]
+    assert live["status"].get("failed") == 1 and not live["status"].get("active")
+    events = cluster.wait_events("WeightsNotFound", name=name)
+    assert [e["type"] for e in events if e["reason"] == "WeightsNotFound"] == ["Warning"]
+    assert cluster.items("apps/v1", "StatefulSet", f"dsv4.io/deployment={name}") == []

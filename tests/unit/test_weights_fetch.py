@@ -1,0 +1,211 @@
+"""The weights fetcher against the stand-in Hub (a local test double, never the internet).
+
+Each case runs the Job's real entry point (`python -m dsv4_operator.weights`) as a process
+with the env the operator renders, so exit codes and the termination message are what a
+pod would show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dsv4_devcluster.hub import HubRepo, StandInHub
+from dsv4_operator.weights.fetch import FetchError, FetchRequest, make_plan, verify_snapshot
+from dsv4_operator.weights.progress import FailureReason, WeightsProgress
+
+REPO_ID = "example-org/tiny-dsv4"
+TOKEN = "hf_stand_in_token"
+# Larger than huggingface_hub's 10 MiB read chunk, so a part of it reaches the disk before
+# the stall (the downloader writes whole chunks).
+BIG = 24 << 20
+
+
+def _files() -> dict[str, bytes]:
+    return {
+        "config.json": b'{"architectures": ["DeepseekV4ForCausalLM"]}',
+        "tokenizer.json": b"t" * 5000,
+        "model-00001-of-00002.safetensors": os.urandom(BIG),
+        "model-00002-of-00002.safetensors": os.urandom(300_000),
+    }
+
+
+@pytest.fixture
+def hub() -> Iterator[StandInHub]:
+    repos = {
+        REPO_ID: HubRepo(_files(), revisions=("main", "v1")),
+        "example-org/gated": HubRepo({"config.json": b"{}"}, token=TOKEN),
+    }
+    with StandInHub(repos) as server:
+        yield server
+
+
+def _env(hub: StandInHub, home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "DSV4_"))}
+    env.update(
+        HF_HOME=str(home),
+        HF_ENDPOINT=hub.endpoint,
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        DSV4_WEIGHTS_REPO=REPO_ID,
+        DSV4_WEIGHTS_REVISION="main",
+        DSV4_WEIGHTS_INTERVAL="0.2",
+        DSV4_TERMINATION_LOG=str(home / "termination-log"),
+    )
+    env.update(extra)
+    return env
+
+
+def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4_operator.weights"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _snapshot(home: Path, commit: str) -> Path:
+    return home / "hub" / "models--example-org--tiny-dsv4" / "snapshots" / commit
+
+
+def test_a_snapshot_is_downloaded_verified_and_left_where_the_engine_looks(
+    hub: StandInHub, tmp_path: Path
+) -> None:
+    done = _run(_env(hub, tmp_path))
+    assert done.returncode == 0, done.stderr
+    repo = hub.repos[REPO_ID]
+    snapshot = _snapshot(tmp_path, repo.commit)
+    for name, data in repo.files.items():
+        assert (snapshot / name).read_bytes() == data
+    # The engine runs offline with --revision main: the ref must name the commit.
+    ref = tmp_path / "hub" / "models--example-org--tiny-dsv4" / "refs" / "main"
+    assert ref.read_text() == repo.commit
+    total = sum(len(d) for d in repo.files.values())
+    mib = f"{total / (1 << 20):.1f}"
+    assert (tmp_path / "termination-log").read_text() == (
+        f"Complete: 4/4 files, {mib}/{mib} MiB at {repo.commit}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason", "words"),
+    [
+        ({"DSV4_WEIGHTS_REPO": "example-org/missing"}, FailureReason.NOT_FOUND, "check spec.model"),
+        ({"DSV4_WEIGHTS_REVISION": "v9"}, FailureReason.NOT_FOUND, "revision 'v9' not found"),
+        ({"DSV4_WEIGHTS_REPO": "example-org/gated"}, FailureReason.UNAUTHORIZED, "tokenSecret"),
+    ],
+)
+def test_a_failure_exits_with_its_reason_and_says_what_to_fix(
+    hub: StandInHub, tmp_path: Path, extra: dict[str, str], reason: FailureReason, words: str
+) -> None:
+    done = _run(_env(hub, tmp_path, **extra))
+    assert done.returncode == reason.exit_code, done.stderr
+    message = (tmp_path / "termination-log").read_text()
+    assert message.startswith(f"{reason.reason}: ")
+    assert words in message
+
+
+def test_a_token_opens_a_gated_repo(hub: StandInHub, tmp_path: Path) -> None:
+    env = _env(hub, tmp_path, DSV4_WEIGHTS_REPO="example-org/gated", HF_TOKEN=TOKEN)
+    done = _run(env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_volume_too_small_is_refused_before_downloading(hub: StandInHub, tmp_path: Path) -> None:
+    # A free-space figure below the repo's size: the fetcher must refuse up front. The file
+    # system's real free space is far larger, so the repo is made larger than it instead.
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    repo = hub.repos[REPO_ID]
+    request = FetchRequest(REPO_ID, "main", tmp_path / "hub", endpoint=hub.endpoint)
+    from huggingface_hub import HfApi
+
+    from dsv4_operator.weights.fetch import Plan, PlannedFile, check_room
+
+    plan = make_plan(HfApi(endpoint=hub.endpoint), request)
+    assert plan.commit == repo.commit
+    assert plan.total_bytes == sum(len(d) for d in repo.files.values())
+    huge = Plan(plan.commit, (*plan.files, PlannedFile("shard.safetensors", free + 1, "x", None)))
+    with pytest.raises(FetchError) as err:
+        check_room(request, huge, present=0)
+    assert err.value.reason is FailureReason.DISK_FULL
+    assert "raise spec.model.cache.huggingFace.storage" in err.value.message
+    assert not any(r[0] == "SENT" for r in hub.log.requests)
+
+
+def test_a_killed_download_resumes_where_it_stopped(hub: StandInHub, tmp_path: Path) -> None:
+    shard = "model-00001-of-00002.safetensors"
+    hub.stall_after(shard, 12 << 20)
+    env = _env(hub, tmp_path)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dsv4_operator.weights"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    blobs = tmp_path / "hub" / "models--example-org--tiny-dsv4" / "blobs"
+    etag = hashlib.sha256(hub.repos[REPO_ID].files[shard]).hexdigest()
+    part = blobs / f"{etag}.dsv4-partial"
+    deadline = time.monotonic() + 60
+    while not (part.is_file() and part.stat().st_size >= 10 << 20):
+        assert first.poll() is None, "the downloader ended before the stall"
+        assert time.monotonic() < deadline, "no partial file appeared"
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)  # the pod dies mid-file
+    first.wait()
+    kept = part.stat().st_size
+    hub.release()
+
+    second = _run(env)
+    assert second.returncode == 0, second.stderr
+    ranges = [r[2] for r in hub.log.requests if r[0] == "GET" and r[1].endswith(shard)]
+    assert ranges[-1] == f"bytes={kept}-"
+    # Sent once in full plus the resumed tail only, not twice.
+    assert hub.log.bytes_sent[shard] <= BIG + (12 << 20)
+    snapshot = _snapshot(tmp_path, hub.repos[REPO_ID].commit)
+    assert (snapshot / shard).read_bytes() == hub.repos[REPO_ID].files[shard]
+
+
+def test_a_corrupt_shard_fails_verification(hub: StandInHub, tmp_path: Path) -> None:
+    assert _run(_env(hub, tmp_path)).returncode == 0
+    repo = hub.repos[REPO_ID]
+    request = FetchRequest(REPO_ID, "main", tmp_path / "hub", endpoint=hub.endpoint)
+    from huggingface_hub import HfApi
+
+    plan = make_plan(HfApi(endpoint=hub.endpoint), request)
+    snapshot = _snapshot(tmp_path, repo.commit)
+    shard = snapshot / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.resolve().write_bytes(bytes(data))
+    verify_snapshot(snapshot, plan, "Size")  # same size: only a checksum sees it
+    with pytest.raises(FetchError) as err:
+        verify_snapshot(snapshot, plan, "Checksum")
+    assert err.value.reason is FailureReason.VERIFY_FAILED
+    assert "model-00002-of-00002.safetensors: sha256" in err.value.message
+
+
+def test_progress_round_trips_through_the_annotation() -> None:
+    report = WeightsProgress(
+        phase="Downloading",
+        repo=REPO_ID,
+        revision="main",
+        files_done=3,
+        files_total=170,
+        bytes_done=12 << 30,
+        bytes_total=700 << 30,
+    )
+    assert WeightsProgress.from_annotation(report.to_annotation()) == report
+    assert report.summary() == "3/170 files, 12.0/700.0 GiB"
+    small = report.model_copy(update={"bytes_done": 3 << 20, "bytes_total": 300 << 20})
+    assert small.summary() == "3/170 files, 3.0/300.0 MiB"
+    assert WeightsProgress.from_annotation("{not json") is None
