@@ -10,60 +10,136 @@ prints:
 - at a healthy 0.5% rate: false rollbacks per 10,000 decisions (a decision = one evaluation
   after a canary run; a revision is watched for `--runs-per-revision` runs, then a new window).
 
+Then production traffic under continuous monitoring (issue: the leak tap): `--rate-per-s`
+tool-calling responses a second, a decision point every `--check-every` seconds, for the
+current policy (repeated one-sided Wilson looks, `guard.policy`) and the anytime-valid
+mixture SPRT (`guard.sequential.LeakRateTest`, alpha = 1 - confidence): time and responses
+from onset to the rollback decision at 4.55% and 17%, and false rollbacks per 10,000
+decision points at 0.5% (a revision watched for `--points-per-revision` points, then anew).
+
     python bench/guard.py [--trials 2000] [--decisions 200000] [--seed 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import functools
+import math
 import random
 import statistics
+from collections.abc import Callable
 
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import GuardSpec
 from dsv4_operator.guard.policy import Evidence, Outcome, evaluate
+from dsv4_operator.guard.sequential import LeakRateTest, Sequential
+
+# (leaks, samples) -> roll back now?
+Decider = Callable[[int, int], bool]
+
+
+@functools.cache
+def _binomial_cdf(responses: int, rate: float) -> list[float]:
+    cdf, total = [], 0.0
+    for k in range(responses + 1):
+        total += math.comb(responses, k) * rate**k * (1 - rate) ** (responses - k)
+        cdf.append(total)
+    return cdf
 
 
 def leaks_in_run(rng: random.Random, responses: int, rate: float) -> int:
-    return sum(rng.random() < rate for _ in range(responses))
+    """Leaks among `responses` independent responses: one Binomial draw (inverse CDF)."""
+    return min(bisect.bisect_left(_binomial_cdf(responses, rate), rng.random()), responses)
+
+
+def wilson_decider(guard: GuardSpec) -> Decider:
+    """The guard's own policy (repeated one-sided Wilson looks at the growing window)."""
+
+    def wilson(leaks: int, samples: int) -> bool:
+        return evaluate(Evidence(samples=samples, leaks=leaks), guard).outcome == Outcome.FAIL
+
+    return wilson
+
+
+def deciders(guard: GuardSpec) -> dict[str, Decider]:
+    out: dict[str, Decider] = {
+        f"Wilson looks, confidence {guard.leak_rate.confidence}": wilson_decider(guard)
+    }
+    for alpha in (0.01, 0.001):
+        test = LeakRateTest(guard.leak_rate.threshold, alpha)
+        out[f"mixture SPRT, alpha {alpha}"] = lambda leaks, samples, test=test: (
+            test.decide(leaks, samples) is Sequential.ABOVE
+        )
+    return out
 
 
 def detection(
-    guard: GuardSpec, rate: float, trials: int, rng: random.Random
-) -> tuple[list[int], list[float]]:
-    per_run = guard.canary.sessions * guard.canary.rounds
-    interval = parse_duration(guard.canary.interval).total_seconds()
-    responses, seconds = [], []
+    decide: Decider, rate: float, per_point: int, trials: int, rng: random.Random
+) -> list[int]:
+    """Responses from onset to the first decision point that rolls back."""
+    out = []
     for _ in range(trials):
-        samples = leaks = runs = 0
+        samples = leaks = 0
         while True:
-            runs += 1
-            samples += per_run
-            leaks += leaks_in_run(rng, per_run, rate)
-            if evaluate(Evidence(samples=samples, leaks=leaks), guard).outcome == Outcome.FAIL:
-                responses.append(samples)
-                seconds.append(runs * interval)
+            samples += per_point
+            leaks += leaks_in_run(rng, per_point, rate)
+            if decide(leaks, samples):
+                out.append(samples)
                 break
-    return responses, seconds
+    return out
 
 
 def false_rollbacks(
-    guard: GuardSpec, rate: float, decisions: int, runs_per_revision: int, rng: random.Random
+    decide: Decider,
+    rate: float,
+    per_point: int,
+    points: int,
+    per_revision: int,
+    rng: random.Random,
 ) -> int:
-    per_run = guard.canary.sessions * guard.canary.rounds
     fails = made = 0
-    while made < decisions:
+    while made < points:
         samples = leaks = 0
-        for _ in range(runs_per_revision):
-            samples += per_run
-            leaks += leaks_in_run(rng, per_run, rate)
+        for _ in range(per_revision):
+            samples += per_point
+            leaks += leaks_in_run(rng, per_point, rate)
             made += 1
-            if evaluate(Evidence(samples=samples, leaks=leaks), guard).outcome == Outcome.FAIL:
+            if decide(leaks, samples):
                 fails += 1
-                break  # a rollback ends the revision's window
-            if made >= decisions:
+                break
+            if made >= points:
                 break
     return fails
+
+
+def production(args: argparse.Namespace, guard: GuardSpec, rng: random.Random) -> None:
+    per_point = round(args.rate_per_s * args.check_every)
+    print(
+        f"production traffic: {args.rate_per_s:g} tool-calling responses/s, a decision point "
+        f"every {args.check_every:g}s ({per_point} responses), "
+        f"{args.points_per_revision} points per revision"
+    )
+    for name, decide in deciders(guard).items():
+        for rate in (0.0455, 0.17):
+            responses = detection(decide, rate, per_point, args.trials, rng)
+            seconds = [r / args.rate_per_s for r in responses]
+            print(
+                f"  {name}: {rate:.2%} leak rate: rollback after median "
+                f"{statistics.median(seconds):.0f}s / {statistics.median(responses):.0f} "
+                f"responses, p95 {p95(seconds):.0f}s ({args.trials} trials)"
+            )
+        # 0.5%: healthy; 2%: the threshold itself, the worst case a guarantee must cover.
+        for rate in (0.005, 0.02):
+            fails = false_rollbacks(
+                decide, rate, per_point, args.points, args.points_per_revision, rng
+            )
+            windows = math.ceil(args.points / args.points_per_revision)
+            print(
+                f"  {name}: {rate:.1%} leak rate: {fails} false rollbacks in {args.points} "
+                f"decision points = {fails * 10_000 / args.points:.2f} per 10,000 "
+                f"({fails / windows:.2%} of {windows} revision windows)"
+            )
 
 
 def p95(values: list[float]) -> float:
@@ -76,6 +152,10 @@ def main() -> int:
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--runs-per-revision", type=int, default=60)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--rate-per-s", type=float, default=20.0)
+    parser.add_argument("--check-every", type=float, default=5.0)
+    parser.add_argument("--points", type=int, default=1_000_000)
+    parser.add_argument("--points-per-revision", type=int, default=720)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     guard = GuardSpec()
@@ -85,10 +165,14 @@ def main() -> int:
         f"{lr.confidence}, canary {guard.canary.sessions}x{guard.canary.rounds} every "
         f"{guard.canary.interval}"
     )
+    wilson = wilson_decider(guard)
+    per_run = guard.canary.sessions * guard.canary.rounds
+    interval = parse_duration(guard.canary.interval).total_seconds()
     # 17%: the issue's figure; 4.55%: the engine double's per-response plateau, which is
     # what makes 17% of 4-round sessions leak (tests/engine_double/config.py).
     for rate in (0.17, 0.0455):
-        responses, seconds = detection(guard, rate, args.trials, rng)
+        responses = detection(wilson, rate, per_run, args.trials, rng)
+        seconds = [r / per_run * interval for r in responses]
         print(
             f"{rate:.2%} leak rate: responses to rollback decision median "
             f"{statistics.median(responses):.0f}, p95 {p95([float(r) for r in responses]):.0f}; "
@@ -100,11 +184,12 @@ def main() -> int:
         (1, "worst case, every decision on a fresh one-run window"),
     )
     for runs, label in cases:
-        fails = false_rollbacks(guard, 0.005, args.decisions, runs, rng)
+        fails = false_rollbacks(wilson, 0.005, per_run, args.decisions, runs, rng)
         print(
             f"0.5% leak rate, {label}: {fails} false rollbacks in {args.decisions} decisions"
             f" = {fails * 10_000 / args.decisions:.2f} per 10,000 decisions"
         )
+    production(args, guard, rng)
     return 0
 
 
