@@ -197,3 +197,16 @@ def test_a_new_revision_waits_for_its_weights_while_the_old_pair_serves(
     assert deleted == sorted(
         ["x-weights-old0", next(o for o in old_weights if o["kind"] == "Job")["metadata"]["name"]]
     )
+
+
+def test_a_download_no_longer_wanted_is_stopped_at_once(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    from dsv4_operator.reconcile.decide import decide
+
+    first = decide(_world(_hub(variant)))
+    running_old = _live_weights(first, {"active": 1})
+    old_job = next(o for o in running_old if o["kind"] == "Job")["metadata"]["name"]
+    moved = decide(_world(_hub(variant, revision="v2"), weights=running_old, status=first.status))
+    assert [name for res, name in moved.delete if res.kind == "Job"] == [old_job]
+    assert _condition(moved.status, "WeightsReady").reason == "Pending"

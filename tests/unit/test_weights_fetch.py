@@ -209,3 +209,35 @@ def test_progress_round_trips_through_the_annotation() -> None:
     small = report.model_copy(update={"bytes_done": 3 << 20, "bytes_total": 300 << 20})
     assert small.summary() == "3/170 files, 3.0/300.0 MiB"
     assert WeightsProgress.from_annotation("{not json") is None
+
+
+def test_two_downloads_into_one_claim_take_turns_on_a_blob(hub: StandInHub, tmp_path: Path) -> None:
+    """A pod still terminating, or another revision's Job sharing a blob, appends to the same
+    partial file: the second waits for the first and then finds the blob done."""
+    import threading
+
+    from huggingface_hub import HfApi
+
+    from dsv4_operator.weights.fetch import download_blobs
+
+    shard = "model-00001-of-00002.safetensors"
+    request = FetchRequest(REPO_ID, "main", tmp_path / "hub", endpoint=hub.endpoint)
+    plan = make_plan(HfApi(endpoint=hub.endpoint), request)
+    hub.stall_after(shard, 12 << 20)
+    first = threading.Thread(target=download_blobs, args=(request, plan))
+    first.start()
+    part = tmp_path / "hub" / "models--example-org--tiny-dsv4" / "blobs"
+    etag = hashlib.sha256(hub.repos[REPO_ID].files[shard]).hexdigest()
+    deadline = time.monotonic() + 60
+    while not (part / f"{etag}.dsv4-partial").is_file():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = threading.Thread(target=download_blobs, args=(request, plan))
+    second.start()
+    time.sleep(0.5)  # the second is now waiting on the lock (or about to)
+    hub.release()
+    first.join(60)
+    second.join(60)
+    assert not first.is_alive() and not second.is_alive()
+    assert (part / etag).read_bytes() == hub.repos[REPO_ID].files[shard]
+    assert hub.log.bytes_sent[shard] == BIG  # fetched once, not appended twice

@@ -229,6 +229,8 @@ def _weights(
     if state is None:
         return None, None
     actions.ensure(render_weights(ctx, settings.weights_image))
+    for name in stale_jobs(actions.world, ctx, state.ready):
+        actions.remove(JOB, name)
     if not state.ready:
         was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
         if was is None or was.reason != state.reason:
@@ -236,8 +238,6 @@ def _weights(
             actions.note("Normal" if ok else "Warning", f"Weights{state.reason}", state.message)
         actions.wait()
         return state, Progress("WaitingForWeights", state.message)
-    for name in stale_jobs(actions.world, ctx):
-        actions.remove(JOB, name)
     return state, None
 
 

@@ -88,14 +88,21 @@ _VERBS = {
 }
 
 
-def stale_jobs(world: World, ctx: RenderContext) -> list[str]:
-    """Download Jobs of earlier sources beyond the KEPT_JOBS newest: a rollback to a recent
-    revision finds its Job complete and starts at once (its blobs stay on the claim either
-    way; a pruned Job is created again and only verifies what is there)."""
+def stale_jobs(world: World, ctx: RenderContext, ready: bool) -> list[str]:
+    """Download Jobs of earlier sources to delete: any still running (their download is no
+    longer wanted) and, once this source's is `ready`, the complete ones beyond the KEPT_JOBS
+    newest. A rollback to a recent revision finds its Job complete and starts at once; the
+    blobs stay on the claim either way (a pruned Job is created again and verifies them)."""
     keep = job_name(ctx)
-    older = sorted(
-        (j for j in world.weights_objects("Job") if name_of(j) != keep),
+    others = [j for j in world.weights_objects("Job") if name_of(j) != keep]
+    running = [j for j in others if not _ended(j)]
+    ended = sorted(
+        (j for j in others if _ended(j)),
         key=lambda j: (str(j["metadata"].get("creationTimestamp", "")), name_of(j)),
         reverse=True,
     )
-    return [name_of(j) for j in older[KEPT_JOBS:]]
+    return [name_of(j) for j in running + (ended[KEPT_JOBS:] if ready else [])]
+
+
+def _ended(job: Obj) -> bool:
+    return any(_job_condition(job, t) is not None for t in ("Complete", "Failed"))

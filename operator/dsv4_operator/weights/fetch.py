@@ -13,6 +13,7 @@ Progress goes to a :class:`Reporter` every few seconds; failures become :class:`
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -150,7 +151,7 @@ def storage_folder(request: FetchRequest) -> Path:
 
 
 def on_disk(request: FetchRequest, plan: Plan) -> tuple[int, int]:
-    """(files complete, bytes present): complete blobs plus the parts of `.incomplete` ones."""
+    """(files complete, bytes present): complete blobs plus the partial files' bytes."""
     blobs = storage_folder(request) / "blobs"
     files_done = bytes_done = 0
     for item in plan.files:
@@ -192,6 +193,11 @@ def download_blobs(request: FetchRequest, plan: Plan, workers: int = 8) -> None:
         part = blobs / f"{item.etag}{PARTIAL_SUFFIX}"
         url = hf_hub_url(request.repo, item.path, revision=plan.commit, endpoint=request.endpoint)
         with part.open("ab") as handle:
+            # Another download into the same claim (a pod still terminating, another
+            # revision's Job sharing this blob) appends to the same part: one at a time.
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if blob.is_file():  # the other one finished it meanwhile
+                return
             have = handle.tell()
             if have > item.size:  # not this blob's bytes: start over
                 handle.truncate(0)
@@ -205,7 +211,7 @@ def download_blobs(request: FetchRequest, plan: Plan, workers: int = 8) -> None:
                     expected_size=item.size,
                     displayed_filename=item.path,
                 )
-        part.replace(blob)
+            part.replace(blob)  # under the lock: a waiting writer then sees the blob
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(one, plan.files))
