@@ -5,7 +5,7 @@ whose responses leak independently at a given rate, feeds the growing window of 
 to `dsv4_operator.guard.policy.evaluate` after every run, exactly as the operator does, and
 prints:
 
-- at a 17% leak rate (the seeds' bf16 + HiCache bug) against the 2% threshold: canary
+- at a 17% leak rate (the incident's bf16 + HiCache bug) against the 2% threshold: canary
   responses and seconds from onset to the rollback decision (median and p95);
 - at a healthy 0.5% rate: false rollbacks per 10,000 decisions (a decision = one evaluation
   after a canary run; a revision is watched for `--runs-per-revision` runs, then a new window).

@@ -5,7 +5,7 @@ There is no GPU here, so tests run this OpenAI-compatible aiohttp server instead
 engine container (unknown flags are tolerated), answers tool-calling conversations the way a
 DSML-parsing SGLang does (`tool_calls` with JSON arguments, `finish_reason: "tool_calls"`),
 streams SSE, serves `/health`, `/health_generate`, `/v1/models`, `/get_server_info` and
-`/metrics` with real `sglang:*` names, and reproduces the seeds' faults:
+`/metrics` with real `sglang:*` names, and reproduces the incident's faults:
 
 - bf16 index-K + HiCache on an image without `indexKHiCacheGate` corrupts responses with a
   probability that grows with the load (0 at 1, about 17% of 4-round sessions at 60);

@@ -15,7 +15,7 @@ Engine env (as rendered by the operator):
 Double-only knobs:
 - `DSV4_DOUBLE_CAPABILITIES`: comma list of the image's capabilities (`bf16IndexK`,
   `indexKHiCacheGate`, `poolSizingFix`, `multiStreamIndexKFix`). Unset means `bf16IndexK`
-  (the seeds' patched fork without any fix); set it to the spec's `engine.capabilities`.
+  (the incident's patched fork without any fix); set it to the spec's `engine.capabilities`.
 - `DSV4_DOUBLE_LOAD=N` (default 1): the declared load, i.e. the number of chat requests the
   engine is to be taken as running (all clients together) while it serves each request. The
   corruption curve below reads this number; it never reads the clock or the requests actually
@@ -39,19 +39,20 @@ Double-only knobs:
 - `DSV4_DOUBLE_OOM_KIND`: `cuda` (default: `torch.OutOfMemoryError: CUDA out of memory. Tried
   to allocate ...`) or `pool` (`RuntimeError: Not enough memory. Please try to increase
   --mem-fraction-static ...` at startup; implies `OOM_AFTER=0`). Either way the log then has
-  `Scheduler hit an exception` and `Received sigquit from a child process...` (reference 4.4)
-  and the process kills itself with SIGKILL (exit 137 in a container, -9 from `subprocess`).
+  `Scheduler hit an exception` and `Received sigquit from a child process...`
+  (docs/engine-notes.md#failure-logs-and-metrics) and the process kills itself with SIGKILL
+  (exit 137 in a container, -9 from `subprocess`).
 
 Corruption curve (per response; `c` = the load, declared as above, capped at
 `--max-running-requests`):
 - HiCache index-K race (bf16 + HiCache, no `indexKHiCacheGate`):
   `p = 0.0455 * smoothstep((c - 4) / 36)`: 0 up to 4, full from 40. A 4-round session then
   sees a corrupted response with probability `1 - (1 - p)^4`: 0 at c=1, 2.3% at 12, 10% at 24,
-  15% at 32, 17% from 40 on (the seeds: 0% at C=1, 12-18% at C>=60). The plateau starts below
+  15% at 32, 17% from 40 on (the incident: 0% at C=1, 12-18% at C>=60). The plateau starts below
   60 because a 60-session canary does not keep all 60 in flight all the time.
 - Multi-stream aliasing (bf16 + multi-stream overlap, no `multiStreamIndexKFix`):
   `p = 0.032 * clamp((c - 8) / 72)`: 0 up to 8, linear to 3.2% at 80 (12% of 4-round
-  sessions, the seeds' "bf16 at rounds=4, HiCache off" figure), 2.3% (9%) at 60.
+  sessions, the incident's "bf16 at rounds=4, HiCache off" figure), 2.3% (9%) at 60.
 - Both active: `1 - (1 - p1)(1 - p2)`. fp8 / fp4 index-K, or the fixes: 0.
 """
 
@@ -130,7 +131,7 @@ class DoubleConfig:
 
     @property
     def faults(self) -> tuple[str, ...]:
-        """The seeds' faults this configuration has."""
+        """The incident's faults this configuration has."""
         found: list[str] = []
         if self.index_k_dtype == "bf16":
             if self.enable_hierarchical_cache and "indexKHiCacheGate" not in self.capabilities:

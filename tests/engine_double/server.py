@@ -146,7 +146,8 @@ class Load:
 
 
 class Metrics:
-    """Real `sglang:*` names (reference 4.1) in a registry of this server's own."""
+    """Real `sglang:*` names (docs/engine-notes.md#failure-logs-and-metrics) in a registry of
+    this server's own."""
 
     def __init__(self, config: DoubleConfig) -> None:
         self.registry = CollectorRegistry()

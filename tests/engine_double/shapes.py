@@ -1,6 +1,6 @@
 """What the engine double answers: well-formed tool calls and the realistic leak shapes.
 
-The leak shapes follow reference section 5.3 and the seeds: DSML markup returned as `content`
+The leak shapes follow docs/engine-notes.md#leak-shapes: DSML markup returned as `content`
 with `tool_calls: null` and `finish_reason: "stop"`, a bare invoke, the V3.2 `function_calls`
 block name under V4, an unterminated section, DSML stripped by the detokenizer, stray special
 tokens, tag soup (`</invoke></invoke> string="false">false">1`), repetition loops, garbled

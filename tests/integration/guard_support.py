@@ -5,9 +5,9 @@ engine double (tests/engine_double, the only test double in this project: there 
 here) with that StatefulSet's argv and env whenever the template changes, so a rollout or a
 rollback really changes what answers the canary.
 
-The seeds' corruption only shows under load. Instead of keeping real requests in flight (whose
+The incident's corruption only shows under load. Instead of keeping real requests in flight (whose
 overlap at the double follows the machine's speed), the kubelet DECLARES the load the engine
-is serving: `DSV4_DOUBLE_LOAD=ENGINE_LOAD`, the seeds' 60 concurrent sessions. Every canary
+is serving: `DSV4_DOUBLE_LOAD=ENGINE_LOAD`, the incident's 60 concurrent sessions. Every canary
 response is then judged at that load, on an idle laptop and a saturated CI runner alike.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from .operator_support import REPO, Cluster
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
-# The load every engine double here serves at (tests/engine_double/config.py): the seeds' 60
+# The load every engine double here serves at (tests/engine_double/config.py): the incident's 60
 # concurrent sessions, where bf16 + HiCache corrupts 4.55% of responses and fp8 none.
 ENGINE_LOAD = 60
 
@@ -49,7 +49,7 @@ def _with_pair_hicache(decode: list[str], prefill: list[str]) -> list[str]:
 
     The one double stands in for the prefill/decode pair behind the canary's endpoint, so it
     gets the pair's HiCache: the renderer may put HiCache on prefill only (PD decode disables
-    the radix cache HiCache extends), and the seeds' race follows HiCache wherever it runs."""
+    the radix cache HiCache extends), and the incident's race follows HiCache wherever it runs."""
     if "--enable-hierarchical-cache" in decode:
         return decode
     return [*decode, *_hicache_flags(prefill)]

@@ -139,7 +139,7 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
         lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "1",
         timeout=120,
     )
-    # What the kubelet runs now corrupts at the declared load (the seeds' 17% of sessions).
+    # What the kubelet runs now corrupts at the declared load (the incident's 17% of sessions).
     assert engine.running is not None
     served = parse_config(list(engine.running[0][ENTRYPOINT_LENGTH:]), engine.env)
     assert session_corruption_probability(served, ENGINE_LOAD, 4) > 0.15

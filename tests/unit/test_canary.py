@@ -51,7 +51,7 @@ CAPS = {"DSV4_DOUBLE_CAPABILITIES": "bf16IndexK,poolSizingFix"}
 FP8_ENV = {**CAPS, "SGLANG_DSV4_BF16_INDEX_K": "0", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}
 BF16_ENV = {**CAPS, "SGLANG_DSV4_BF16_INDEX_K": "1", "SGLANG_OPT_USE_MULTI_STREAM_OVERLAP": "0"}
 MODEL = "deepseek-v4-flash"
-# The seeds' concurrency ("0% at C=1, 12-18% of 4-round sessions at C>=60"), declared to the
+# The incident's concurrency ("0% at C=1, 12-18% of 4-round sessions at C>=60"), declared to the
 # double instead of produced by real overlap. Latency no longer matters to the verdicts: short.
 DECLARED_LOAD = 60
 LOADED = {"DSV4_DOUBLE_LOAD": str(DECLARED_LOAD), "DSV4_DOUBLE_LATENCY_MS": "20"}
@@ -61,14 +61,14 @@ BF16_HICACHE_CONFIG = parse_config([*ENGINE_ARGS, *HICACHE_ARGS], {**BF16_ENV, *
 
 @pytest.fixture(scope="module")
 def fp8() -> Iterator[str]:
-    """The seeds' proven-safe config: fp8 index-K, HiCache on (it is safe with fp8)."""
+    """The incident's proven-safe config: fp8 index-K, HiCache on (it is safe with fp8)."""
     with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], {**FP8_ENV, **LOADED}) as double:
         yield double.url
 
 
 @pytest.fixture(scope="module")
 def bf16_hicache() -> Iterator[str]:
-    """The seeds' corrupting config: bf16 index-K + HiCache on an image without the gate."""
+    """The incident's corrupting config: bf16 index-K + HiCache on an image without the gate."""
     with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], {**BF16_ENV, **LOADED}) as double:
         yield double.url
 
@@ -140,7 +140,7 @@ async def test_bf16_hicache_corrupts_about_a_sixth_of_sessions_at_60(bf16_hicach
 
 @pytest.mark.parametrize("load", [1, 4])
 async def test_bf16_hicache_is_clean_at_a_light_declared_load(bf16_hicache: str, load: int) -> None:
-    # The curve is exactly 0 up to 4 (the seeds: 0% at C=1), so not one of 240 responses may
+    # The curve is exactly 0 up to 4 (the incident: 0% at C=1), so not one of 240 responses may
     # leak, even though all 60 sessions are really in flight together.
     assert corruption_probability(BF16_HICACHE_CONFIG, load) == 0.0
     async with limited_client(load) as client:

@@ -146,7 +146,7 @@ MULTI_STREAM = DoubleConfig(bf16_index_k_requested=True, capabilities=frozenset(
 CLEAN = DoubleConfig(enable_hierarchical_cache=True)  # fp8
 
 
-def test_hicache_curve_matches_the_seeds() -> None:
+def test_hicache_curve_matches_the_incident() -> None:
     assert corruption_probability(HICACHE, 1) == 0.0
     for running in (40, 60, 80):
         assert session_corruption_probability(HICACHE, running, 4) == pytest.approx(0.17, abs=0.01)

@@ -31,7 +31,7 @@ def test_wilson_interval_known_values() -> None:
     ("evidence", "outcome", "reason"),
     [
         (Evidence(samples=10, leaks=5), Outcome.NO_DATA, "TooFewSamples"),
-        (Evidence(samples=32, leaks=6), Outcome.FAIL, "LeakRate"),  # ~17%: the seeds' bug
+        (Evidence(samples=32, leaks=6), Outcome.FAIL, "LeakRate"),  # ~17%: the incident's bug
         (Evidence(samples=600, leaks=0), Outcome.PASS, "LeakRate"),
         (Evidence(samples=300, leaks=0), Outcome.NO_DATA, "Inconclusive"),
         (Evidence(samples=40, leaks=1), Outcome.NO_DATA, "Inconclusive"),

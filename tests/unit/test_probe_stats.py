@@ -124,7 +124,7 @@ def test_fisher_matches_exact_enumeration(n1: int, n2: int, data: st.DataObject)
 
 
 def test_compare_proportions_seed_figures() -> None:
-    # The seeds' A/B: bf16 10/60 sessions corrupted vs fp8 0/60.
+    # The incident's A/B: bf16 10/60 sessions corrupted vs fp8 0/60.
     test = compare_proportions(10, 60, 0, 60, confidence=0.99)
     assert test.significant and test.p_value < 0.01
     assert test.rate1 == pytest.approx(10 / 60) and test.rate2 == 0.0

@@ -2,7 +2,8 @@
 
 A DSML-parsing SGLang (`--tool-call-parser deepseekv4`) turns the model's
 `<｜DSML｜tool_calls>` block into structured `tool_calls`. When parsing fails, the markup is
-returned as `content` with `tool_calls: null` and `finish_reason: "stop"` (reference section 5.3).
+returned as `content` with `tool_calls: null` and `finish_reason: "stop"`
+(docs/engine-notes.md#leak-shapes).
 `classify` looks at one response and returns a `Verdict`; checks run in this order and the
 first that fires wins:
 
