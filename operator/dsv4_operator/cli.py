@@ -276,5 +276,30 @@ def run() -> None:
     run_operator(OperatorSettings())
 
 
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        _fail(f"{text!r}: expected host:port, for example 0.0.0.0:8100")
+    return host, int(port)
+
+
+@main.command()
+@click.option("--upstream", required=True, help="The router's URL, e.g. http://127.0.0.1:8000.")
+@click.option("--listen", default="0.0.0.0:8100", show_default=True, help="Proxy address.")
+@click.option("--metrics", default="0.0.0.0:9100", show_default=True, help="/metrics address.")
+@click.option("--deployment", required=True, help="The DSV4Deployment's name (metric label).")
+@click.option("--revision", default="", help="The revision the router serves (metric label).")
+def tap(upstream: str, listen: str, metrics: str, deployment: str, revision: str) -> None:
+    """Run the leak tap: proxy to the router, classify tool calls, serve /metrics."""
+    import asyncio
+    import logging
+
+    from dsv4_operator.tap.proxy import TapConfig, run_tap
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    config = TapConfig(upstream=upstream.rstrip("/"), deployment=deployment, revision=revision)
+    asyncio.run(run_tap(config, _address(listen), _address(metrics)))
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,1 @@
+"""The leak tap: a proxy in front of the router that classifies production tool calls."""

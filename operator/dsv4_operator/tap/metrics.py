@@ -1,0 +1,100 @@
+"""The tap's /metrics: traffic by verdict, tool-calling share, classifier drops and lag, and
+the latency the tap adds. Labelled by deployment and revision (the pair the router serves)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dsv4_operator.tap.worker import LAG_BUCKETS, ClassifierLink
+
+# Added latency is small: the buckets resolve tens of microseconds.
+LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25)
+
+
+class _ClassifierCollector(Collector):
+    """Reads the classifier's shared counters at scrape time."""
+
+    def __init__(self, link: ClassifierLink, deployment: str, revision: str) -> None:
+        self.link, self.labels = link, (deployment, revision)
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.link.counts()
+        responses = CounterMetricFamily(
+            "dsv4_traffic_responses",
+            "Tool-calling responses that went through the tap, by the detector's verdict.",
+            labels=["deployment", "revision", "verdict"],
+        )
+        for kind, value in counts.verdicts.items():
+            responses.add_metric([*self.labels, kind.value], value)
+        yield responses
+        lag = HistogramMetricFamily(
+            "dsv4_tap_classifier_lag_seconds",
+            "Seconds from the end of a response to its verdict (queue wait + classification).",
+            labels=["deployment", "revision"],
+        )
+        bounds = [*(str(b) for b in LAG_BUCKETS), "+Inf"]
+        lag.add_metric(
+            list(self.labels),
+            list(zip(bounds, counts.lag_buckets, strict=True)),
+            counts.lag_sum,
+        )
+        yield lag
+        dropped = CounterMetricFamily(
+            "dsv4_tap_classifier_dropped",
+            "Tool-calling responses not classified (traffic went on): queue full, classifier "
+            "down, or larger than the capture limit.",
+            labels=["deployment", "revision", "reason"],
+        )
+        dropped.add_metric([*self.labels, "queue_full"], self.link.dropped_full)
+        dropped.add_metric([*self.labels, "classifier_down"], self.link.dropped_down)
+        yield dropped
+        restarts = CounterMetricFamily(
+            "dsv4_tap_classifier_restarts",
+            "Classifier processes restarted after they died.",
+            labels=["deployment", "revision"],
+        )
+        restarts.add_metric(list(self.labels), self.link.restarts)
+        yield restarts
+
+
+class TapMetrics:
+    """The registry the tap serves; hot-path instruments are pre-labelled children."""
+
+    def __init__(self, link: ClassifierLink, deployment: str, revision: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["deployment", "revision"]
+        requests = Counter(
+            "dsv4_traffic_requests",
+            "Requests through the tap; tool_calling: the request offered tools.",
+            [*labels, "tool_calling"],
+            registry=self.registry,
+        )
+        self.tool_requests = requests.labels(deployment, revision, "true")
+        self.other_requests = requests.labels(deployment, revision, "false")
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry)
+
+        self.too_large = counter(
+            "dsv4_tap_capture_skipped",
+            "Tool-calling responses larger than the capture limit, forwarded unclassified.",
+        ).labels(deployment, revision)
+        self.upstream_errors = counter(
+            "dsv4_tap_upstream_errors",
+            "Requests the tap could not forward (the router unreachable): answered 502.",
+        ).labels(deployment, revision)
+        added = Histogram(
+            "dsv4_tap_added_latency_seconds",
+            "Time the tap itself spends: `request` from the request's arrival to its sending "
+            "upstream, `chunk` from a response chunk's arrival to its write downstream.",
+            [*labels, "phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.request_latency = added.labels(deployment, revision, "request")
+        self.chunk_latency = added.labels(deployment, revision, "chunk")
+        self.registry.register(_ClassifierCollector(link, deployment, revision))

@@ -1,0 +1,228 @@
+"""The leak tap in front of an upstream stand-in (a local aiohttp app playing the router):
+byte-for-byte forwarding, chunks passed on as they arrive, tool-calling exchanges
+classified off the hot path, and fail-open when the classifier dies or falls behind."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app, proxy_app
+from dsv4_operator.tap.worker import ClassifierLink
+
+pytestmark = pytest.mark.asyncio
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+LEAK = '<｜DSML｜tool_calls><｜DSML｜invoke name="get_weather">'
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+
+
+def _sse(chunks: list[dict[str, Any]]) -> list[bytes]:
+    return [f"data: {json.dumps(c)}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+def _stream_of(leak: bool) -> list[bytes]:
+    head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    if leak:
+        deltas = [{"role": "assistant", "content": LEAK[:20]}, {"content": LEAK[20:]}]
+        finish = "stop"
+    else:
+        deltas = [{"role": "assistant", "content": None}, {"tool_calls": [{"index": 0, **CALL}]}]
+        finish = "tool_calls"
+    chunks = [{**head, "choices": [{"index": 0, "delta": d}]} for d in deltas]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    return _sse(chunks)
+
+
+class Upstream:
+    """The router's stand-in: streams the chunks it is given; can hold after the first."""
+
+    def __init__(self) -> None:
+        self.hold: asyncio.Event | None = None
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        leak = body.get("model") == "leaky"
+        if not body.get("stream"):
+            message = (
+                {"role": "assistant", "content": LEAK, "tool_calls": None}
+                if leak
+                else {"role": "assistant", "content": None, "tool_calls": [CALL]}
+            )
+            payload = {"object": "chat.completion", "choices": [{"index": 0, "message": message}]}
+            return web.json_response(payload, headers={"X-Upstream": "yes"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i, chunk in enumerate(_stream_of(leak)):
+            await response.write(chunk)
+            if i == 0 and self.hold is not None:
+                await self.hold.wait()
+        await response.write_eof()
+        return response
+
+    async def other(self, request: web.Request) -> web.Response:
+        body = gzip.compress(b"compressed bytes pass through untouched")
+        return web.Response(
+            status=418,
+            body=body,
+            headers={"Content-Encoding": "gzip", "X-Custom": request.query.get("q", "")},
+        )
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[tuple[Upstream, Tap, str, str, aiohttp.ClientSession]]:
+    upstream = Upstream()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", upstream.chat)
+    app.router.add_get("/other", upstream.other)
+    up_runner, up_url = await _serve(app)
+    # No timed supervision: a test restarts the classifier with supervise_once().
+    tap = Tap(TapConfig(upstream=up_url, deployment="d", revision="r1"), supervise_seconds=3600)
+    await tap.start()
+    tap_runner, tap_url = await _serve(proxy_app(tap))
+    session = aiohttp.ClientSession(auto_decompress=False)
+    try:
+        yield upstream, tap, up_url, tap_url, session
+    finally:
+        await session.close()
+        await tap_runner.cleanup()
+        await tap.close()
+        await up_runner.cleanup()
+
+
+async def _until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bytes:
+    async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+        assert response.status == 200
+        return await response.read()
+
+
+async def test_responses_pass_byte_for_byte_with_status_and_headers(stack: Any) -> None:
+    _, _, up_url, tap_url, session = stack
+    results = []
+    for url in (up_url, tap_url):
+        async with session.get(f"{url}/other?q=a%20b") as response:
+            results.append((response.status, response.headers["X-Custom"], await response.read()))
+    assert results[0] == results[1]
+    assert gzip.decompress(results[1][2]) == b"compressed bytes pass through untouched"
+    body = {"model": "m", "messages": [], "tools": TOOLS}
+    assert await _post(session, up_url, body) == await _post(session, tap_url, body)
+
+
+async def test_chunks_go_on_while_the_upstream_is_still_streaming(stack: Any) -> None:
+    upstream, _, _, tap_url, session = stack
+    upstream.hold = asyncio.Event()
+    body = {"model": "m", "messages": [], "stream": True, "tools": TOOLS}
+    async with session.post(f"{tap_url}/v1/chat/completions", json=body) as response:
+        first = await response.content.readuntil(b"\n\n")
+        # The upstream is still holding the rest: the first chunk came through on its own.
+        assert first == _stream_of(leak=False)[0]
+        upstream.hold.set()
+        rest = await response.read()
+    assert first + rest == b"".join(_stream_of(leak=False))
+
+
+async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) -> None:
+    _, tap, _, tap_url, session = stack
+    for model, stream in (("leaky", True), ("leaky", False), ("m", True), ("m", False)):
+        await _post(
+            session, tap_url, {"model": model, "messages": [], "tools": TOOLS, "stream": stream}
+        )
+    await _post(session, tap_url, {"model": "leaky", "messages": [], "stream": True})  # no tools
+
+    def counted() -> bool:
+        counts = tap.link.counts()
+        verdicts = counts.verdicts
+        leaked, ok = verdicts[VerdictKind.LEAKED_MARKUP], verdicts[VerdictKind.OK]
+        return leaked == 2 and ok == 2 and counts.lag_buckets[-1] == 4
+
+    await _until("four verdicts", counted)
+    assert sum(tap.link.counts().verdicts.values()) == 4
+    metrics_runner, metrics_url = await _serve(metrics_app(tap))
+    try:
+        async with session.get(f"{metrics_url}/metrics") as response:
+            text = (await response.read()).decode()
+    finally:
+        await metrics_runner.cleanup()
+    assert (
+        'dsv4_traffic_responses_total{deployment="d",revision="r1",verdict="leaked_markup"} 2.0'
+        in text
+    )
+    assert (
+        'dsv4_traffic_requests_total{deployment="d",revision="r1",tool_calling="false"} 1.0' in text
+    )
+    assert 'dsv4_tap_classifier_lag_seconds_count{deployment="d",revision="r1"} 4.0' in text
+
+
+async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarted(
+    stack: Any,
+) -> None:
+    _, tap, up_url, tap_url, session = stack
+    pid = tap.link.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    await _until("the classifier dead", lambda: not tap.link.alive())
+    body = {"model": "leaky", "messages": [], "tools": TOOLS}
+    expected = await _post(session, up_url, body)
+    assert await _post(session, tap_url, body) == expected  # traffic goes on
+    assert tap.link.dropped_down == 1
+    await tap.supervise_once()
+    assert tap.link.restarts == 1 and tap.link.alive()
+    await _post(session, tap_url, body)
+    await _until(
+        "a verdict after the restart",
+        lambda: tap.link.counts().verdicts[VerdictKind.LEAKED_MARKUP] >= 1,
+    )
+
+
+async def test_a_classifier_that_falls_behind_drops_and_counts_instead_of_waiting() -> None:
+    link = ClassifierLink(queue_size=2)
+    link.start()
+    try:
+        await _until("the classifier up", link.alive)
+        assert link.pid is not None
+        os.kill(link.pid, signal.SIGSTOP)  # alive, but reads nothing
+        accepted = [link.submit(b"{}", b"{}") for _ in range(5)]
+        assert accepted[-1] is False and link.dropped_full >= 1
+        assert accepted.count(True) <= 3  # the queue's bound (plus what was read before)
+        os.kill(link.pid, signal.SIGCONT)
+    finally:
+        await asyncio.to_thread(link.stop)
