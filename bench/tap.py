@@ -145,7 +145,7 @@ def main() -> int:
     tap = subprocess.Popen(
         [sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", up_url,
          "--listen", f"127.0.0.1:{tap_port}", "--metrics", f"127.0.0.1:{metrics_port}",
-         "--deployment", "bench", "--revision", "r"],
+         "--deployment", "bench"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -288,8 +288,7 @@ def _address(text: str) -> tuple[str, int]:
 @click.option("--listen", default="0.0.0.0:8100", show_default=True, help="Proxy address.")
 @click.option("--metrics", default="0.0.0.0:9100", show_default=True, help="/metrics address.")
 @click.option("--deployment", required=True, help="The DSV4Deployment's name (metric label).")
-@click.option("--revision", default="", help="The revision the router serves (metric label).")
-def tap(upstream: str, listen: str, metrics: str, deployment: str, revision: str) -> None:
+def tap(upstream: str, listen: str, metrics: str, deployment: str) -> None:
     """Run the leak tap: proxy to the router, classify tool calls, serve /metrics."""
     import asyncio
     import logging
@@ -297,7 +296,7 @@ def tap(upstream: str, listen: str, metrics: str, deployment: str, revision: str
     from dsv4_operator.tap.proxy import TapConfig, run_tap
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    config = TapConfig(upstream=upstream.rstrip("/"), deployment=deployment, revision=revision)
+    config = TapConfig(upstream=upstream.rstrip("/"), deployment=deployment)
     asyncio.run(run_tap(config, _address(listen), _address(metrics)))
 
 

@@ -94,6 +94,11 @@ def service_monitor_name(deployment: str) -> str:
     return deployment
 
 
+#: The operator's own image, which also runs the weights download Job and the leak tap
+#: (DSV4_OPERATOR_IMAGE; the chart sets it to the image it deploys).
+DEFAULT_OPERATOR_IMAGE = "registry.example.com/dsv4-operator:0.1.0"
+
+
 def weights_claim_name(deployment: str) -> str:
     """The PVC the operator creates for weights downloaded from the Hugging Face Hub."""
     return f"{deployment}-weights"

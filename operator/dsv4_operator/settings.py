@@ -12,8 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsv4_operator.api.base import DURATION_PATTERN
 from dsv4_operator.kube.lease import Timing
-from dsv4_operator.names import GROUP, OPERATOR
-from dsv4_operator.render.weights import DEFAULT_WEIGHTS_IMAGE
+from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE, GROUP, OPERATOR
 from dsv4_operator.trust import TrustPolicy, split_list
 
 
@@ -65,10 +64,10 @@ class OperatorSettings(BaseSettings):
         description="Comma-separated node directories spec.model.cache.hostPath may name "
         "(empty: hostPath refused).",
     )
-    weights_image: str = Field(
-        default=DEFAULT_WEIGHTS_IMAGE,
-        description="Image of the weights download Job (spec.model.cache.huggingFace): the "
-        "operator's own (the chart sets it).",
+    operator_image: str = Field(
+        default=DEFAULT_OPERATOR_IMAGE,
+        description="The operator's own image (the chart sets it): the weights download Job "
+        "and the leak tap sidecar run it.",
     )
     cluster_domain: str = Field(default="cluster.local", description="The cluster's DNS domain.")
     min_canary_interval: str = Field(

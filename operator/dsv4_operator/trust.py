@@ -184,6 +184,30 @@ def _canary_findings(
     ]
 
 
+def _tap_findings(spec: DSV4DeploymentSpec, policy: TrustPolicy) -> list[Finding]:
+    """spec.guard.tap.metricsEndpoints: fetched by the operator, so under the same allow-list
+    as a canary endpoint (the default, the router pods' taps, needs none)."""
+    findings = []
+    for i, endpoint in enumerate(spec.guard.tap.metrics_endpoints):
+        field = f"spec.guard.tap.metricsEndpoints[{i}]"
+        url = _parse(endpoint)
+        if isinstance(url, str):
+            findings.append(Finding(rule=TRUST_RULE, severity="error", field=field, message=url))
+        elif not url_allowed(endpoint, policy.canary_endpoints):
+            allowed = ", ".join(policy.canary_endpoints) or "none"
+            findings.append(
+                Finding(
+                    rule=TRUST_RULE,
+                    severity="error",
+                    field=field,
+                    message="the guard reads only the router pods' taps (the default when the "
+                    "field is empty) or a URL under the operator's allow-list (chart value "
+                    f"guard.allowedCanaryEndpoints; now: {allowed})",
+                )
+            )
+    return findings
+
+
 def effective_prometheus_url(spec: DSV4DeploymentSpec, policy: TrustPolicy) -> str | None:
     """The Prometheus the guard queries: the spec's (when allowed) or the operator's."""
     prom = spec.guard.prometheus
@@ -294,6 +318,7 @@ def spec_trust_findings(
     """The spec's outbound URLs and node paths checked against the operator's policy."""
     return [
         *_canary_findings(spec, where, policy),
+        *_tap_findings(spec, policy),
         *_interval_findings(spec, policy),
         *_prometheus_findings(spec, policy),
         *_host_path_findings(spec, policy),

@@ -40,7 +40,19 @@ def _operator_metrics() -> frozenset[str]:
     return frozenset(names)
 
 
-OPERATOR_METRICS = _operator_metrics()
+def _tap_metrics() -> frozenset[str]:
+    """The sample names the leak tap exports (`dsv4 tap`), read from its registry."""
+    from dsv4_operator.tap.metrics import TapMetrics
+    from dsv4_operator.tap.worker import ClassifierLink
+
+    registry = TapMetrics(ClassifierLink(), "d").registry
+    names = set()
+    for family in registry.collect():
+        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    return frozenset(names)
+
+
+OPERATOR_METRICS = _operator_metrics() | _tap_metrics()
 
 
 def _words(text: str) -> list[str]:

@@ -148,8 +148,12 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "sglang:num_bootstrap_failed_reqs_total",
         "sglang:cuda_graph_passes_total",
     } <= used
-    leak = next(p for p in _panels() if "dsv4_leak_rate" in p["targets"][0]["expr"])
-    assert "by (deployment, revision)" in leak["targets"][0]["expr"]
+    leak = next(p for p in _panels() if any("dsv4_leak_rate" in t["expr"] for t in p["targets"]))
+    # Production traffic (the leak taps) and the canary side by side, in one panel.
+    canary = next(t for t in leak["targets"] if "dsv4_leak_rate" in t["expr"])
+    assert "by (deployment, revision)" in canary["expr"]
+    traffic = next(t for t in leak["targets"] if "dsv4_traffic_responses_total" in t["expr"])
+    assert 'verdict!="error"' in traffic["expr"]
     steps = leak["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert {"color": "red", "value": 0.02} in steps, "leak-rate threshold line"
     assert leak["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off"

@@ -25,7 +25,9 @@ from .matrix import Case, cases
 pytestmark = pytest.mark.conformance
 
 Ask = Callable[[str, dict[str, Any]], dict[str, Any]]
-OPERATOR_ENV = {"HF_HOME"}  # not an engine variable: where the weights cache is mounted
+# huggingface_hub variables, not engine ones: where the weights cache is mounted, and that the
+# engines read it offline (spec.model.cache.huggingFace).
+OPERATOR_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
 
 
 def _with_model_dir(argv: list[str]) -> list[str]:

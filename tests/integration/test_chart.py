@@ -618,7 +618,7 @@ def test_the_readme_install_with_weights_from_the_hub_reaches_ready(
     """README "Install in a cluster", steps 2 and 3, as a user runs them: helm install, then
     examples/dsv4-hub.yaml (namespace, node pool and Hub endpoint changed: the stand-in Hub
     serves a small repo under the example's name). The operator runs with the chart's RBAC
-    and the chart's DSV4_WEIGHTS_IMAGE; the Job's container runs here (kwok runs nothing)."""
+    and the chart's DSV4_OPERATOR_IMAGE; the Job's container runs here (kwok runs nothing)."""
     release = "dsv4-readme"
     helm.install(release, namespace, _values(webhook={"enabled": False}))
     try:
@@ -632,7 +632,7 @@ def test_the_readme_install_with_weights_from_the_hub_reaches_ready(
             for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
         }
         image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-        assert env["DSV4_WEIGHTS_IMAGE"] == image
+        assert env["DSV4_OPERATOR_IMAGE"] == image
         kubeconfig = service_account_kubeconfig(
             control_plane, namespace, f"{release}-dsv4-operator", tmp_path / "sa.kubeconfig"
         )
@@ -653,7 +653,7 @@ def test_the_readme_install_with_weights_from_the_hub_reaches_ready(
                 capacity="2Ti",
             )
             op = OperatorProcess(
-                kubeconfig, work_namespace, tmp_path, DSV4_NAMESPACES="", DSV4_WEIGHTS_IMAGE=image
+                kubeconfig, work_namespace, tmp_path, DSV4_NAMESPACES="", DSV4_OPERATOR_IMAGE=image
             ).start()
             cluster = Cluster(dyn, work_namespace)
             try:

@@ -721,15 +721,16 @@ def test_ready_names_what_the_kubelet_reports(
         )
         words = ["CrashLoopBackOff", "exit code 1", "not a known parser"]
     else:
-        # Nothing in the pod's status but ContainerCreating: the cause is only in its Events.
-        report_container_waiting(
-            cluster.dyn, cluster.namespace, pod, "engine", "ContainerCreating", ""
-        )
+        # Nothing in the pod's status but ContainerCreating: the cause is only in its Events
+        # (posted first: the operator reads a stuck pod's Events at most once a minute).
         _pod_warning(
             cluster,
             pod,
             "FailedMount",
             'MountVolume.SetUp failed for volume "models" : mount failed: exit status 32',
+        )
+        report_container_waiting(
+            cluster.dyn, cluster.namespace, pod, "engine", "ContainerCreating", ""
         )
         words = ["FailedMount", 'volume "models"']
     message = wait_for(

@@ -165,6 +165,26 @@ def test_hub_weights_render_a_claim_a_job_and_rights_for_that_job_only(
         assert engine_env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in engine_env
 
 
+def test_the_tap_sits_in_front_of_the_router_unless_turned_off(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    objs = _render(variant({}), OWNER)
+    router = _by(objs, "Deployment", "dsv4-flash-router")["spec"]["template"]["spec"]
+    tap = next(c for c in router["containers"] if c["name"] == "tap")
+    assert tap["image"] == "registry.example.com/dsv4-operator:0.1.0"
+    assert tap["args"][:3] == ["tap", "--upstream", "http://127.0.0.1:8000"]
+    service = _by(objs, "Service", "dsv4-flash-router")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["api"]["targetPort"] == "tap" and ports["api"]["port"] == 8000
+    assert ports["tap-metrics"]["targetPort"] == "tap-metrics"
+    for off in ({"guard.tap.enabled": False}, {"guard.enabled": False}):
+        plain = _render(variant(off), OWNER)
+        router = _by(plain, "Deployment", "dsv4-flash-router")["spec"]["template"]["spec"]
+        assert [c["name"] for c in router["containers"]] == ["router"]
+        service = _by(plain, "Service", "dsv4-flash-router")
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["api", "metrics"]
+
+
 def test_a_new_revision_is_a_new_job(variant: Callable[..., dict[str, Any]]) -> None:
     def job_of(revision: str) -> str:
         change = dict(HUB_WEIGHTS)
@@ -347,8 +367,8 @@ def test_pod_settings_land_in_every_pod_after_what_the_operator_owns(
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
     }
-    # The router emptied its lists: no extra volume, mount or env there.
-    assert "volumes" not in router["spec"]
+    # The router emptied its lists: no extra volume (the tap's own only), mount or env there.
+    assert [v["name"] for v in router["spec"]["volumes"]] == ["tap-tmp"]
     assert "env" not in router["spec"]["containers"][0]
 
 

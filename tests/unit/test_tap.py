@@ -109,7 +109,7 @@ async def stack() -> AsyncIterator[tuple[Upstream, Tap, str, str, aiohttp.Client
     app.router.add_get("/other", upstream.other)
     up_runner, up_url = await _serve(app)
     # No timed supervision: a test restarts the classifier with supervise_once().
-    tap = Tap(TapConfig(upstream=up_url, deployment="d", revision="r1"), supervise_seconds=3600)
+    tap = Tap(TapConfig(upstream=up_url, deployment="d"), supervise_seconds=3600)
     await tap.start()
     tap_runner, tap_url = await _serve(proxy_app(tap))
     session = aiohttp.ClientSession(auto_decompress=False)
@@ -167,6 +167,12 @@ async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) 
             session, tap_url, {"model": model, "messages": [], "tools": TOOLS, "stream": stream}
         )
     await _post(session, tap_url, {"model": "leaky", "messages": [], "stream": True})  # no tools
+    async with session.post(  # the canary's own: not production traffic
+        f"{tap_url}/v1/chat/completions",
+        json={"model": "leaky", "messages": [], "tools": TOOLS},
+        headers={"X-DSV4-Probe": "1"},
+    ) as probe:
+        assert probe.status == 200
 
     def counted() -> bool:
         counts = tap.link.counts()
@@ -182,14 +188,9 @@ async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) 
             text = (await response.read()).decode()
     finally:
         await metrics_runner.cleanup()
-    assert (
-        'dsv4_traffic_responses_total{deployment="d",revision="r1",verdict="leaked_markup"} 2.0'
-        in text
-    )
-    assert (
-        'dsv4_traffic_requests_total{deployment="d",revision="r1",tool_calling="false"} 1.0' in text
-    )
-    assert 'dsv4_tap_classifier_lag_seconds_count{deployment="d",revision="r1"} 4.0' in text
+    assert 'dsv4_traffic_responses_total{deployment="d",verdict="leaked_markup"} 2.0' in text
+    assert 'dsv4_traffic_requests_total{deployment="d",tool_calling="false"} 2.0' in text
+    assert 'dsv4_tap_classifier_lag_seconds_count{deployment="d"} 4.0' in text
 
 
 async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarted(

@@ -33,7 +33,7 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Owned by the operator: its label and annotation keys, its volumes and where they mount,
 # and env names with a spec field of their own (or read by the engine: spec.engine.env).
 OWNED_KEY_PREFIXES = ("dsv4.io/", "app.kubernetes.io/")
-OWNED_VOLUMES = ("models", "dshm")
+OWNED_VOLUMES = ("models", "dshm", "tap-tmp")
 OWNED_MOUNT_PATHS = ("/models", "/dev/shm")
 ENGINE_ENV_PREFIXES = ("SGLANG_", "SGL_", "DSV4_")
 

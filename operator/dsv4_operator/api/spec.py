@@ -560,6 +560,43 @@ class CanarySpec(ApiModel):
     )
 
 
+TapInterval = Annotated[str, DURATION_SHAPE, DurationBounds("1s", "5m")]
+TAP_PORT = 8100
+TAP_METRICS_PORT = 9100
+
+
+class TapSpec(ApiModel):
+    """The leak tap: a proxy in front of each router that classifies production tool calls."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Run the tap as a sidecar of every router pod; the router Service sends "
+        "traffic through it (it forwards byte for byte and never stores content).",
+    )
+    interval: TapInterval = Field(
+        default="5s", description="How often the guard reads the taps' counters (1s to 5m)."
+    )
+    alpha: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=0.2,
+        description="Bound on the chance that a revision at or below the leak-rate threshold "
+        "is ever rolled back on traffic, however often it is checked (anytime-valid test).",
+    )
+    metrics_endpoints: list[Annotated[str, Field(max_length=2048)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="The taps' /metrics URLs; defaults to every router pod's tap. Another "
+        "URL must lie under the operator's canary allow-list (docs/security.md).",
+    )
+    # None, not a default object: a CRD default of {} would empty it on the API server.
+    resources: Resources | None = Field(
+        default=None,
+        description="The tap container's resources; unset: requests cpu 500m and memory "
+        "256Mi, limit memory 1Gi.",
+    )
+
+
 class LeakRateSpec(ApiModel):
     """When the tool-call leak rate counts as a failure."""
 
@@ -607,6 +644,7 @@ class GuardSpec(ApiModel):
 
     enabled: bool = Field(default=True, description="Run the guard.")
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Canary sessions.")
+    tap: TapSpec = Field(default_factory=TapSpec, description="Leak tap on production traffic.")
     leak_rate: LeakRateSpec = Field(default_factory=LeakRateSpec, description="Leak-rate verdict.")
     oom: OomSpec = Field(default_factory=OomSpec, description="OOM verdict.")
     prometheus: PrometheusSpec = Field(

@@ -99,6 +99,10 @@ class GuardStatus(ApiModel):
     leak_rate: float | None = Field(default=None, description="Observed leak rate.")
     samples: int = Field(default=0, description="Canary responses in the current window.")
     leaks: int = Field(default=0, description="Leaked responses in the current window.")
+    traffic_samples: int = Field(
+        default=0, description="Production tool-calling responses the leak taps classified."
+    )
+    traffic_leaks: int = Field(default=0, description="Of those, leaked ones.")
     last_verdict: str | None = Field(default=None, description="Pass, Fail, NoData or Error.")
     last_reason: str | None = Field(default=None, description="Reason of the last verdict.")
     last_message: str | None = Field(default=None, description="Evidence of the last verdict.")

@@ -1,4 +1,5 @@
-"""Per-deployment guard loops (I/O): run the canary and Prometheus queries on an interval.
+"""Per-deployment guard loops (I/O): the canary and Prometheus queries on their interval, and
+the leak taps' counters on theirs.
 
 Results go into Observations; the reconcile pass (the only status writer) turns them into
 verdicts. The canary only runs while the deployment serves one settled revision, so every
@@ -30,13 +31,14 @@ import httpx
 
 from dsv4_operator import metrics
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.spec import TAP_METRICS_PORT, DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
-from dsv4_operator.guard.observations import PROMETHEUS, Key, Observations
+from dsv4_operator.guard.observations import CANARY, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.prometheus import PrometheusError, instant_value
+from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, samples_and_leaks
 from dsv4_operator.kube.cache import Reader
-from dsv4_operator.kube.resources import DSV4
-from dsv4_operator.names import router_url
+from dsv4_operator.kube.resources import DSV4, POD
+from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER, router_url
 from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
 from dsv4_operator.trust import (
     Placement,
@@ -47,6 +49,7 @@ from dsv4_operator.trust import (
 
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
+TAP_SCRAPE_TIMEOUT = 2.0  # a tap answers from memory; a slower one is as good as down
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,9 @@ class GuardSupervisor:
         policy: TrustPolicy | None = None,
     ) -> None:
         self.client, self.observations, self.wake, self.runner = client, observations, wake, runner
-        self._said: dict[Key, str] = {}  # the last canary failure logged, per deployment
+        # The last failure logged, per deployment and source.
+        self._said: dict[tuple[Key, str], str] = {}
+        self._traffic = TrafficDeltas()
         self.http = http or httpx.AsyncClient(timeout=10.0, follow_redirects=False)
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
@@ -120,7 +125,9 @@ class GuardSupervisor:
             return
         guard = spec.guard
         prometheus_url = effective_prometheus_url(spec, self.policy)
-        wanted = guard.enabled and (guard.canary.enabled or prometheus_url is not None)
+        wanted = guard.enabled and (
+            guard.canary.enabled or prometheus_url is not None or guard.tap.enabled
+        )
         fingerprint = (
             guard.model_dump_json()
             + spec.router.model_dump_json()
@@ -132,11 +139,13 @@ class GuardSupervisor:
             self.stop(key)
             current = None
         if wanted and current is None:
-            task = asyncio.create_task(self._loop(key, spec), name=f"guard-{key[0]}/{key[1]}")
+            task = asyncio.create_task(self._loops(key, spec), name=f"guard-{key[0]}/{key[1]}")
             self._tasks[key] = (fingerprint, task)
 
     def stop(self, key: Key) -> None:
-        self._said.pop(key, None)
+        self._traffic.retain(key, set())
+        for said in [s for s in self._said if s[0] == key]:
+            del self._said[said]
         entry = self._tasks.pop(key, None)
         if entry is not None:
             entry[1].cancel()
@@ -146,14 +155,79 @@ class GuardSupervisor:
             self.stop(key)
         await self.http.aclose()
 
-    async def _loop(self, key: Key, spec: DSV4DeploymentSpec) -> None:
-        interval = parse_duration(spec.guard.canary.interval).total_seconds()
+    async def _loops(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        loops = [self._loop(key, spec, self._round, spec.guard.canary.interval)]
+        if spec.guard.tap.enabled:
+            loops.append(self._loop(key, spec, self._tap_round, spec.guard.tap.interval))
+        await asyncio.gather(*loops)
+
+    async def _loop(
+        self,
+        key: Key,
+        spec: DSV4DeploymentSpec,
+        round_: Callable[[Key, DSV4DeploymentSpec], Awaitable[None]],
+        every: str,
+    ) -> None:
+        interval = parse_duration(every).total_seconds()
         while True:
             try:
-                await self._round(key, spec)
+                await round_(key, spec)
             except Exception:  # one bad round must not end the loop, but must be seen
                 log.exception("%s/%s: guard round failed", *key)
             await asyncio.sleep(interval)
+
+    async def _tap_endpoints(self, key: Key, spec: DSV4DeploymentSpec) -> list[str]:
+        """spec.guard.tap.metricsEndpoints, else each running router pod's tap."""
+        if spec.guard.tap.metrics_endpoints:
+            return list(spec.guard.tap.metrics_endpoints)
+        namespace, name = key
+        pods = await self.client.list(POD, namespace, {DEPLOYMENT_LABEL: name, ROLE_LABEL: ROUTER})
+        return sorted(
+            f"http://{pod['status']['podIP']}:{TAP_METRICS_PORT}/metrics"
+            for pod in pods
+            if (pod.get("status") or {}).get("phase") == "Running"
+            and (pod.get("status") or {}).get("podIP")
+        )
+
+    async def _scrape(self, url: str) -> tuple[dict[str, float], str | None]:
+        """(a tap's verdict counts, None), or ({}, why they could not be read)."""
+        try:
+            reply = await self.http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
+            reply.raise_for_status()
+            return parse_counts(reply.text), None
+        except httpx.HTTPError as error:
+            return {}, type(error).__name__
+        except ValueError:  # not the Prometheus text format: a wrong URL
+            return {}, "not Prometheus metrics"
+
+    async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        """New classified responses from every tap, counted for the revision served."""
+        namespace, name = key
+        owner = await self.client.get(DSV4, namespace, name)
+        status = parse_status((owner or {}).get("status"))
+        # As for the canary: only while one settled revision serves is a response its own.
+        served = status.current_revision if status.phase in SETTLED_PHASES else None
+        endpoints = await self._tap_endpoints(key, spec)
+        self._traffic.retain(key, set(endpoints))
+        samples = leaks = 0
+        failed: list[str] = []
+        replies = await asyncio.gather(*(self._scrape(url) for url in endpoints))
+        for url, (counts, error) in zip(endpoints, replies, strict=True):
+            if error is not None:
+                failed.append(f"{url}: {error}")
+                continue
+            new = self._traffic.advance((key, url), counts)
+            got, leaked = samples_and_leaks(new)
+            samples, leaks = samples + got, leaks + leaked
+        if failed:
+            # Logged, not counted toward GuardBlind: the canary still sees for the guard.
+            self._say(key, TAP, f"leak tap /metrics unreachable: {'; '.join(failed)}")
+        else:
+            self._said.pop((key, TAP), None)
+        if served is not None and (samples or not failed):
+            self.observations.record_traffic(key, served, samples, leaks)
+        if samples:
+            self.wake(key)
 
     async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         namespace, name = key
@@ -187,7 +261,7 @@ class GuardSupervisor:
                         now,
                     )
                 else:
-                    self._said.pop(key, None)
+                    self._said.pop((key, CANARY), None)
                     self.observations.record(key, revision, counts, leaks, now)
                 for verdict, count in counts.items():
                     metrics.CANARY_RESPONSES.labels(label, revision, verdict).inc(count)
@@ -195,11 +269,15 @@ class GuardSupervisor:
                     metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
         self.wake(key)
 
-    def _failed(self, key: Key, message: str, now: datetime) -> None:
-        """Count a canary failure; log it once per distinct message, not once per run."""
-        if self._said.get(key) != message:
+    def _say(self, key: Key, source: str, message: str) -> None:
+        """Log a source's failure once per distinct message, not once per run."""
+        if self._said.get((key, source)) != message:
             log.warning("%s/%s: %s", key[0], key[1], message)
-            self._said[key] = message
+            self._said[(key, source)] = message
+
+    def _failed(self, key: Key, message: str, now: datetime) -> None:
+        """Count a canary failure toward GuardBlind, and log it once."""
+        self._say(key, CANARY, message)
         self.observations.record_error(key, message, now)
 
     async def _prometheus(self, key: Key, spec: DSV4DeploymentSpec, url: str) -> None:

@@ -98,15 +98,19 @@ def _judge(
     )
     if snapshot is not None and snapshot.revision == subject:
         samples, leaks = snapshot.samples, snapshot.leaks
+        traffic = (snapshot.traffic_samples, snapshot.traffic_leaks)
     elif previous is not None and same_window:
         samples, leaks = previous.samples, previous.leaks
+        traffic = (previous.traffic_samples, previous.traffic_leaks)
     else:
-        samples, leaks = 0, 0
+        samples, leaks, traffic = 0, 0, (0, 0)
     errors = snapshot.consecutive_errors if snapshot else 0
     ooms = within(oom_events(pods), subject, now, parse_duration(policy.oom.window))
     evidence = Evidence(
         samples=samples,
         leaks=leaks,
+        traffic_samples=traffic[0],
+        traffic_leaks=traffic[1],
         oom_events=len(ooms),
         baked=baked,
         source_error=snapshot.last_error if snapshot and errors else None,
@@ -132,6 +136,8 @@ def _judge(
         since=format_time(since or now),
         samples=samples,
         leaks=leaks,
+        traffic_samples=traffic[0],
+        traffic_leaks=traffic[1],
         leak_rate=round(leaks / samples, 4) if samples else None,
         last_verdict=verdict.outcome.value,
         last_reason=verdict.reason,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 Key = tuple[str, str]
-CANARY, PROMETHEUS = "canary", "prometheus"  # the guard's sources
+CANARY, PROMETHEUS, TAP = "canary", "prometheus", "tap"  # the guard's sources
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,9 @@ class Snapshot:
     samples: int = 0
     leaks: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
+    # Production tool-calling responses the leak taps classified while this revision served.
+    traffic_samples: int = 0
+    traffic_leaks: int = 0
     last_run: datetime | None = None
     prometheus_leak_rate: float | None = None
     prometheus_oom_events: float | None = None
@@ -59,17 +62,35 @@ class Observations:
     def snapshot(self, key: Key) -> Snapshot | None:
         return self._windows.get(key)
 
-    def resume(self, key: Key, revision: str, samples: int, leaks: int) -> None:
+    def resume(
+        self,
+        key: Key,
+        revision: str,
+        samples: int,
+        leaks: int,
+        traffic_samples: int = 0,
+        traffic_leaks: int = 0,
+    ) -> None:
         """Seed a window from status.guard after a restart (no-op if one exists)."""
         if key not in self._windows:
-            self._windows[key] = Snapshot(revision=revision, samples=samples, leaks=leaks)
+            self._windows[key] = Snapshot(
+                revision=revision,
+                samples=samples,
+                leaks=leaks,
+                traffic_samples=traffic_samples,
+                traffic_leaks=traffic_leaks,
+            )
+
+    def _window(self, key: Key, revision: str) -> Snapshot:
+        current = self._windows.get(key, Snapshot())
+        if current.revision != revision:  # a new window; a failing source keeps failing
+            current = Snapshot(revision=revision, source_errors=current.source_errors)
+        return current
 
     def record(
         self, key: Key, revision: str, verdicts: dict[str, int], leaks: int, at: datetime
     ) -> None:
-        current = self._windows.get(key, Snapshot())
-        if current.revision != revision:  # a new window; a failing source keeps failing
-            current = Snapshot(revision=revision, source_errors=current.source_errors)
+        current = self._window(key, revision)
         merged = dict(current.verdicts)
         for verdict, count in verdicts.items():
             merged[verdict] = merged.get(verdict, 0) + count
@@ -83,6 +104,18 @@ class Observations:
                 last_run=at,
             ),
             CANARY,
+        )
+
+    def record_traffic(self, key: Key, revision: str, samples: int, leaks: int) -> None:
+        """Tool-calling responses (not errors) and leaks the taps classified for `revision`."""
+        current = self._window(key, revision)
+        self._windows[key] = _cleared(
+            replace(
+                current,
+                traffic_samples=current.traffic_samples + samples,
+                traffic_leaks=current.traffic_leaks + leaks,
+            ),
+            TAP,
         )
 
     def record_error(self, key: Key, error: str, at: datetime, source: str = CANARY) -> None:

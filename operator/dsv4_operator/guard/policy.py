@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.guard.sequential import LeakRateTest, Sequential
 from dsv4_operator.stats import wilson_interval
 
 
@@ -41,6 +42,8 @@ class Evidence:
 
     samples: int = 0
     leaks: int = 0
+    traffic_samples: int = 0  # production tool-calling responses the leak taps classified
+    traffic_leaks: int = 0
     oom_events: int = 0
     baked: bool = False
     source_error: str | None = None
@@ -105,6 +108,28 @@ def _prometheus(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     return None
 
 
+def _traffic(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
+    """Production traffic through the leak taps, judged by an anytime-valid test: it is looked
+    at every few seconds, and however often it is, a revision at or below the threshold is
+    rolled back with a chance of at most `tap.alpha` (Wilson bounds looked at that often
+    would cross far more often: bench/guard.py)."""
+    samples, leaks = evidence.traffic_samples, evidence.traffic_leaks
+    if not guard.tap.enabled or samples == 0:
+        return None
+    threshold = guard.leak_rate.threshold
+    test = LeakRateTest(threshold, guard.tap.alpha)
+    if test.decide(leaks, samples) is not Sequential.ABOVE:
+        return None
+    return GuardVerdict(
+        Outcome.FAIL,
+        "TrafficLeakRate",
+        f"production traffic: {leaks}/{samples} tool-calling responses leaked "
+        f"({leaks / samples:.1%}), above threshold {threshold:.1%} (anytime-valid test, "
+        f"alpha {guard.tap.alpha})",
+        RollbackReason.LEAK_RATE,
+    )
+
+
 def _leak_rate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     threshold = guard.leak_rate.threshold
     if evidence.samples < guard.leak_rate.min_samples:
@@ -162,6 +187,7 @@ CHECKS: tuple[GuardCheck, ...] = (
     _oom,
     _source_error,
     _prometheus,
+    _traffic,
     _no_data_after_bake,
     _leak_rate,
 )

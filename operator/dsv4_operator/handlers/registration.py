@@ -187,7 +187,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
             ReconcileSettings(
                 revision_history_limit=op.revision_history_limit,
                 trust=op.trust_policy,
-                weights_image=op.weights_image,
+                operator_image=op.operator_image,
             ),
             observations=observations,
             cache=cache,

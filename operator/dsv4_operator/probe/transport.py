@@ -21,6 +21,9 @@ from dsv4_operator.probe.sse import StreamError, assemble_stream
 from dsv4_operator.probe.verdict import Verdict
 
 MAX_ATTEMPTS = 3
+# Marks the probe's own requests: the leak tap leaves them out of the production traffic it
+# classifies (the canary counts its samples itself).
+PROBE_HEADER = {"X-DSV4-Probe": "1"}
 RETRY_BACKOFF_S = (0.2, 0.5)
 
 
@@ -85,7 +88,9 @@ async def send(
         try:
             async with asyncio.timeout(timeout):
                 if stream:
-                    async with client.stream("POST", url, json=body, timeout=timeout) as reply:
+                    async with client.stream(
+                        "POST", url, json=body, headers=PROBE_HEADER, timeout=timeout
+                    ) as reply:
                         if reply.status_code != 200:
                             text = (await reply.aread()).decode("utf-8", "replace")
                             return _http_error(reply.status_code, text, began, attempt)
@@ -93,7 +98,7 @@ async def send(
                     parsed: Any = assemble_stream(lines)
                     status = 200
                 else:
-                    reply = await client.post(url, json=body, timeout=timeout)
+                    reply = await client.post(url, json=body, headers=PROBE_HEADER, timeout=timeout)
                     if reply.status_code != 200:
                         return _http_error(reply.status_code, reply.text, began, attempt)
                     status = reply.status_code

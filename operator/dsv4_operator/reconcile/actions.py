@@ -9,9 +9,9 @@ from dsv4_operator.events import EventType, Note
 from dsv4_operator.guard.oom import OomEvent
 from dsv4_operator.guard.policy import RollbackReason
 from dsv4_operator.kube.resources import Resource
+from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE
 from dsv4_operator.reconcile.diff import in_place, stamped
 from dsv4_operator.reconcile.world import Obj, World
-from dsv4_operator.render.weights import DEFAULT_WEIGHTS_IMAGE
 from dsv4_operator.trust import TrustPolicy
 
 
@@ -43,7 +43,7 @@ class ReconcileSettings:
 
     revision_history_limit: int = 10
     trust: TrustPolicy = field(default_factory=TrustPolicy)
-    weights_image: str = DEFAULT_WEIGHTS_IMAGE
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
 
 
 class Actions:

@@ -228,7 +228,7 @@ def _weights(
     state = weights_state(actions.world, ctx)
     if state is None:
         return None, None
-    actions.ensure(render_weights(ctx, settings.weights_image))
+    actions.ensure(render_weights(ctx))
     for name in stale_jobs(actions.world, ctx, state.ready):
         actions.remove(JOB, name)
     if not state.ready:
@@ -309,8 +309,13 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
         return actions.decision
     spec = validation.spec
     owner = OwnerRef(API_VERSION, KIND, world.name, world.uid)
-    user = build_context(world.name, world.namespace, spec, owner, memory_plan=validation.plan)
+    user = dataclasses.replace(
+        build_context(world.name, world.namespace, spec, owner, memory_plan=validation.plan),
+        operator_image=settings.operator_image,
+    )
     target, guard = guard_pass(world, spec, user, owner)
+    if target is not None:
+        target = dataclasses.replace(target, operator_image=settings.operator_image)
     decision = actions.decision
     decision.events += guard.events
     decision.ooms, decision.rollbacks, decision.cleared = guard.ooms, guard.rollbacks, guard.cleared

@@ -70,14 +70,23 @@ def _event_problem(events: Sequence[Obj]) -> str | None:
 
 
 def unexplained(pods: Iterable[Obj], now: datetime, limit: int = 3) -> list[str]:
-    """Names of pods not ready for STUCK_AFTER_SECONDS although their status gives no cause:
-    only their Events can tell (at most `limit`, by name, to bound the lookups)."""
+    """Names of pods on a node, not ready for STUCK_AFTER_SECONDS although their status gives
+    no cause: only their Events can tell (the kubelet's: FailedMount and the like). At most
+    `limit`, by name, to bound the lookups; a pod waiting for a scheduler has none."""
     names = sorted(
         name_of(p)
         for p in pods
-        if not _ready(p) and _status_problem(p) is None and _age(p, now) >= STUCK_AFTER_SECONDS
+        if _scheduled(p)
+        and not _ready(p)
+        and _status_problem(p) is None
+        and _age(p, now) >= STUCK_AFTER_SECONDS
     )
     return names[:limit]
+
+
+def _scheduled(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
 
 
 def _age(pod: Obj, now: datetime) -> float:

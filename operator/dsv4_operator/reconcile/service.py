@@ -26,6 +26,9 @@ from dsv4_operator.reconcile.world import Obj, World
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
+# A stuck pod's Events are listed again after this long at the earliest (a bounded cache).
+EVENTS_REFRESH_SECONDS = 60.0
+EVENTS_CACHE_SIZE = 1024
 
 
 def utc_now() -> datetime:
@@ -56,6 +59,7 @@ class Reconciler:
         self.observations = observations or Observations()
         self.guard_metrics = GuardMetrics()
         self._events_forbidden = False
+        self._pod_events: dict[tuple[str, str], tuple[datetime, list[Obj]]] = {}
 
     def forget(self, key: tuple[str, str]) -> None:
         """The deployment is gone: its canary window and every metric series of it."""
@@ -88,12 +92,24 @@ class Reconciler:
         events: dict[str, list[Obj]] = {}
         try:
             for name in names:
-                events[name] = await self.client.pod_warnings(world.namespace, name)
+                events[name] = await self._pod_warnings(world.namespace, name, world.now)
         except Forbidden:
             self._events_forbidden = True
             log.warning("cannot list Events (RBAC): pod causes come from pod status only")
             return world
         return dataclasses.replace(world, pod_events=events)
+
+    async def _pod_warnings(self, namespace: str, pod: str, now: datetime) -> list[Obj]:
+        """A stuck pod's Warning Events, listed at most once per EVENTS_REFRESH_SECONDS."""
+        key = (namespace, pod)
+        cached = self._pod_events.get(key)
+        if cached is not None and (now - cached[0]).total_seconds() < EVENTS_REFRESH_SECONDS:
+            return cached[1]
+        events = await self.client.pod_warnings(namespace, pod)
+        if len(self._pod_events) >= EVENTS_CACHE_SIZE:
+            self._pod_events.pop(next(iter(self._pod_events)))  # the oldest entry
+        self._pod_events[key] = (now, events)
+        return events
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
@@ -107,7 +123,14 @@ class Reconciler:
         previous = world.status.guard
         if world.canary is None and previous is not None and previous.revision:
             # resume the window after a restart
-            self.observations.resume(key, previous.revision, previous.samples, previous.leaks)
+            self.observations.resume(
+                key,
+                previous.revision,
+                previous.samples,
+                previous.leaks,
+                previous.traffic_samples,
+                previous.traffic_leaks,
+            )
         decision = decide(world, self.settings)
         if decision.writes or decision.events:
             progressing = next(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
 from dsv4_operator.names import (
+    DEFAULT_OPERATOR_IMAGE,
     DEPLOYMENT_LABEL,
     FORMAT_LABEL,
     REVISION_LABEL,
@@ -13,18 +16,17 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.render import engine, router
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
-from dsv4_operator.render.weights import DEFAULT_WEIGHTS_IMAGE, render_weights
+from dsv4_operator.render.weights import render_weights
 
 
 def service_monitor(ctx: RenderContext) -> Manifest:
-    """prometheus-operator ServiceMonitor: engines' /metrics on `http`, router's on `metrics`."""
+    """prometheus-operator ServiceMonitor: engines' /metrics on `http`, router's on `metrics`,
+    the leak tap's on `tap-metrics`."""
     monitor = ctx.spec.monitoring.service_monitor
     meta = ctx.metadata(service_monitor_name(ctx.name))
     meta["labels"].update(monitor.labels)
-    endpoints = [
-        {"port": port, "path": "/metrics", "interval": monitor.interval}
-        for port in ("http", "metrics")
-    ]
+    ports = ("http", "metrics", *(("tap-metrics",) if router.tap_enabled(ctx) else ()))
+    endpoints = [{"port": port, "path": "/metrics", "interval": monitor.interval} for port in ports]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -90,8 +92,10 @@ def render_spec(
     namespace: str,
     spec: DSV4DeploymentSpec,
     owner: OwnerRef | None = None,
-    weights_image: str = DEFAULT_WEIGHTS_IMAGE,
+    operator_image: str = DEFAULT_OPERATOR_IMAGE,
 ) -> list[Manifest]:
     """Convenience: build the context and render, with the weights download when asked."""
-    ctx = build_context(name, namespace, spec, owner)
-    return render(ctx) + render_weights(ctx, weights_image)
+    ctx = dataclasses.replace(
+        build_context(name, namespace, spec, owner), operator_image=operator_image
+    )
+    return render(ctx) + render_weights(ctx)

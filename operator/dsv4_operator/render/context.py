@@ -12,6 +12,7 @@ from dsv4_operator.engine.planner import MemoryPlan, plan
 from dsv4_operator.names import (
     APP_NAME,
     COMPONENT_LABEL,
+    DEFAULT_OPERATOR_IMAGE,
     DEPLOYMENT_LABEL,
     INSTANCE_LABEL,
     MAIN_PAIR,
@@ -63,6 +64,8 @@ class RenderContext:
     # Which prefill/decode pair the engine objects belong to: "main" (plain names) or, for a
     # BlueGreen switch, the revision hash (names suffixed with it).
     pair: str = MAIN_PAIR
+    # The operator's image: the weights download Job and the leak tap sidecar run it.
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
 
     def role_name(self, role: Role | str) -> str:
         """Engine objects carry the pair suffix; the router is one per deployment."""

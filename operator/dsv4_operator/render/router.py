@@ -2,11 +2,66 @@
 
 from __future__ import annotations
 
-from dsv4_operator.api.spec import ROUTER_METRICS_PORT
+from dsv4_operator.api.spec import ROUTER_METRICS_PORT, TAP_METRICS_PORT, TAP_PORT
 from dsv4_operator.names import FORMAT_LABEL, ROUTER, TARGET_PAIR_ANNOTATION
 from dsv4_operator.render.context import Manifest, RenderContext, router_command
 from dsv4_operator.render.pod_settings import with_pod_settings
 from dsv4_operator.render.security import container_security, pod_security
+
+
+def tap_default_resources() -> Manifest:
+    """The tap's own work is light: a proxy and one classifier process (bench/tap.py)."""
+    return {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+def tap_enabled(ctx: RenderContext) -> bool:
+    return ctx.spec.guard.enabled and ctx.spec.guard.tap.enabled
+
+
+def tap_container(ctx: RenderContext) -> Manifest:
+    """The leak tap sidecar: in front of the router on TAP_PORT, its /metrics on
+    TAP_METRICS_PORT; the operator's image (`dsv4 tap`)."""
+    tap = ctx.spec.guard.tap
+    return {
+        "name": "tap",
+        "image": ctx.operator_image,
+        "args": [
+            "tap",
+            "--upstream",
+            f"http://127.0.0.1:{ctx.spec.router.port}",
+            "--listen",
+            f"0.0.0.0:{TAP_PORT}",
+            "--metrics",
+            f"0.0.0.0:{TAP_METRICS_PORT}",
+            "--deployment",
+            ctx.name,
+        ],
+        "ports": [
+            {"name": "tap", "containerPort": TAP_PORT},
+            {"name": "tap-metrics", "containerPort": TAP_METRICS_PORT},
+        ],
+        "securityContext": {
+            **container_security(),
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+        },
+        "resources": (
+            {
+                "requests": dict(sorted(tap.resources.requests.items())),
+                "limits": dict(sorted(tap.resources.limits.items())),
+            }
+            if tap.resources is not None
+            else tap_default_resources()
+        ),
+        # Ready when it serves; it forwards to the router, whose own probes gate the pod.
+        "readinessProbe": {"tcpSocket": {"port": "tap"}, "periodSeconds": 10},
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": "tap-metrics"},
+            "periodSeconds": 20,
+        },
+        "volumeMounts": [{"name": "tap-tmp", "mountPath": "/tmp"}],
+    }
 
 
 def deployment(ctx: RenderContext) -> Manifest:
@@ -47,8 +102,14 @@ def deployment(ctx: RenderContext) -> Manifest:
                                     "httpGet": {"path": "/liveness", "port": "api"},
                                     "periodSeconds": 20,
                                 },
-                            }
+                            },
+                            *([tap_container(ctx)] if tap_enabled(ctx) else []),
                         ],
+                        **(
+                            {"volumes": [{"name": "tap-tmp", "emptyDir": {}}]}
+                            if tap_enabled(ctx)
+                            else {}
+                        ),
                     },
                 },
                 ctx.spec.pod_settings("router"),
@@ -65,9 +126,19 @@ def service(ctx: RenderContext) -> Manifest:
         "metadata": ctx.metadata(ctx.role_name(ROUTER), ROUTER),
         "spec": {
             "selector": ctx.selector(ROUTER),
+            # With the tap, clients (and the canary) reach the router through it.
             "ports": [
-                {"name": "api", "port": ctx.spec.router.port, "targetPort": "api"},
+                {
+                    "name": "api",
+                    "port": ctx.spec.router.port,
+                    "targetPort": "tap" if tap_enabled(ctx) else "api",
+                },
                 {"name": "metrics", "port": ROUTER_METRICS_PORT, "targetPort": "metrics"},
+                *(
+                    [{"name": "tap-metrics", "port": TAP_METRICS_PORT, "targetPort": "tap-metrics"}]
+                    if tap_enabled(ctx)
+                    else []
+                ),
             ],
         },
     }

@@ -20,8 +20,6 @@ from dsv4_operator.render.security import container_security
 from dsv4_operator.weights.progress import PERMANENT_EXIT_CODES
 
 WEIGHTS_COMPONENT = "weights"
-#: The image the download Job runs when the operator is not told (DSV4_WEIGHTS_IMAGE).
-DEFAULT_WEIGHTS_IMAGE = "registry.example.com/dsv4-operator:0.1.0"
 # Headroom over the weights' size for the Hub's small files and a revision change's new blobs.
 STORAGE_FACTOR = 1.2
 # Pods retried after a transient failure (network, 5xx, a killed pod); each one resumes.
@@ -130,7 +128,7 @@ def _env(ctx: RenderContext, hub: HuggingFaceSource, job: str) -> list[Manifest]
     return env
 
 
-def job(ctx: RenderContext, hub: HuggingFaceSource, image: str) -> Manifest:
+def job(ctx: RenderContext, hub: HuggingFaceSource) -> Manifest:
     name = weights_job_name(ctx.name, source_hash(ctx, hub))
     labels = ctx.labels(WEIGHTS_COMPONENT)
     pod_spec: Manifest = {
@@ -148,7 +146,7 @@ def job(ctx: RenderContext, hub: HuggingFaceSource, image: str) -> Manifest:
         "containers": [
             {
                 "name": "download",
-                "image": image,
+                "image": ctx.operator_image,
                 "command": ["python", "-m", "dsv4_operator.weights"],
                 "env": _env(ctx, hub, name),
                 "securityContext": {
@@ -202,7 +200,7 @@ def job(ctx: RenderContext, hub: HuggingFaceSource, image: str) -> Manifest:
     }
 
 
-def render_weights(ctx: RenderContext, image: str) -> list[Manifest]:
+def render_weights(ctx: RenderContext) -> list[Manifest]:
     """The claim, the Job's rights and the Job; nothing when the weights are not from the Hub."""
     hub = hub_source(ctx)
     if hub is None:
@@ -213,5 +211,5 @@ def render_weights(ctx: RenderContext, image: str) -> list[Manifest]:
         service_account(ctx),
         role(ctx, name),
         role_binding(ctx),
-        job(ctx, hub, image),
+        job(ctx, hub),
     ]

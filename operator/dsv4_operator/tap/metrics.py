@@ -1,5 +1,6 @@
 """The tap's /metrics: traffic by verdict, tool-calling share, classifier drops and lag, and
-the latency the tap adds. Labelled by deployment and revision (the pair the router serves)."""
+the latency the tap adds. Labelled by deployment only: which revision served a response is
+the guard's to say (it counts traffic only while one revision serves, as for the canary)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,15 @@ LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 
 class _ClassifierCollector(Collector):
     """Reads the classifier's shared counters at scrape time."""
 
-    def __init__(self, link: ClassifierLink, deployment: str, revision: str) -> None:
-        self.link, self.labels = link, (deployment, revision)
+    def __init__(self, link: ClassifierLink, deployment: str) -> None:
+        self.link, self.labels = link, (deployment,)
 
     def collect(self) -> Iterator[Metric]:
         counts = self.link.counts()
         responses = CounterMetricFamily(
             "dsv4_traffic_responses",
             "Tool-calling responses that went through the tap, by the detector's verdict.",
-            labels=["deployment", "revision", "verdict"],
+            labels=["deployment", "verdict"],
         )
         for kind, value in counts.verdicts.items():
             responses.add_metric([*self.labels, kind.value], value)
@@ -34,7 +35,7 @@ class _ClassifierCollector(Collector):
         lag = HistogramMetricFamily(
             "dsv4_tap_classifier_lag_seconds",
             "Seconds from the end of a response to its verdict (queue wait + classification).",
-            labels=["deployment", "revision"],
+            labels=["deployment"],
         )
         bounds = [*(str(b) for b in LAG_BUCKETS), "+Inf"]
         lag.add_metric(
@@ -47,7 +48,7 @@ class _ClassifierCollector(Collector):
             "dsv4_tap_classifier_dropped",
             "Tool-calling responses not classified (traffic went on): queue full, classifier "
             "down, or larger than the capture limit.",
-            labels=["deployment", "revision", "reason"],
+            labels=["deployment", "reason"],
         )
         dropped.add_metric([*self.labels, "queue_full"], self.link.dropped_full)
         dropped.add_metric([*self.labels, "classifier_down"], self.link.dropped_down)
@@ -55,7 +56,7 @@ class _ClassifierCollector(Collector):
         restarts = CounterMetricFamily(
             "dsv4_tap_classifier_restarts",
             "Classifier processes restarted after they died.",
-            labels=["deployment", "revision"],
+            labels=["deployment"],
         )
         restarts.add_metric(list(self.labels), self.link.restarts)
         yield restarts
@@ -64,17 +65,17 @@ class _ClassifierCollector(Collector):
 class TapMetrics:
     """The registry the tap serves; hot-path instruments are pre-labelled children."""
 
-    def __init__(self, link: ClassifierLink, deployment: str, revision: str) -> None:
+    def __init__(self, link: ClassifierLink, deployment: str) -> None:
         self.registry = CollectorRegistry()
-        labels = ["deployment", "revision"]
+        labels = ["deployment"]
         requests = Counter(
             "dsv4_traffic_requests",
             "Requests through the tap; tool_calling: the request offered tools.",
             [*labels, "tool_calling"],
             registry=self.registry,
         )
-        self.tool_requests = requests.labels(deployment, revision, "true")
-        self.other_requests = requests.labels(deployment, revision, "false")
+        self.tool_requests = requests.labels(deployment, "true")
+        self.other_requests = requests.labels(deployment, "false")
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, labels, registry=self.registry)
@@ -82,11 +83,11 @@ class TapMetrics:
         self.too_large = counter(
             "dsv4_tap_capture_skipped",
             "Tool-calling responses larger than the capture limit, forwarded unclassified.",
-        ).labels(deployment, revision)
+        ).labels(deployment)
         self.upstream_errors = counter(
             "dsv4_tap_upstream_errors",
             "Requests the tap could not forward (the router unreachable): answered 502.",
-        ).labels(deployment, revision)
+        ).labels(deployment)
         added = Histogram(
             "dsv4_tap_added_latency_seconds",
             "Time the tap itself spends: `request` from the request's arrival to its sending "
@@ -95,6 +96,6 @@ class TapMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.request_latency = added.labels(deployment, revision, "request")
-        self.chunk_latency = added.labels(deployment, revision, "chunk")
-        self.registry.register(_ClassifierCollector(link, deployment, revision))
+        self.request_latency = added.labels(deployment, "request")
+        self.chunk_latency = added.labels(deployment, "chunk")
+        self.registry.register(_ClassifierCollector(link, deployment))

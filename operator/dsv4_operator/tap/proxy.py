@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dsv4_operator.probe.transport import PROBE_HEADER
 from dsv4_operator.tap.classify import TOOLS_MARKER
 from dsv4_operator.tap.metrics import TapMetrics
 from dsv4_operator.tap.worker import ClassifierLink
@@ -42,13 +43,13 @@ HOP_BY_HOP = frozenset(
 #: Responses larger than this are forwarded but not classified (counted as skipped).
 CAPTURE_LIMIT = 4 << 20
 SUPERVISE_SECONDS = 1.0
+PROBE_HEADER_NAME = next(iter(PROBE_HEADER))
 
 
 @dataclass(frozen=True)
 class TapConfig:
     upstream: str  # the router, e.g. http://127.0.0.1:8000
     deployment: str
-    revision: str
     capture_limit: int = CAPTURE_LIMIT
 
 
@@ -68,7 +69,7 @@ class Tap:
         self.config = config
         self.supervise_seconds = supervise_seconds
         self.link = link or ClassifierLink()
-        self.metrics = TapMetrics(self.link, config.deployment, config.revision)
+        self.metrics = TapMetrics(self.link, config.deployment)
         self._session: aiohttp.ClientSession | None = None
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -104,7 +105,9 @@ class Tap:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrived = time.perf_counter()
         body = await request.read()
-        tool_calling = request.method == "POST" and TOOLS_MARKER in body
+        # The canary's own requests are its to count, not production traffic.
+        probe = PROBE_HEADER_NAME in request.headers
+        tool_calling = request.method == "POST" and not probe and TOOLS_MARKER in body
         (self.metrics.tool_requests if tool_calling else self.metrics.other_requests).inc()
         assert self._session is not None, "Tap.start() first"
         try:

@@ -1,0 +1,62 @@
+"""Reading the leak taps: their /metrics counters turned into new classified responses.
+
+A tap counts `dsv4_traffic_responses_total{verdict}` since it started. The guard scrapes each
+tap every `spec.guard.tap.interval` and keeps, per tap URL, the last counts: the difference
+is what the taps saw since. The first scrape of a URL only sets its baseline (what came
+before may belong to an earlier revision); a counter that went down is a restarted tap, whose
+new count is all new. Which revision served those responses is the caller's to say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from dsv4_operator.probe.verdict import LEAK_KINDS, VerdictKind
+
+RESPONSES = "dsv4_traffic_responses"  # the family name (the parser drops `_total`)
+
+
+def parse_counts(text: str) -> dict[str, float]:
+    """Verdict -> count of one tap's /metrics (series of several deployments summed)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != RESPONSES:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                verdict = sample.labels.get("verdict", "")
+                counts[verdict] = counts.get(verdict, 0.0) + sample.value
+    return counts
+
+
+class TrafficDeltas:
+    """Per tap URL, the counts seen last; `advance` returns what is new."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[object, str], dict[str, float]] = {}
+
+    def advance(self, tap: tuple[object, str], counts: Mapping[str, float]) -> dict[str, float]:
+        """`tap` is (owner, URL); the counts scraped now; returns what is new since last."""
+        last = self._last.get(tap)
+        self._last[tap] = dict(counts)
+        if last is None:
+            return {}
+        new: dict[str, float] = {}
+        for verdict, value in counts.items():
+            before = last.get(verdict, 0.0)
+            new[verdict] = value if value < before else value - before
+        return {v: n for v, n in new.items() if n}
+
+    def retain(self, owner: object, urls: set[str]) -> None:
+        """Forget `owner`'s taps other than `urls` (router pods that are gone)."""
+        for tap in [t for t in self._last if t[0] == owner and t[1] not in urls]:
+            del self._last[tap]
+
+
+def samples_and_leaks(new: Mapping[str, float]) -> tuple[int, int]:
+    """(responses answered, leaked) among new verdict counts; errors are not samples."""
+    samples = sum(int(n) for v, n in new.items() if v != VerdictKind.ERROR.value)
+    leaks = sum(int(new.get(kind.value, 0)) for kind in LEAK_KINDS)
+    return samples, leaks

@@ -1,0 +1,230 @@
+"""The leak tap end to end: production traffic through the tap decides a rollback before the
+canary could.
+
+The engine double answers for the rendered decode StatefulSet (EngineKubelet, as in
+test_guard_e2e), at the declared load of 60 sessions. `dsv4 tap` runs here in front of it, as
+the router pod's sidecar would (kwok runs no container), and a traffic generator sends
+tool-calling requests through it the whole time. The guard reads the tap's /metrics
+(`spec.guard.tap.metricsEndpoints`). After a good revision has baked, the canary is slowed to
+one run in 10 minutes and a leaking configuration (bf16 index-K + HiCache: 4.55% of
+responses) is applied: the traffic signal must roll it back on its own, with the canary
+holding no sample of the bad revision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dsv4_demo import weights_volume
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_operator.probe.scenario import CANARY_TOOLS
+
+from .guard_support import EngineKubelet
+from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def gpu_pool_tap(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    return rtx_pool(control_plane, "tap-rtx", 2)
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {"engine": free_port(), "tap": free_port(), "tap_metrics": free_port()}
+
+
+@pytest.fixture
+def cluster(dyn: Any, namespace: str, gpu_pool_tap: list[str]) -> Cluster:
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
+) -> Iterator[OperatorProcess]:
+    allowed = ",".join(f"http://127.0.0.1:{ports[p]}" for p in ("engine", "tap", "tap_metrics"))
+    op = OperatorProcess(
+        control_plane.kubeconfig_path,
+        namespace,
+        tmp_path,
+        DSV4_CANARY_ENDPOINT_ALLOW=allowed,
+        DSV4_MIN_CANARY_INTERVAL="1s",
+    ).start()
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
+
+
+@pytest.fixture
+def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[EngineKubelet]:
+    kubelet = EngineKubelet(cluster, ports["engine"], tmp_path).start()
+    yield kubelet
+    kubelet.stop()
+
+
+@pytest.fixture
+def tap(ports: dict[str, int], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`dsv4 tap` as the router pod runs it, in front of the engine double."""
+    log = (tmp_path / "tap.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "dsv4_operator.cli", "tap",
+            "--upstream", f"http://127.0.0.1:{ports['engine']}",
+            "--listen", f"127.0.0.1:{ports['tap']}",
+            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
+            "--deployment", "dsv4-flash",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
+class Traffic:
+    """Tool-calling requests through the tap from 4 clients, until stopped; each a new
+    conversation (the double draws its answer from the conversation)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.sent, self.failed = url, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _client(self, client: httpx.AsyncClient) -> None:
+        while not self._stop.is_set():
+            body = {
+                "model": "deepseek-v4-flash",
+                "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
+                "tools": CANARY_TOOLS,
+            }
+            try:
+                reply = await client.post(f"{self.url}/v1/chat/completions", json=body)
+                self.sent += 1
+                self.failed += reply.status_code != 200
+            except httpx.HTTPError:
+                self.failed += 1
+                await asyncio.sleep(0.2)  # the double restarting with a new template
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            await asyncio.gather(*(self._client(client) for _ in range(4)))
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def _spec(namespace: str, ports: dict[str, int], canary_interval: str, **changes: Any) -> Any:
+    guard = {
+        "enabled": True,
+        "canary": {
+            "enabled": True,
+            "sessions": 8,
+            "rounds": 4,
+            "interval": canary_interval,
+            "endpoint": f"http://127.0.0.1:{ports['engine']}",
+        },
+        "tap": {
+            "interval": "1s",
+            "metricsEndpoints": [f"http://127.0.0.1:{ports['tap_metrics']}/metrics"],
+        },
+        "leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99},
+        "bakeTime": "5s",
+    }
+    return example(namespace, **{"guard": guard, **changes})
+
+
+def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_could(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    tap: subprocess.Popen[bytes],
+    ports: dict[str, int],
+) -> None:
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, ports, "2s"))
+
+    def baked() -> str | None:
+        status = cluster.get().get("status", {})
+        good = status.get("lastKnownGoodRevision")
+        return good if good and good == status.get("currentRevision") else None
+
+    with Traffic(f"http://127.0.0.1:{ports['tap']}") as traffic:
+        good = str(wait_for("a last known good revision", baked, timeout=180))
+        wait_for(
+            "traffic counted for the good revision",
+            lambda: cluster.get()["status"].get("guard", {}).get("trafficSamples", 0) > 0,
+            timeout=60,
+        )
+        # The canary's series show which revisions it has answers for: the good one, now.
+        assert good in {s["revision"] for s in operator.series("dsv4_canary_responses_total")}
+        leaking = {
+            "engine.indexKDtype": "bf16",
+            "engine.hicache": {"enabled": True},
+            "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+            "safety.policy": "Warn",
+        }
+        cluster.apply(_spec(namespace, ports, "10m", **leaking))
+        wait_for(
+            "the leaking revision to be served",
+            lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "1",
+            timeout=120,
+        )
+        served_at = time.monotonic()
+
+        canary_revisions: set[str] = set()
+
+        def rolled_back() -> dict[str, Any] | None:
+            # Every revision the canary has counted responses for, seen while waiting.
+            canary_revisions.update(
+                s["revision"] for s in operator.series("dsv4_canary_responses_total")
+            )
+            obj = cluster.get()
+            return obj if obj.get("status", {}).get("quarantine") else None
+
+        obj = wait_for("a rollback on the traffic signal", rolled_back, timeout=240)
+        decided_after = time.monotonic() - served_at
+    status = obj["status"]
+    [entry] = status["quarantine"]
+    print(
+        f"rolled back {decided_after:.1f}s after the leaking revision was served: "
+        f"{entry['message']}; traffic sent {traffic.sent}, failed {traffic.failed}"
+    )
+    assert entry["reason"] == "LeakRate" and entry["hash"] != good
+    assert entry["message"].startswith("production traffic: ")
+    # The canary could not have decided: it never ran against the leaking revision (its next
+    # run was 10 minutes away), so the decision is the traffic's alone.
+    assert entry["hash"] not in canary_revisions
+    wait_for(
+        "the last known good revision served again",
+        lambda: (
+            cluster.get()["status"].get("currentRevision") == good
+            and engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0"
+        ),
+        timeout=180,
+    )
+    # Nothing else changed: the user's spec is as applied, one rollback, one quarantine entry.
+    final = cluster.get()
+    assert final["spec"]["engine"]["indexKDtype"] == "bf16"
+    assert [q["hash"] for q in final["status"]["quarantine"]] == [entry["hash"]]
+    assert sum(1 for e in cluster.events() if e["reason"] == "RolledBack") == 1
+    assert tap.poll() is None  # the tap served throughout
