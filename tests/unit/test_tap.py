@@ -85,11 +85,14 @@ class Upstream:
 
     async def other(self, request: web.Request) -> web.Response:
         body = gzip.compress(b"compressed bytes pass through untouched")
-        return web.Response(
+        response = web.Response(
             status=418,
             body=body,
             headers={"Content-Encoding": "gzip", "X-Custom": request.query.get("q", "")},
         )
+        response.headers.add("Set-Cookie", "a=1")
+        response.headers.add("Set-Cookie", "b=2")
+        return response
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -140,9 +143,17 @@ async def test_responses_pass_byte_for_byte_with_status_and_headers(stack: Any) 
     results = []
     for url in (up_url, tap_url):
         async with session.get(f"{url}/other?q=a%20b") as response:
-            results.append((response.status, response.headers["X-Custom"], await response.read()))
+            results.append(
+                (
+                    response.status,
+                    response.headers["X-Custom"],
+                    response.headers.getall("Set-Cookie"),
+                    await response.read(),
+                )
+            )
     assert results[0] == results[1]
-    assert gzip.decompress(results[1][2]) == b"compressed bytes pass through untouched"
+    assert results[1][2] == ["a=1", "b=2"]  # a repeated header stays repeated
+    assert gzip.decompress(results[1][3]) == b"compressed bytes pass through untouched"
     body = {"model": "m", "messages": [], "tools": TOOLS}
     assert await _post(session, up_url, body) == await _post(session, tap_url, body)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dsv4_operator.probe.transport import PROBE_HEADER
@@ -53,8 +54,9 @@ class TapConfig:
     capture_limit: int = CAPTURE_LIMIT
 
 
-def _forwarded(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
-    return {k: v for k, v in dict(headers).items() if k.lower() not in HOP_BY_HOP}
+def _forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    """The end-to-end headers, repeated ones (Set-Cookie) kept, in order."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
 
 
 class Tap:
@@ -124,7 +126,7 @@ class Tap:
         self.metrics.request_latency.observe(time.perf_counter() - arrived)
         async with upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            response.headers.update(_forwarded(upstream.headers))
+            response.headers.extend(_forwarded(upstream.headers))
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
             await response.prepare(request)
