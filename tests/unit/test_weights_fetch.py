@@ -211,6 +211,15 @@ def test_progress_round_trips_through_the_annotation() -> None:
     assert WeightsProgress.from_annotation("{not json") is None
 
 
+def _lock_waiter(inode: int) -> bool:
+    """Whether some process waits for a lock on the file with this inode."""
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and fields[fields.index("->") + 5].endswith(f":{inode}"):
+            return True
+    return False
+
+
 def test_two_downloads_into_one_claim_take_turns_on_a_blob(hub: StandInHub, tmp_path: Path) -> None:
     """A pod still terminating, or another revision's Job sharing a blob, appends to the same
     partial file: the second waits for the first and then finds the blob done."""
@@ -232,9 +241,14 @@ def test_two_downloads_into_one_claim_take_turns_on_a_blob(hub: StandInHub, tmp_
     while not (part / f"{etag}.dsv4-partial").is_file():
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    inode = (part / f"{etag}.dsv4-partial").stat().st_ino
     second = threading.Thread(target=download_blobs, args=(request, plan))
     second.start()
-    time.sleep(0.5)  # the second is now waiting on the lock (or about to)
+    # Release the first only once the second is blocked on the partial file's lock (the
+    # kernel lists a waiter as `->` in /proc/locks): the contention is certain, not timed.
+    while not _lock_waiter(inode):
+        assert time.monotonic() < deadline and second.is_alive()
+        time.sleep(0.05)
     hub.release()
     first.join(60)
     second.join(60)

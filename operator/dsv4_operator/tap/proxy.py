@@ -112,6 +112,9 @@ class Tap:
         tool_calling = request.method == "POST" and not probe and TOOLS_MARKER in body
         (self.metrics.tool_requests if tool_calling else self.metrics.other_requests).inc()
         assert self._session is not None, "Tap.start() first"
+        # The tap's own time on a request: reading it and deciding, up to forwarding it (what
+        # follows is the router's time to answer, not the tap's).
+        self.metrics.request_latency.observe(time.perf_counter() - arrived)
         try:
             upstream = await self._session.request(
                 request.method,
@@ -123,7 +126,6 @@ class Tap:
         except (aiohttp.ClientError, OSError) as exc:
             self.metrics.upstream_errors.inc()
             return web.Response(status=502, text=f"dsv4 tap: router unreachable: {exc}\n")
-        self.metrics.request_latency.observe(time.perf_counter() - arrived)
         async with upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             response.headers.extend(_forwarded(upstream.headers))
