@@ -1,4 +1,5 @@
-"""The `dsv4` command line: validate, plan, render, crd, rules (a contract other tools call)."""
+"""The `dsv4` command line: validate, plan, render, crd, rules, probe, selftest (a contract other
+tools call)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
 from dsv4_operator.probe.cli import probe_command
 from dsv4_operator.render.children import render_spec
+from dsv4_operator.selftest import selftest_command
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.yaml_input import InputError, load_documents
 
@@ -118,6 +120,7 @@ def main() -> None:
 
 
 main.add_command(probe_command)
+main.add_command(selftest_command)
 
 
 FILE_OPTION = click.option(

@@ -30,10 +30,13 @@ class OperatorSettings(BaseSettings):
     )
     log_format: Literal["text", "json"] = Field(default="text", description="Log format.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO")
+    listen_host: str = Field(
+        default="0.0.0.0",
+        description="Address the metrics, health and webhook servers bind (`::` on IPv6 clusters).",
+    )
     metrics_port: int = Field(default=8080, description="Prometheus /metrics port (0: off).")
     health_port: int = Field(default=8081, description="kopf liveness /healthz port (0: off).")
     webhook: bool = Field(default=False, description="Serve the validating admission webhook.")
-    webhook_host: str = Field(default="0.0.0.0", description="Address the webhook server binds.")
     webhook_port: int = Field(default=9443, description="Webhook HTTPS port.")
     webhook_cert_dir: Path | None = Field(
         default=None, description="Directory with tls.crt and tls.key (cert-manager or Helm)."
@@ -99,6 +102,14 @@ class OperatorSettings(BaseSettings):
     def lease_timing(self) -> Timing:
         duration = self.lease_duration_seconds
         return Timing(duration=duration, deadline=duration * 2 / 3, retry=duration / 7.5)
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        """kopf's /healthz URL on the listen address, or None when the health port is off."""
+        if not self.health_port:
+            return None
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"http://{host}:{self.health_port}/healthz"
 
     @property
     def identity(self) -> str:

@@ -179,8 +179,10 @@ def render(
     release: str = "dsv4-operator",
     namespace: str = "dsv4-system",
     extra: list[str] | None = None,
+    tests: bool = False,
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart: the rendered objects (CRDs included)."""
+    """`helm template` of the chart: the rendered objects (CRDs included; the `helm test`
+    hooks only with `tests`)."""
     proc = run(
         [
             tool("helm"),
@@ -190,6 +192,7 @@ def render(
             "--namespace",
             namespace,
             "--include-crds",
+            *([] if tests else ["--skip-tests"]),
             *helm_args(values),
             *(extra or []),
         ]

@@ -160,7 +160,7 @@ def test_helm_lint_strict_passes(values: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_rendered_objects_validate_against_kubernetes_1_37(values: dict[str, Any]) -> None:
-    objects = render(values)
+    objects = render(values, tests=True)
     builtin = [o for o in objects if not o["apiVersion"].startswith(CUSTOM_GROUPS)]
     errors = []
     for obj in builtin:
@@ -174,6 +174,53 @@ def test_rendered_objects_validate_against_kubernetes_1_37(values: dict[str, Any
     for obj in objects:  # namespaced objects land in the release namespace unless told
         if obj["kind"] in {"Deployment", "Service", "Secret", "ServiceAccount", "ConfigMap"}:
             assert obj["metadata"]["namespace"] == "dsv4-system"
+
+
+def _selftest(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (pod,) = [o for o in by_kind(objects, "Pod")]
+    return pod
+
+
+def test_helm_test_runs_the_selftest_with_rights_for_dry_runs_only_where_the_webhook_looks() -> (
+    None
+):
+    objects = render({"watchNamespaces": ["work", "other"]}, tests=True)
+    pod = _selftest(objects)
+    hooks = [o for o in objects if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert {o["kind"] for o in hooks} == {"Pod", "ServiceAccount", "Role", "RoleBinding"}
+    assert all(o["metadata"]["annotations"]["helm.sh/hook"] == "test" for o in hooks)
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == [
+        "selftest",
+        "--namespace=dsv4-system",
+        "--deployment=dsv4-operator",
+        "--lease=dsv4-operator",
+        "--target-namespace=work",
+        "--engine-image=registry.example.com/dsv4-engine:0.5.16-p3",
+    ]
+    assert pod["spec"]["restartPolicy"] == "Never"
+    # The test pod is no operator replica: no Service, PDB or Deployment selects it.
+    deployment = one(objects, "Deployment")
+    selectors = [deployment["spec"]["selector"]["matchLabels"]]
+    selectors += [s["spec"]["selector"] for s in by_kind(objects, "Service")]
+    selectors += [
+        b["spec"]["selector"]["matchLabels"] for b in by_kind(objects, "PodDisruptionBudget")
+    ]
+    labels = pod["metadata"]["labels"].items()
+    assert selectors and not [s for s in selectors if s.items() <= labels]
+    # Its ServiceAccount may create DSV4Deployments (dry runs) only in the first watched
+    # namespace, and read only the operator's own Deployment and Lease.
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(hooks, "Role")}
+    rules = roles["work", "dsv4-operator-test-dry-run"]["rules"]
+    assert rules == [
+        {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments"], "verbs": ["create"]}
+    ]
+    reads = roles["dsv4-system", "dsv4-operator-test"]["rules"]
+    assert {n for r in reads for n in r["resourceNames"]} == {"dsv4-operator"}
+    assert {v for r in reads for v in r["verbs"]} == {"get"}
+    all_watched = _selftest(render(tests=True))["spec"]["containers"][0]["args"]
+    assert "--target-namespace=dsv4-system" in all_watched
+    assert not by_kind(render({"test": {"enabled": False}}, tests=True), "Pod")
 
 
 def test_custom_resources_are_well_formed() -> None:
@@ -228,6 +275,13 @@ def test_operator_deployment_is_two_non_root_read_only_replicas_with_leader_elec
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert container["args"] == ["run"]
+    # A planned stop keeps serving the webhook after the pod left the endpoints.
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] < pod.get(
+        "terminationGracePeriodSeconds", 30
+    )
+    unslept = _container(render({"preStopSleepSeconds": 0}))
+    assert "lifecycle" not in unslept
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert container["image"] == f"registry.example.com/dsv4-operator:{chart['appVersion']}"
     # A writable /tmp on an emptyDir, since the root filesystem is read-only.

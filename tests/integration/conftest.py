@@ -138,3 +138,13 @@ def operator(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Ite
     op.stop()
     # Captured output is shown only when the test fails.
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
+
+
+@pytest.fixture
+def work_namespace(dyn: Any, namespace: str) -> Iterator[str]:
+    """A second namespace for the DSV4Deployment (the `namespace` fixture holds the release)."""
+    name = f"{namespace[:50]}-work"
+    namespaces = dyn.resources.get(api_version="v1", kind="Namespace")
+    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    namespaces.delete(name=name)

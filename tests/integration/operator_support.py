@@ -56,7 +56,7 @@ class OperatorProcess:
 
     def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, **env: str) -> None:
         self.kubeconfig, self.namespace = kubeconfig, namespace
-        self.metrics_port = free_port()
+        self.metrics_port = int(env.get("DSV4_METRICS_PORT") or free_port())
         self.log_path = log_dir / f"operator-{namespace}-{time.monotonic_ns()}.log"
         self.env = {
             **os.environ,
@@ -68,6 +68,8 @@ class OperatorProcess:
             **env,
         }
         self.proc: subprocess.Popen[bytes] | None = None
+        listen = self.env.get("DSV4_LISTEN_HOST", "0.0.0.0")
+        self.host = "127.0.0.1" if listen in ("0.0.0.0", "::") else listen
 
     def start(self) -> OperatorProcess:
         log = self.log_path.open("ab")
@@ -94,7 +96,7 @@ class OperatorProcess:
         endpoint is not up."""
         try:
             with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+                f"http://{self.host}:{self.metrics_port}/metrics", timeout=5
             ) as resp:
                 text = resp.read().decode()
         except OSError:
@@ -109,7 +111,7 @@ class OperatorProcess:
     def series(self, name: str) -> list[dict[str, str]]:
         """The label sets of the samples named `name` the operator exports now."""
         with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+            f"http://{self.host}:{self.metrics_port}/metrics", timeout=5
         ) as resp:
             text = resp.read().decode()
         return [
@@ -149,7 +151,7 @@ def webhook_operator(kubeconfig: Path, namespace: str, log_dir: Path) -> Operato
         namespace,
         log_dir,
         DSV4_WEBHOOK="1",
-        DSV4_WEBHOOK_HOST="127.0.0.1",
+        DSV4_LISTEN_HOST="127.0.0.1",
         DSV4_WEBHOOK_PORT=str(free_port()),
         DSV4_WEBHOOK_URL_HOST="127.0.0.1",
     ).start()

@@ -4,10 +4,11 @@ running the operator with a token of the chart's ServiceAccount, and the webhook
 The operator pod the chart creates is Running on a kwok node, but nothing executes there, so
 the operator that reconciles is `dsv4 run` on this machine with the chart ServiceAccount's
 credentials (TokenRequest API -> kubeconfig): every request it makes is authorized by the RBAC
-the chart rendered, and nothing else. The API server never calls the chart's webhook Service
-here (a ClusterIP routes nowhere without kube-proxy), so the webhook objects are checked by
-comparison with what kopf creates, and the served certificate and path by calling the
-operator's webhook over TLS with the chart's CA and the Service's DNS name.
+the chart rendered, and nothing else. Here the kwok pods' IPs are made up, so the API server
+cannot reach the webhook through the Service; the webhook objects are checked by comparison
+with what kopf creates, and the served certificate and path by calling the operator's webhook
+over TLS with the chart's CA and the Service's DNS name. `test_chart_ha.py` gives the replicas
+real addresses and lets the API server call them through the Service.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from dsv4_demo import volume_for, weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.hub import HubRepo, StandInHub
 
-from ..chart.support import CHART, helm_args, render, tool
+from ..chart.support import CHART, render, tool
+from .helm_support import Helm
 from .operator_support import (
     POOL_LABEL,
     REPO,
@@ -104,26 +105,6 @@ def chart_nodes(control_plane: ControlPlane, dsv4_crd: dict[str, Any], dyn: Any)
 
     wait_for("ServiceMonitor served", served, timeout=60)
     return names
-
-
-class Helm:
-    """The real helm binary against the session's API server (admin kubeconfig)."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-
-    def __call__(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = [str(tool("helm")), "--kubeconfig", str(self.kubeconfig), *map(str, args)]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(map(str, args))}:\n{proc.stdout}{proc.stderr}")
-        return proc
-
-    def install(self, release: str, namespace: str, values: dict[str, Any], *extra: str) -> None:
-        self("install", release, CHART, "--namespace", namespace, *helm_args(values), *extra)
-
-    def uninstall(self, release: str, namespace: str) -> None:
-        self("uninstall", release, "--namespace", namespace, "--wait", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -238,16 +219,6 @@ def _prove_rbac(
         print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
     denials = _denials(op)
     assert not denials, "the chart's RBAC denied the operator:\n" + "\n".join(denials[:20])
-
-
-@pytest.fixture
-def work_namespace(dyn: Any, namespace: str) -> Iterator[str]:
-    """A second namespace for the DSV4Deployment (the `namespace` fixture holds the release)."""
-    name = f"{namespace[:50]}-work"
-    namespaces = dyn.resources.get(api_version="v1", kind="Namespace")
-    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    namespaces.delete(name=name)
 
 
 def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
@@ -473,7 +444,7 @@ def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
             namespace,
             tmp_path,
             DSV4_WEBHOOK="1",
-            DSV4_WEBHOOK_HOST="127.0.0.1",
+            DSV4_LISTEN_HOST="127.0.0.1",
             DSV4_WEBHOOK_PORT=str(port),
             DSV4_WEBHOOK_CERT_DIR=str(cert_dir),
             DSV4_HEALTH_PORT=str(health),

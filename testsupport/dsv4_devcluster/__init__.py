@@ -22,6 +22,8 @@ Public API::
 Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificates and keys),
 :mod:`.process` (child processes, teardown), :mod:`.controlplane` (start/stop order, flags),
 :mod:`.nodes` (fake GPU Node objects), :mod:`.kubelet` (pod status reports),
+:mod:`.prober` (pod addresses on ``lo`` and the kubelet's readiness probe, for pods whose
+process runs here),
 :mod:`.hub` (a stand-in for the Hugging Face Hub's download API),
 ``python -m dsv4_devcluster`` (run one locally until Ctrl-C).
 """

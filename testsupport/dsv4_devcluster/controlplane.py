@@ -393,6 +393,9 @@ class ControlPlane:
             # The endpoint reconciler refuses a loopback advertise address; nothing in-cluster
             # needs the `kubernetes` Service endpoints here.
             "endpoint-reconciler-type": "none",
+            # No kube-proxy here: the API server calls a webhook Service (and an aggregated
+            # API) at one of its ready endpoints (EndpointSlices) instead of the ClusterIP.
+            "enable-aggregator-routing": "true",
             "secure-port": str(api_port),
             "cert-dir": str(self.data_dir / "apiserver"),
             "tls-cert-file": str(pki.serving_cert),

@@ -129,7 +129,7 @@ def _webhook_server(op: OperatorSettings) -> kopf.WebhookServer:
         self_signed(cert_dir, [op.webhook_url_host or "localhost", "127.0.0.1"])
     crt, key = cert_dir / "tls.crt", cert_dir / "tls.key"
     return kopf.WebhookServer(
-        addr=op.webhook_host,
+        addr=op.listen_host,
         port=op.webhook_port,
         host=op.webhook_url_host,
         certfile=crt,
@@ -207,7 +207,7 @@ def build_registry(op: OperatorSettings) -> kopf.OperatorRegistry:
         await cache.start()
         memo.task = asyncio.create_task(memo.leadership.run())
         if op.metrics_port:
-            metrics.serve(op.metrics_port)
+            metrics.serve(op.metrics_port, op.listen_host)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -261,5 +261,5 @@ def run(op: OperatorSettings) -> None:
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{op.health_port}/healthz" if op.health_port else None,
+        liveness_endpoint=op.liveness_endpoint,
     )

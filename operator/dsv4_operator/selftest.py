@@ -1,0 +1,219 @@
+"""`dsv4 selftest`, what `helm test` runs: the operator is up and leads, its webhook admits a
+sound spec and refuses an unsafe one (server-side dry runs: nothing is stored).
+
+Facts are gathered first, then a chain of pure judgements each returns a `Check` with a
+reason and a message; the command prints them and exits 1 when any failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import secrets
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+
+from dsv4_operator.kube.client import KubeClient
+from dsv4_operator.kube.errors import Forbidden, KubeError, Unreachable
+from dsv4_operator.kube.resources import DEPLOYMENT, LEASE
+from dsv4_operator.names import API_VERSION, KIND
+
+Obj = dict[str, Any]
+# The DSV4-R001 hazard: bf16 index-K read while HiCache streams layers in; always refused.
+UNSAFE_ENGINE = {
+    "indexKDtype": "bf16",
+    "capabilities": ["bf16IndexK"],
+    "hicache": {"enabled": True},
+}
+UNSAFE_RULE = "DSV4-R001"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One judgement: `reason` is CamelCase (`Admitted`, `WebhookCallFailed`, ...)."""
+
+    name: str
+    ok: bool
+    reason: str
+    message: str
+
+
+def spec_document(name: str, namespace: str, image: str, unsafe: bool = False) -> Obj:
+    """A minimal DSV4Deployment the rules accept (or, `unsafe`, one they must refuse)."""
+    engine: Obj = {"image": image, "sglangVersion": "0.5.16"}
+    if unsafe:
+        engine.update(UNSAFE_ENGINE)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": "deepseek-ai/DeepSeek-V4-Flash",
+                "cache": {"pvc": {"claimName": f"{name}-weights"}},
+            },
+            "engine": engine,
+            "gpu": {"product": "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"},
+        },
+    }
+
+
+def judge_deployment(name: str, obj: Obj | None) -> Check:
+    if obj is None:
+        return Check("operator", False, "OperatorMissing", f"Deployment {name} not found")
+    available = int((obj.get("status") or {}).get("availableReplicas") or 0)
+    wanted = int((obj.get("spec") or {}).get("replicas") or 0)
+    if available < 1:
+        return Check(
+            "operator", False, "OperatorUnavailable", f"Deployment {name}: 0 of {wanted} available"
+        )
+    return Check(
+        "operator", True, "Available", f"Deployment {name}: {available}/{wanted} available"
+    )
+
+
+def judge_lease(name: str, obj: Obj | None, now: dt.datetime) -> Check:
+    """A leader holds the Lease and renewed it within its duration."""
+    if obj is None:
+        return Check("leader", False, "NoLease", f"Lease {name} not found: no replica ever led")
+    spec = obj.get("spec") or {}
+    holder, renewed = spec.get("holderIdentity"), spec.get("renewTime")
+    duration = float(spec.get("leaseDurationSeconds") or 0)
+    if not holder or not renewed:
+        return Check("leader", False, "NoLeader", f"Lease {name} is held by no replica")
+    age = (now - dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))).total_seconds()
+    if age > duration:
+        return Check(
+            "leader",
+            False,
+            "LeaseExpired",
+            f"Lease {name}: {holder} last renewed {age:.0f}s ago (duration {duration:g}s)",
+        )
+    return Check("leader", True, "Leading", f"{holder} leads (renewed {age:.0f}s ago)")
+
+
+def _webhook_failed(error: KubeError) -> bool:
+    return "failed calling webhook" in error.message
+
+
+def judge_sound(error: KubeError | None) -> Check:
+    if error is None:
+        return Check("admitsSound", True, "Admitted", "a sound spec is admitted (dry run)")
+    if _webhook_failed(error):
+        return Check("admitsSound", False, "WebhookCallFailed", error.message)
+    return Check("admitsSound", False, "SoundRefused", f"{error.status} {error.message}")
+
+
+def judge_unsafe(error: KubeError | None) -> Check:
+    if error is None:
+        return Check(
+            "refusesUnsafe",
+            False,
+            "UnsafeAdmitted",
+            f"a spec that breaks {UNSAFE_RULE} was admitted: the webhook is not called or "
+            "ignored (webhook.enabled, failurePolicy, namespaceSelector)",
+        )
+    if UNSAFE_RULE in error.message:
+        return Check("refusesUnsafe", True, "Refused", f"refused by the rules ({UNSAFE_RULE})")
+    if _webhook_failed(error):
+        return Check("refusesUnsafe", False, "WebhookCallFailed", error.message)
+    return Check(
+        "refusesUnsafe", False, "RefusedElsewhere", f"refused, not by the rules: {error.message}"
+    )
+
+
+async def _dry_run(client: KubeClient, doc: Obj) -> KubeError | None:
+    try:
+        await client.dry_run_create(doc)
+    except KubeError as error:
+        return error
+    return None
+
+
+async def run_checks(
+    client: KubeClient,
+    namespace: str,
+    deployment: str,
+    lease: str,
+    target: str,
+    image: str,
+    now: dt.datetime | None = None,
+) -> list[Check]:
+    """Gather the facts (reads and dry runs), then judge them."""
+    checks = [judge_deployment(deployment, await client.get(DEPLOYMENT, namespace, deployment))]
+    if lease:
+        obj = await client.get(LEASE, namespace, lease)
+        checks.append(judge_lease(lease, obj, now or dt.datetime.now(dt.UTC)))
+    name = f"dsv4-selftest-{secrets.token_hex(3)}"
+    checks.append(judge_sound(await _dry_run(client, spec_document(name, target, image))))
+    unsafe = spec_document(name, target, image, unsafe=True)
+    checks.append(judge_unsafe(await _dry_run(client, unsafe)))
+    return checks
+
+
+def _api_reason(error: KubeError) -> str:
+    if isinstance(error, Unreachable):
+        return "Unreachable"
+    return "Forbidden" if isinstance(error, Forbidden) else "ApiError"
+
+
+async def _checks(kubeconfig: str | None, **kwargs: Any) -> list[Check]:
+    client = KubeClient.from_environment(kubeconfig, field_manager="dsv4-selftest")
+    try:
+        return await run_checks(client, **kwargs)
+    finally:
+        await client.close()
+
+
+@click.command("selftest")
+@click.option("--namespace", required=True, help="The operator's namespace (Deployment, Lease).")
+@click.option("--deployment", required=True, help="The operator's Deployment.")
+@click.option("--lease", default="", help="The leader-election Lease (empty: not checked).")
+@click.option(
+    "--target-namespace", required=True, help="A namespace the webhook covers (dry runs only)."
+)
+@click.option(
+    "--engine-image",
+    default="registry.example.com/dsv4-engine:0.5.16-p3",
+    show_default=True,
+    help="The engine image of the sound spec (one your trust settings allow).",
+)
+@click.option("--kubeconfig", default=None, help="Default: in-cluster, then KUBECONFIG.")
+@click.option(
+    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def selftest_command(
+    namespace: str,
+    deployment: str,
+    lease: str,
+    target_namespace: str,
+    engine_image: str,
+    kubeconfig: str | None,
+    output: str,
+) -> None:
+    """Check a running installation: exit 0 when every check passes, 1 otherwise."""
+    try:
+        checks = asyncio.run(
+            _checks(
+                kubeconfig,
+                namespace=namespace,
+                deployment=deployment,
+                lease=lease,
+                target=target_namespace,
+                image=engine_image,
+            )
+        )
+    except KubeError as error:  # the reads themselves failed (RBAC, API server down)
+        checks = [Check("apiServer", False, _api_reason(error), str(error))]
+    passed = all(c.ok for c in checks)
+    if output == "json":
+        payload = {"passed": passed, "checks": [asdict(c) for c in checks]}
+        click.echo(json.dumps(payload, indent=2))
+    else:
+        for c in checks:
+            click.echo(f"{'PASS' if c.ok else 'FAIL'} {c.name}: {c.reason}: {c.message}")
+    sys.exit(0 if passed else 1)

@@ -1,0 +1,112 @@
+"""`dsv4 selftest` (what `helm test` runs): its judgements, its two specs, its JSON contract."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from dsv4_operator.cli import main
+from dsv4_operator.engine.validation import validate_object
+from dsv4_operator.kube.errors import KubeError, error_for
+from dsv4_operator.selftest import (
+    UNSAFE_RULE,
+    judge_deployment,
+    judge_lease,
+    judge_sound,
+    judge_unsafe,
+    spec_document,
+)
+from dsv4_operator.settings import OperatorSettings
+
+from .contract import assert_contract
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+IMAGE = "registry.example.com/dsv4-engine:0.5.16-p3"
+DENIED = error_for(
+    422,
+    "Invalid",
+    'admission webhook "rules.dsv4.io.validation" denied the request: DSV4-R001 '
+    "spec.engine.hicache.enabled: bf16 index-K with HiCache ...",
+)
+UNREACHABLE = error_for(
+    500,
+    "InternalError",
+    'Internal error occurred: failed calling webhook "rules.dsv4.io.validation": failed to '
+    'call webhook: Post "https://dsv4-op-webhook.ops.svc:443/rules": connection refused',
+)
+
+
+def _errors(doc: dict[str, object]) -> list[str]:
+    validation = validate_object(doc, OperatorSettings().trust_policy)
+    return [f.rule for f in validation.findings if f.severity == "error"]
+
+
+def test_the_sound_spec_passes_the_rules_and_the_unsafe_one_breaks_exactly_r001() -> None:
+    assert _errors(spec_document("s", "ns", IMAGE)) == []
+    assert _errors(spec_document("s", "ns", IMAGE, unsafe=True)) == [UNSAFE_RULE]
+
+
+def _lease(holder: str, renewed: dt.datetime, duration: int = 15) -> dict[str, object]:
+    stamp = renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": holder, "renewTime": stamp, "leaseDurationSeconds": duration}
+    return {"spec": spec}
+
+
+def test_lease_judgement() -> None:
+    fresh = judge_lease("dsv4", _lease("pod-a", NOW - dt.timedelta(seconds=3)), NOW)
+    assert (fresh.ok, fresh.reason) == (True, "Leading")
+    assert "pod-a" in fresh.message
+    stale = judge_lease("dsv4", _lease("pod-a", NOW - dt.timedelta(seconds=40)), NOW)
+    assert (stale.ok, stale.reason) == (False, "LeaseExpired")
+    assert "40s ago" in stale.message
+    released = judge_lease("dsv4", _lease("", NOW), NOW)
+    assert (released.ok, released.reason) == (False, "NoLeader")
+    assert judge_lease("dsv4", None, NOW).reason == "NoLease"
+
+
+def test_deployment_judgement() -> None:
+    up = {"spec": {"replicas": 2}, "status": {"availableReplicas": 1}}
+    assert judge_deployment("op", up).ok
+    assert "1/2" in judge_deployment("op", up).message
+    down = {"spec": {"replicas": 2}, "status": {}}
+    assert judge_deployment("op", down).reason == "OperatorUnavailable"
+    assert judge_deployment("op", None).reason == "OperatorMissing"
+
+
+def test_admission_judgements_tell_a_broken_webhook_from_a_refusing_one() -> None:
+    assert judge_sound(None).ok
+    assert judge_sound(UNREACHABLE).reason == "WebhookCallFailed"
+    assert judge_sound(DENIED).reason == "SoundRefused"
+    assert judge_unsafe(DENIED).ok
+    assert judge_unsafe(None).reason == "UnsafeAdmitted"
+    assert judge_unsafe(UNREACHABLE).reason == "WebhookCallFailed"
+    schema_refusal = KubeError(422, "Invalid", "spec.engine.indexKDtype: Unsupported value")
+    assert judge_unsafe(schema_refusal).reason == "RefusedElsewhere"
+
+
+def test_an_unreachable_api_server_is_a_failed_check_in_the_json_contract(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    args = ["selftest", "--namespace", "ops", "--deployment", "op", "--lease", "op"]
+    args += ["--target-namespace", "work", "--kubeconfig", str(kubeconfig), "-o", "json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    payload = json.loads(result.stdout)
+    assert_contract("selftest", payload)
+    assert payload["passed"] is False
+    assert [c["name"] for c in payload["checks"]] == ["apiServer"]
+    assert payload["checks"][0]["reason"] == "Unreachable"
