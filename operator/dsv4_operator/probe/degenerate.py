@@ -31,6 +31,10 @@ _GARBAGE_MIN = 3
 
 _LETTER = re.compile(r"[^\W\d_]")
 _TOKEN = re.compile(r"\w+|[^\w\s]+")
+# The same tokens for ASCII text without U+001C..U+001F (whitespace to `str`, not to the ASCII
+# `\s`), scanned about 1.6x faster.
+_ASCII_TOKEN = re.compile(r"\w+|[^\w\s]+", re.ASCII)
+_UNICODE_ONLY_WHITESPACE = re.compile("[\x1c-\x1f]")
 _SEGMENT = re.compile(r"[^\n.!?。！？]+[.!?。！？]*")
 # U+FFFD, and the Unicode categories Cc (control, but tab/newline/CR) and Co (private use),
 # spelled as ranges: one regex scan instead of a category lookup per character.
@@ -43,6 +47,11 @@ _GARBAGE = re.compile(
 _TAG_FRAGMENT = re.compile(
     r"</?[A-Za-z_][\w:.-]*(?:\s[^<>]{0,80})?/?>|\b\w+\s*=\s*\"[^\"<>]*\"\s*/?>"
 )
+# Its first alternative alone: the same matches when no `="` occurs (the second alternative
+# needs one), and two orders of magnitude faster on prose, where the second is tried at
+# every word.
+_TAG_ONLY = re.compile(r"</?[A-Za-z_][\w:.-]*(?:\s[^<>]{0,80})?/?>")
+_ATTRIBUTE_VALUE = re.compile(r"=\s*\"")
 
 
 def _tail_loop(text: str) -> tuple[int, str] | None:
@@ -64,6 +73,11 @@ def _tail_loop(text: str) -> tuple[int, str] | None:
 
 
 def _repeated_segment(text: str) -> tuple[int, str] | None:
+    # Fast exit: no three equal consecutive segments at all (the usual case); the loop below
+    # runs only to tell whether a run is long and lettered enough, and where it starts.
+    segments = list(map(str.strip, _SEGMENT.findall(text)))
+    if not any(map(_equal3, segments, segments[1:], segments[2:])):
+        return None
     run, previous, run_start = 1, "", 0
     for match in _SEGMENT.finditer(text):
         segment = match.group().strip()
@@ -78,13 +92,29 @@ def _repeated_segment(text: str) -> tuple[int, str] | None:
     return None
 
 
+def _equal3(a: str, b: str, c: str) -> bool:
+    return a == b == c
+
+
+def _tokens(text: str) -> list[str]:
+    ascii_tokens = text.isascii() and not _UNICODE_ONLY_WHITESPACE.search(text)
+    return (_ASCII_TOKEN if ascii_tokens else _TOKEN).findall(text)
+
+
 def _low_diversity(text: str) -> tuple[int, str] | None:
-    tokens = _TOKEN.findall(text)
+    tokens = _tokens(text)
     if len(tokens) < _NGRAM_MIN_TOKENS:
         return None
-    # zip of shifted views: the 4-grams without a slice per position (the hot path).
+    grams = len(tokens) - _NGRAM + 1
+    # Distinct 4-grams only grow with more of the text: when the first 45% of them already
+    # reach the threshold, the whole does too (normal text stops here, at half the work).
+    head = int(grams * 0.45) + 1
+    seen = set(zip(*(tokens[i : head + i] for i in range(_NGRAM)), strict=False))
+    if len(seen) / grams >= _NGRAM_MIN_DISTINCT:
+        return None
+    # zip of shifted views: the 4-grams without a slice per position.
     counts = Counter(zip(*(tokens[i:] for i in range(_NGRAM)), strict=False))
-    distinct = len(counts) / (len(tokens) - _NGRAM + 1)
+    distinct = len(counts) / grams
     if distinct >= _NGRAM_MIN_DISTINCT:
         return None
     top = " ".join(counts.most_common(1)[0][0])
@@ -94,7 +124,8 @@ def _low_diversity(text: str) -> tuple[int, str] | None:
 def _tag_soup(text: str) -> tuple[int, str] | None:
     if text.count(">") < _TAG_MIN:  # every fragment ends in '>': most text stops here
         return None
-    fragments = list(_TAG_FRAGMENT.finditer(text))
+    pattern = _TAG_FRAGMENT if _ATTRIBUTE_VALUE.search(text) else _TAG_ONLY
+    fragments = list(pattern.finditer(text))
     if len(fragments) < _TAG_MIN:
         return None
     covered = sum(len(re.sub(r"\s", "", m.group())) for m in fragments)
