@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,6 +98,47 @@ def test_crd_defaults_equal_model_defaults() -> None:
                 check(sub, value[name], f"{path}.{name}")
 
     check(spec_schema, wire, "spec")
+
+
+def _server_defaults(node: dict[str, Any], value: Any) -> Any:
+    """What the API server stores for `value` under a structural schema: each absent property
+    with a `default` gets it, and defaulting goes on inside what was filled in."""
+    if isinstance(value, dict) and "properties" in node:
+        for name, sub in node["properties"].items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                value[name] = _server_defaults(sub, value[name])
+    elif isinstance(value, list) and "items" in node:
+        return [_server_defaults(node["items"], item) for item in value]
+    return value
+
+
+def _differences(ours: Any, theirs: Any, path: str) -> list[str]:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        return [
+            d
+            for key in sorted(set(ours) | set(theirs))
+            for d in _differences(ours.get(key), theirs.get(key), f"{path}.{key}")
+        ]
+    same = ours == theirs or {repr(ours), repr(theirs)} in ({"None", "{}"}, {"None", "[]"})
+    return [] if same else [f"{path}: API server {ours!r}, operator {theirs!r}"]
+
+
+def test_the_api_server_stores_every_default_the_operator_assumes() -> None:
+    """A minimal spec, defaulted by the CRD's schema as the API server does it, is exactly the
+    spec the operator's models make of it: no nested object whose defaults live only in a
+    pydantic default factory (the CRD would store `{}` and the fields would go missing)."""
+    spec_schema = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    minimal = {
+        "model": {"name": "m", "cache": {"hostPath": {"path": "/m"}}},
+        "engine": {"image": "i", "sglangVersion": "0.5.23"},
+        "guard": {"tap": {}, "canary": {}},
+    }
+    stored = _server_defaults(spec_schema, copy.deepcopy(minimal))
+    wire = DSV4DeploymentSpec.model_validate(minimal).to_wire()
+    differences = _differences(stored, wire, "spec")
+    assert not differences, "\n".join(differences)
 
 
 def test_example_validates_against_crd_types() -> None:
