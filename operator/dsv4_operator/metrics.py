@@ -61,6 +61,11 @@ GUARD_OUTCOME = Gauge(
 GUARD_BLIND = Gauge(
     "dsv4_guard_blind", "1 while the guard cannot see (GuardBlind).", ["deployment"]
 )
+TAPS_UNREACHABLE = Gauge(
+    "dsv4_guard_taps_unreachable",
+    "Leak taps whose /metrics the guard could not read in its last round.",
+    ["deployment"],
+)
 QUARANTINED = Gauge("dsv4_quarantined_configs", "Quarantined config hashes.", ["deployment"])
 REVISION_INFO = Gauge(
     "dsv4_revision_info",
@@ -83,6 +88,7 @@ PER_DEPLOYMENT = (
     OOM_EVENTS,
     GUARD_OUTCOME,
     GUARD_BLIND,
+    TAPS_UNREACHABLE,
     QUARANTINED,
     REVISION_INFO,
 )

@@ -97,6 +97,13 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
     [revision] = cluster.revisions()
     assert revision["metadata"]["labels"]["dsv4.io/revision"] == status["currentRevision"]
     cluster.wait_events("Creating", "RevisionCreated")
+    # The router pod's leak tap sits at a made-up kwok IP: the guard counts it as unreadable.
+    label = f"{cluster.namespace}/dsv4-flash"
+    wait_for(
+        "the unreadable tap counted",
+        lambda: operator.metric("dsv4_guard_taps_unreachable", deployment=label) == 1,
+        timeout=60,
+    )
 
 
 def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProcess) -> None:

@@ -144,6 +144,7 @@ class GuardSupervisor:
 
     def stop(self, key: Key) -> None:
         self._traffic.retain(key, set())
+        metrics.TAPS_UNREACHABLE.remove_by_labels({"deployment": f"{key[0]}/{key[1]}"})
         for said in [s for s in self._said if s[0] == key]:
             del self._said[said]
         entry = self._tasks.pop(key, None)
@@ -219,8 +220,10 @@ class GuardSupervisor:
             new = self._traffic.advance((key, url), counts)
             got, leaked = samples_and_leaks(new)
             samples, leaks = samples + got, leaks + leaked
+        # Not counted toward GuardBlind (the canary still sees for the guard): logged once, and
+        # exported for the DSV4LeakTapUnreachable alert.
+        metrics.TAPS_UNREACHABLE.labels(f"{namespace}/{name}").set(len(failed))
         if failed:
-            # Logged, not counted toward GuardBlind: the canary still sees for the guard.
             self._say(key, TAP, f"leak tap /metrics unreachable: {'; '.join(failed)}")
         else:
             self._said.pop((key, TAP), None)
