@@ -33,6 +33,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION, report_pod_exited
 from dsv4_devcluster.prober import ReadinessProber, local_address, report_pod_started
 
+from ..chart.support import tool
 from .helm_support import Helm
 from .operator_support import (
     POOL_LABEL,
@@ -314,9 +315,18 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
         late = [(t, m) for t, m in refused if t > gone + 1.0]
         assert not late, late
 
-        # 5. The new leader reconciles a change admitted while one replica is down.
+        # 5. `kubectl apply` of a change is admitted while one replica is down, and the new
+        # leader reconciles it.
         sound["spec"]["engine"]["maxRunningRequests"] = 48
-        cluster.apply(sound)
+        kubectl = [str(tool("kubectl")), "--kubeconfig", str(control_plane.kubeconfig_path)]
+        applied = subprocess.run(
+            [*kubectl, "apply", "--server-side", "--field-manager", "tests", "-f", "-"],
+            input=yaml.safe_dump(sound),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert applied.returncode == 0, applied.stderr
 
         def converged() -> bool:
             obj = cluster.get()
