@@ -105,6 +105,8 @@ def judge_sound(error: KubeError | None) -> Check:
         return Check("admitsSound", True, "Admitted", "a sound spec is admitted (dry run)")
     if _webhook_failed(error):
         return Check("admitsSound", False, "WebhookCallFailed", error.message)
+    if isinstance(error, Forbidden):  # the test's own RBAC, not the webhook
+        return Check("admitsSound", False, "Forbidden", error.message)
     return Check("admitsSound", False, "SoundRefused", f"{error.status} {error.message}")
 
 

@@ -80,6 +80,8 @@ def test_admission_judgements_tell_a_broken_webhook_from_a_refusing_one() -> Non
     assert judge_sound(None).ok
     assert judge_sound(UNREACHABLE).reason == "WebhookCallFailed"
     assert judge_sound(DENIED).reason == "SoundRefused"
+    forbidden = error_for(403, "Forbidden", 'cannot create resource "dsv4deployments"')
+    assert judge_sound(forbidden).reason == "Forbidden"
     assert judge_unsafe(DENIED).ok
     assert judge_unsafe(None).reason == "UnsafeAdmitted"
     assert judge_unsafe(UNREACHABLE).reason == "WebhookCallFailed"

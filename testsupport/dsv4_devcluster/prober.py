@@ -220,13 +220,17 @@ class ReadinessProber:
             self._stop.wait(0.1)
 
     def _probe(self, name: str, state: _PodState) -> None:
+        # No readiness probe: a kubelet reports the running containers ready at once.
         passed = all(p.passes() for p in state.probes)
-        state.due = time.monotonic() + min(p.period for p in state.probes)
+        state.due = time.monotonic() + min((p.period for p in state.probes), default=10.0)
         if passed == state.ready:
             state.streak = 0
             return
         state.streak += 1
-        needed = max(p.success_threshold if passed else p.failure_threshold for p in state.probes)
+        needed = max(
+            (p.success_threshold if passed else p.failure_threshold for p in state.probes),
+            default=1,
+        )
         if state.streak < needed:
             return
         try:
