@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -48,8 +49,11 @@ pytestmark = pytest.mark.integration
 POOL = "chart-ha"
 RELEASE = "ha"
 FULLNAME = f"{RELEASE}-dsv4-operator"
-POD_IPS = ("198.18.77.2", "198.18.77.3")  # RFC 2544 benchmarking range: never a real peer
-TEST_POD_IP = "198.18.77.9"
+# RFC 2544's benchmarking range, never a real peer; a /24 of its own per run, so that two
+# runs on one machine (a local run beside CI) never share an address.
+_NET = f"198.18.{secrets.randbelow(254) + 1}"
+POD_IPS = (f"{_NET}.2", f"{_NET}.3")
+TEST_POD_IP = f"{_NET}.9"
 LEASE_SECONDS = 6
 UNSAFE = {"engine.indexKDtype": "bf16", "engine.hicache": {"enabled": True}}
 

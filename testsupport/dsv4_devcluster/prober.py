@@ -51,7 +51,8 @@ def local_address(ip: str) -> Iterator[str]:
     try:
         yield ip
     finally:
-        subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
+        if add.returncode == 0:  # only what this call added: the address may be shared
+            subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
 
 
 def report_pod_started(dyn: Any, namespace: str, name: str, ip: str) -> dict[str, Any]:
