@@ -293,14 +293,16 @@ def _address(text: str) -> tuple[str, int]:
 @click.option("--deployment", required=True, help="The DSV4Deployment's name (metric label).")
 def tap(upstream: str, listen: str, metrics: str, deployment: str) -> None:
     """Run the leak tap: proxy to the router, classify tool calls, serve /metrics."""
-    import asyncio
     import logging
+
+    import uvloop
 
     from dsv4_operator.tap.proxy import TapConfig, run_tap
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = TapConfig(upstream=upstream.rstrip("/"), deployment=deployment)
-    asyncio.run(run_tap(config, _address(listen), _address(metrics)))
+    # libuv's event loop: the tap's per-chunk cost is mostly the loop's own (bench/tap.py).
+    uvloop.run(run_tap(config, _address(listen), _address(metrics)))
 
 
 if __name__ == "__main__":
