@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from dsv4_devcluster import wait_for
+
 from .operator_support import REPO, Cluster
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
@@ -156,3 +158,16 @@ class EngineKubelet:
             stderr=subprocess.STDOUT,
         )
         self.starts += 1
+
+
+def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str) -> None:
+    """Until the rollback is carried out: `good` is current again and the engine double runs
+    its configuration (fp8 index-K, not the leaking bf16)."""
+    wait_for(
+        "the last known good revision served again",
+        lambda: (
+            cluster.get()["status"].get("currentRevision") == good
+            and engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0"
+        ),
+        timeout=180,
+    )

@@ -21,7 +21,7 @@ from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
 from tests.engine_double.config import parse_config, session_corruption_probability
 
-from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet
+from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet, wait_good_revision_served
 from .operator_support import (
     Cluster,
     OperatorProcess,
@@ -155,14 +155,7 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
     assert entry["reason"] == "LeakRate" and entry["hash"] != good
     bad = entry["hash"]
     assert obj["spec"]["engine"]["indexKDtype"] == "bf16"  # the user's spec is never modified
-    wait_for(
-        "the last known good revision to be served again",
-        lambda: (
-            cluster.get()["status"].get("currentRevision") == good
-            and engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0"
-        ),
-        timeout=180,
-    )
+    wait_good_revision_served(cluster, engine, good)
     assert operator.metric("dsv4_rollbacks_total") >= 1
     # Later resyncs do not re-apply the quarantined config.
     wait_for(

@@ -30,7 +30,7 @@ from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_operator.probe.scenario import CANARY_TOOLS
 
-from .guard_support import EngineKubelet
+from .guard_support import EngineKubelet, wait_good_revision_served
 from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool
 
 pytestmark = pytest.mark.integration
@@ -218,14 +218,7 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
     # The canary could not have decided: it never ran against the leaking revision (its next
     # run was 10 minutes away), so the decision is the traffic's alone.
     assert entry["hash"] not in canary_revisions
-    wait_for(
-        "the last known good revision served again",
-        lambda: (
-            cluster.get()["status"].get("currentRevision") == good
-            and engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0"
-        ),
-        timeout=180,
-    )
+    wait_good_revision_served(cluster, engine, good)
     # Nothing else changed: the user's spec is as applied, one rollback, one quarantine entry.
     final = cluster.get()
     assert final["spec"]["engine"]["indexKDtype"] == "bf16"
