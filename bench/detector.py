@@ -5,9 +5,11 @@ tool calls, half every leak shape of the engine double in turn), and of SSE asse
 classification on the same responses streamed. Also checks every verdict against the expected
 one. Then MB/s and classifications/s on long assistant messages, 2-20 KB of prose each, half
 with a tool call whose argument carries half of it (the size the tap classifies in
-production; the target is >= 20 MB/s and >= 2,000 classifications/s per core). False
-positives: the share of normal-prose texts (written paragraphs, the Zen of Python, standard
-library docstrings) that the degenerate heuristic or the markup check flags.
+production; the target is >= 20 MB/s and >= 2,000 classifications/s per core), and again with
+typographic quotes and dashes (non-ASCII text takes slower paths). MB are the UTF-8 bytes of
+the response JSON. False positives: the share of normal-prose texts (written paragraphs, the
+Zen of Python, standard library docstrings) that the degenerate heuristic or the markup check
+flags.
 
     python bench/detector.py [--responses 20000] [--repeat 5]
 """
@@ -67,6 +69,9 @@ def main() -> int:
 
     prose = normal_prose()
     long_rate, long_mb = _long_messages(prose, args.repeat)
+    # The same with typographic quotes and dashes: non-ASCII text takes the slower paths.
+    typographic = [t.replace("'", "\u2019").replace(" - ", " \u2014 ") for t in prose]
+    typo_rate, typo_mb = _long_messages(typographic, args.repeat)
     chars = sum(len(t) for t in prose)
     degenerate = [t for t in prose if degenerate_reason(t) is not None]
     markup = [t for t in prose if find_markup(t) is not None]
@@ -79,6 +84,10 @@ def main() -> int:
     print(
         f"2-20 KB assistant messages (half with a tool call): {long_rate:,.0f} "
         f"classifications/s, {long_mb:.2f} MB/s of response JSON (median of {args.repeat})"
+    )
+    print(
+        f"  the same with typographic quotes and dashes (non-ASCII): {typo_rate:,.0f} "
+        f"classifications/s, {typo_mb:.2f} MB/s"
     )
     print(
         f"verdicts different from expected: {len(wrong)}" + (f" e.g. {wrong[:3]}" if wrong else "")
@@ -119,7 +128,7 @@ def _long_messages(prose: list[str], repeat: int) -> tuple[float, float]:
                 }
             ]
         responses.append({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
-    size_mb = sum(len(json.dumps(r)) for r in responses) / 1e6
+    size_mb = sum(len(json.dumps(r, ensure_ascii=False).encode()) for r in responses) / 1e6
     verdicts = {classify(r, tools=CANARY_TOOLS, must_call=False).kind.value for r in responses}
     assert verdicts == {"ok"}, verdicts  # normal prose: nothing to flag
     rates = []

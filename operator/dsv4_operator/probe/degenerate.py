@@ -6,7 +6,8 @@ Degenerate heuristic (each rule looks at one text; a text shorter than 24 charac
   48 characters long, whose unit holds a letter (a model stuck in a loop runs to max_tokens);
 - repeated segment: the same line or sentence (>= 8 characters, with a letter) three or more
   times in a row anywhere;
-- low diversity: at least 60 word/punctuation tokens and fewer than 40% distinct 4-grams;
+- low diversity: at least 60 words (whitespace-separated, punctuation included) and fewer than
+  40% distinct 4-grams of words;
 - tag soup: at least 6 tag-like fragments (`<x ...>`, `</x>`, `attr="v">`) covering at least
   60% of the non-space characters;
 - garbage: three or more U+FFFD replacement, control (other than tab/newline/CR) or
@@ -15,48 +16,66 @@ Degenerate heuristic (each rule looks at one text; a text shorter than 24 charac
 Its false-positive rate on normal prose is measured by `bench/detector.py` and pinned by
 `tests/unit/test_dsml.py`. Token salad without any repetition, markup or garbage characters is
 not detected (no language model here); such a turn still fails as `missing_call`.
+
+Each rule first runs a C-speed check (`str` and `bytes` methods) that proves, on most normal
+text, that it cannot fire; `tests/unit/test_degenerate_fast_paths.py` holds each to the plain
+definition.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from itertools import repeat
+from operator import and_
 
 _MIN_TEXT = 24
 _LOOP_MIN_CHARS, _LOOP_MIN_PERIODS, _LOOP_MAX_PERIOD = 48, 3, 100
 _SEGMENT_MIN_CHARS, _SEGMENT_REPEATS = 8, 3
-_NGRAM, _NGRAM_MIN_TOKENS, _NGRAM_MIN_DISTINCT = 4, 60, 0.40
+_NGRAM, _NGRAM_MIN_WORDS, _NGRAM_MIN_DISTINCT = 4, 60, 0.40
 _TAG_MIN, _TAG_MIN_SHARE = 6, 0.60
 _GARBAGE_MIN = 3
 
 _LETTER = re.compile(r"[^\W\d_]")
-_TOKEN = re.compile(r"\w+|[^\w\s]+")
-# The same tokens for ASCII text without U+001C..U+001F (whitespace to `str`, not to the ASCII
-# `\s`), scanned about 1.6x faster.
-_ASCII_TOKEN = re.compile(r"\w+|[^\w\s]+", re.ASCII)
-_UNICODE_ONLY_WHITESPACE = re.compile("[\x1c-\x1f]")
 _SEGMENT = re.compile(r"[^\n.!?。！？]+[.!?。！？]*")
+_WIDE_SEGMENT_ENDS = "。！？"
+# For `_may_repeat_segments`: the ASCII segment ends to "\n", every other byte kept; and the
+# bytes stripped from a piece: ASCII whitespace as `str` has it, and every non-ASCII byte (a
+# superset of the UTF-8 of Unicode whitespace).
+_ASCII_SEGMENT_ENDS = bytes(ord("\n") if chr(b) in "\n.!?" else b for b in range(256))
+_PIECE_EDGES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f" + bytes(range(0x80, 0x100))
 # U+FFFD, and the Unicode categories Cc (control, but tab/newline/CR) and Co (private use),
 # spelled as ranges: one regex scan instead of a category lookup per character.
 _GARBAGE = re.compile(
     "[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
     "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]"
 )
-# `\b`: an attribute starts at a word start (any match from inside a word is also one from
-# its start, so finditer finds the same fragments without trying every position in a word).
-_TAG_FRAGMENT = re.compile(
-    r"</?[A-Za-z_][\w:.-]*(?:\s[^<>]{0,80})?/?>|\b\w+\s*=\s*\"[^\"<>]*\"\s*/?>"
+# The UTF-8 bytes a garbage character can start with: ASCII garbage itself, and the lead
+# bytes of U+0080..U+009F (C2), U+E000..U+F8FF and U+FFFD (EE, EF), planes 15-16 (F3, F4).
+_NOT_GARBAGE_LEAD = bytes(
+    b
+    for b in range(256)
+    if not (_GARBAGE.match(chr(b)) if b < 0x80 else b in (0xC2, 0xEE, 0xEF, 0xF3, 0xF4))
 )
-# Its first alternative alone: the same matches when no `="` occurs (the second alternative
-# needs one), and two orders of magnitude faster on prose, where the second is tried at
-# every word.
-_TAG_ONLY = re.compile(r"</?[A-Za-z_][\w:.-]*(?:\s[^<>]{0,80})?/?>")
-_ATTRIBUTE_VALUE = re.compile(r"=\s*\"")
+# Tag-like fragments are what `_TAG_OPEN|_TAG_ATTRIBUTE` finds: `<x ...>`/`</x>`, or
+# `attr="v">` from the start of the attribute's word. `_tag_fragments` runs them apart, each
+# from a literal ('<', `="`), where the combined regex tries the second at every word (20
+# MB/s). Possessive where giving back cannot help (the next item never matches it).
+_TAG_OPEN = re.compile(r"</?[A-Za-z_][\w:.-]*+(?:\s[^<>]{0,80})?/?>")
+_TAG_ATTRIBUTE = re.compile(r"\b\w++\s*+=\s*+\"[^\"<>]*+\"\s*+/?>")
+_ATTRIBUTE_VALUE = re.compile(r"=\s*+\"")
 
 
 def _tail_loop(text: str) -> tuple[int, str] | None:
     n = len(text)
-    for period in range(2, min(_LOOP_MAX_PERIOD, n // _LOOP_MIN_PERIODS) + 1):
+    if n < _LOOP_MIN_CHARS:
+        return None
+    # A tail periodic with period p repeats the last character p back: only those periods
+    # (found by `rfind`, smallest first) are compared.
+    lowest = n - 1 - min(_LOOP_MAX_PERIOD, n // _LOOP_MIN_PERIODS)
+    at = text.rfind(text[-1], lowest, n - 2)
+    while at >= 0:
+        period = n - 1 - at
         span = max(_LOOP_MIN_PERIODS * period, _LOOP_MIN_CHARS)
         if span > n:
             break
@@ -69,14 +88,12 @@ def _tail_loop(text: str) -> tuple[int, str] | None:
                 while start > 0 and text[start - 1] == text[start - 1 + period]:
                     start -= 1
                 return start, f"repetition loop of a {period}-char unit to the end of the text"
+        at = text.rfind(text[-1], lowest, at)
     return None
 
 
 def _repeated_segment(text: str) -> tuple[int, str] | None:
-    # Fast exit: no three equal consecutive segments at all (the usual case); the loop below
-    # runs only to tell whether a run is long and lettered enough, and where it starts.
-    segments = list(map(str.strip, _SEGMENT.findall(text)))
-    if not any(map(_equal3, segments, segments[1:], segments[2:])):
+    if not _may_repeat_segments(text):
         return None
     run, previous, run_start = 1, "", 0
     for match in _SEGMENT.finditer(text):
@@ -92,50 +109,90 @@ def _repeated_segment(text: str) -> tuple[int, str] | None:
     return None
 
 
-def _equal3(a: str, b: str, c: str) -> bool:
-    return a == b == c
+def _may_repeat_segments(text: str) -> bool:
+    """False when no three consecutive segments are equal (stripped): the usual text.
 
-
-def _tokens(text: str) -> list[str]:
-    ascii_tokens = text.isascii() and not _UNICODE_ONLY_WHITESPACE.search(text)
-    return (_ASCII_TOKEN if ascii_tokens else _TOKEN).findall(text)
+    A segment is a run of characters other than the segment ends, then its ends. Two equal
+    stripped segments have equal stripped runs, and the runs are the non-empty pieces of the
+    text split at every segment end. Without a wide end (。！？) the split runs on the UTF-8
+    bytes, at C speed; stripping more than `str.strip` (every non-ASCII byte at either edge)
+    keeps equal pieces equal.
+    """
+    if any(map(text.__contains__, _WIDE_SEGMENT_ENDS)):
+        segments = list(map(str.strip, _SEGMENT.findall(text)))
+        equal_next = list(map(str.__eq__, segments, segments[1:]))
+    else:
+        data = text.encode("utf-8", "surrogatepass").translate(_ASCII_SEGMENT_ENDS)
+        pieces = filter(None, data.split(b"\n"))
+        runs = list(map(bytes.strip, pieces, repeat(_PIECE_EDGES)))
+        equal_next = list(map(bytes.__eq__, runs, runs[1:]))
+    return any(map(and_, equal_next, equal_next[1:]))
 
 
 def _low_diversity(text: str) -> tuple[int, str] | None:
-    tokens = _tokens(text)
-    if len(tokens) < _NGRAM_MIN_TOKENS:
+    words = text.split()
+    if len(words) < _NGRAM_MIN_WORDS:
         return None
-    grams = len(tokens) - _NGRAM + 1
-    # Distinct 4-grams only grow with more of the text: when the first 45% of them already
+    grams = len(words) - _NGRAM + 1
+    # Distinct 4-grams only grow with more of the text: when those of its first 45% already
     # reach the threshold, the whole does too (normal text stops here, at half the work).
     head = int(grams * 0.45) + 1
-    seen = set(zip(*(tokens[i : head + i] for i in range(_NGRAM)), strict=False))
+    seen = set(zip(*(words[i : head + i] for i in range(_NGRAM)), strict=True))
     if len(seen) / grams >= _NGRAM_MIN_DISTINCT:
         return None
-    # zip of shifted views: the 4-grams without a slice per position.
-    counts = Counter(zip(*(tokens[i:] for i in range(_NGRAM)), strict=False))
+    counts = Counter(zip(words, words[1:], words[2:], words[3:], strict=False))
     distinct = len(counts) / grams
     if distinct >= _NGRAM_MIN_DISTINCT:
         return None
     top = " ".join(counts.most_common(1)[0][0])
-    return max(0, text.find(top)), f"low diversity: {distinct:.0%} distinct {_NGRAM}-grams"
+    return max(0, text.find(top)), f"low diversity: {distinct:.0%} distinct {_NGRAM}-grams of words"
 
 
 def _tag_soup(text: str) -> tuple[int, str] | None:
     if text.count(">") < _TAG_MIN:  # every fragment ends in '>': most text stops here
         return None
-    pattern = _TAG_FRAGMENT if _ATTRIBUTE_VALUE.search(text) else _TAG_ONLY
-    fragments = list(pattern.finditer(text))
+    fragments = _tag_fragments(text)
     if len(fragments) < _TAG_MIN:
         return None
-    covered = sum(len(re.sub(r"\s", "", m.group())) for m in fragments)
-    total = len(re.sub(r"\s", "", text))
+    covered = sum(len("".join(text[start:end].split())) for start, end in fragments)
+    total = len("".join(text.split()))  # `str.split` and the regex `\s`: the same whitespace
     if total == 0 or covered / total < _TAG_MIN_SHARE:
         return None
-    return fragments[0].start(), f"tag soup: {len(fragments)} tag fragments"
+    return fragments[0][0], f"tag soup: {len(fragments)} tag fragments"
+
+
+def _tag_fragments(text: str) -> list[tuple[int, int]]:
+    """The spans finditer finds with the two patterns joined by `|`, found apart.
+
+    The alternatives never match at one position (one starts with '<', the other with a
+    word character) and each finds every position it matches at (no match of the first holds
+    a second '<'; the second matches only at a word's start, found back from its `="`), so
+    taking the leftmost that starts after the last one taken is what finditer does.
+    """
+    candidates = [m.span() for m in _TAG_OPEN.finditer(text)] if "<" in text else []
+    for value in _ATTRIBUTE_VALUE.finditer(text):
+        word_end = value.start()
+        while word_end > 0 and text[word_end - 1].isspace():
+            word_end -= 1
+        start = word_end
+        while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+            start -= 1
+        match = _TAG_ATTRIBUTE.match(text, start) if start < word_end else None
+        if match is not None:
+            candidates.append(match.span())
+    fragments: list[tuple[int, int]] = []
+    for start, end in sorted(candidates):
+        if not fragments or start >= fragments[-1][1]:
+            fragments.append((start, end))
+    return fragments
 
 
 def _garbage(text: str) -> tuple[int, str] | None:
+    # Every garbage character holds one byte of _NOT_GARBAGE_LEAD's complement: fewer than
+    # three such bytes and the regex cannot find three.
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data.translate(None, _NOT_GARBAGE_LEAD)) < _GARBAGE_MIN:
+        return None
     positions = [m.start() for m in _GARBAGE.finditer(text)]
     if len(positions) < _GARBAGE_MIN:
         return None
