@@ -1,18 +1,26 @@
 """Benchmark of the leak tap's overhead: the same upstream, direct and through the tap.
 
-Three processes: an upstream stand-in (an aiohttp server that streams an SSE chat completion
-of `--chunks` chunks of realistic size, `--gap-ms` apart, each preceded by an SSE comment with
-its send time on the shared monotonic clock), the tap (`dsv4_operator.tap`, with its
-classifier process), and the load generator (aiohttp client). Every request offers tools, so
-every response is copied to the classifier: the tap's worst case.
+Three processes: an upstream stand-in (streams an SSE chat completion of `--chunks` chunks of
+realistic size, `--gap-ms` apart, each preceded by an SSE comment with its send time on the
+shared monotonic clock), the tap (`dsv4 tap`, with its classifier process), and the load
+generator (one keep-alive connection per session). Upstream and load generator are raw
+asyncio protocols on uvloop, a few microseconds per chunk, so that they do not starve the tap
+of CPU at 256 sessions. Every request offers tools, so every response is copied to the
+classifier: the tap's worst case.
 
 For 1, 64 and 256 concurrent streaming sessions it runs `--seconds` direct, then as long
 through the tap, and prints p50/p99 of time to first byte, of the whole request, and of each
 chunk's delivery delay (arrival - send), and the tap's added latency (tap - direct) per
-request and per chunk. Then a throughput phase (no gaps) prints streamed requests/s and the
-tap's requests/s per core (requests / CPU seconds of the tap process, from /proc).
+request and per chunk, with the CPU each process used (cores busy, from /proc). Then a
+throughput phase (no gaps) prints streamed requests/s and the tap's requests/s per core
+(requests / CPU seconds of the tap process).
 
-    python bench/tap.py [--seconds 10] [--chunks 40] [--gap-ms 15]
+With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
+generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
+CPU in the router pod: otherwise, on a small machine, the figures are the harness's
+contention for the cores more than the tap's cost.
+
+    python bench/tap.py [--seconds 10] [--chunks 40] [--gap-ms 15] [--no-pin]
 """
 
 from __future__ import annotations
@@ -29,8 +37,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
-from aiohttp import web
+import uvloop
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
@@ -43,27 +50,68 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _upstream(port: int, chunks: int, gap_ms: float) -> None:
-    async def chat(request: web.Request) -> web.StreamResponse:
-        await request.read()
-        gap = float(request.headers.get("X-Gap-Ms", gap_ms)) / 1000
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for i in range(chunks):
-            delta = {"content": TEXT[(i * 7) % 60 : (i * 7) % 60 + 12]}
-            data = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
-            await response.write(
-                f": t={time.monotonic():.6f}\ndata: {json.dumps(data)}\n\n".encode()
-            )
-            if gap:
-                await asyncio.sleep(gap)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+class _StreamingUpstream(asyncio.Protocol):
+    """The router's stand-in on one connection: answers each request (a head and a
+    Content-Length body) with `chunks` SSE events, chunked, `X-Gap-Ms` apart, each preceded by
+    a comment with its send time. Raw asyncio: per chunk a timer and a write, no framework."""
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    def __init__(self, chunks: int, gap_ms: float) -> None:
+        self.chunks, self.gap_ms = chunks, gap_ms
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        head, separator, rest = self.buffer.partition(b"\r\n\r\n")
+        if not separator:
+            return
+        fields = dict(
+            line.split(b": ", 1) for line in head.lower().split(b"\r\n")[1:] if b": " in line
+        )
+        length = int(fields.get(b"content-length", b"0"))
+        if len(rest) < length:
+            return
+        self.buffer = rest[length:]
+        gap = float(fields.get(b"x-gap-ms", str(self.gap_ms).encode())) / 1000
+        assert self.transport is not None
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        self._send(0, gap)
+
+    def _send(self, i: int, gap: float) -> None:
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return
+        if i == self.chunks:
+            self.transport.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+            return
+        delta = TEXT[(i * 7) % 60 : (i * 7) % 60 + 12]
+        data = {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": delta}}],
+        }
+        event = f": t={time.monotonic():.6f}\ndata: {json.dumps(data)}\n\n".encode()
+        self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+        if gap:
+            asyncio.get_running_loop().call_later(gap, self._send, i + 1, gap)
+        else:
+            self._send(i + 1, gap)
+
+
+def _upstream(port: int, chunks: int, gap_ms: float) -> None:
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _StreamingUpstream(chunks, gap_ms), "127.0.0.1", port
+        )
+        await server.serve_forever()
+
+    uvloop.run(serve())
 
 
 @dataclass
@@ -74,36 +122,77 @@ class Samples:
     requests: int = 0
 
 
-async def _one(session: aiohttp.ClientSession, url: str, gap_ms: float, out: Samples) -> None:
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    body["tools"] = TOOLS
-    start = time.monotonic()
-    first: float | None = None
-    headers = {"X-Gap-Ms": str(gap_ms)}
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        async for line in resp.content:
-            now = time.monotonic()
-            if first is None:
-                first = now
-            if line.startswith(b": t="):
-                out.chunk.append(now - float(line[4:]))
-    end = time.monotonic()
-    out.ttfb.append((first or end) - start)
-    out.total.append(end - start)
-    out.requests += 1
+class _Session(asyncio.Protocol):
+    """One client connection sending one streaming request after another (keep-alive),
+    recording when each chunk's send-time comment arrives. Raw asyncio, as the upstream."""
+
+    def __init__(self, request: bytes, out: Samples, deadline: float) -> None:
+        self.request, self.out, self.deadline = request, out, deadline
+        self.transport: asyncio.Transport | None = None
+        self.done = asyncio.get_running_loop().create_future()
+        self.tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._send()
+
+    def _send(self) -> None:
+        assert self.transport is not None
+        self.started, self.first, self.tail = time.monotonic(), 0.0, b""
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        self.first = self.first or now
+        data = self.tail + data
+        at = data.find(b": t=")
+        while at >= 0:
+            end = data.find(b"\n", at)
+            if end < 0:
+                break
+            self.out.chunk.append(now - float(data[at + 4 : end]))
+            at = data.find(b": t=", end)
+        if data.endswith(b"\r\n0\r\n\r\n"):
+            self.out.ttfb.append(self.first - self.started)
+            self.out.total.append(now - self.started)
+            self.out.requests += 1
+            if now < self.deadline:
+                self._send()
+            else:
+                assert self.transport is not None
+                self.transport.close()
+            return
+        # Keep what a stamp or the end marker may continue from: an unfinished stamp, or the
+        # last 8 bytes (shorter than any whole stamp line, so never counted twice).
+        self.tail = data[at:] if at >= 0 else data[-8:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 async def _load(url: str, concurrency: int, seconds: float, gap_ms: float) -> Samples:
     out = Samples()
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": TOOLS,
+        }
+    ).encode()
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"X-Gap-Ms: {gap_ms}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     deadline = time.monotonic() + seconds
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def worker() -> None:
-            while time.monotonic() < deadline:
-                await _one(session, url, gap_ms, out)
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    loop = asyncio.get_running_loop()
+    sessions = [
+        (await loop.create_connection(lambda: _Session(request, out, deadline), host, int(port)))[1]
+        for _ in range(concurrency)
+    ]
+    await asyncio.gather(*(session.done for session in sessions))
     return out
 
 
@@ -111,6 +200,31 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spawned_child(pid: int) -> int:
+    """The multiprocessing worker `pid` spawned (its resource tracker is another child)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        for child in map(int, children.read().split()):
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                if b"spawn_main" in cmdline.read():
+                    return child
+    raise LookupError(f"process {pid} has no spawned worker")
+
+
+class CpuMeter:
+    """CPU seconds used by named processes between `start` and `stop`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._before: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._before = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def cores(self, seconds: float) -> str:
+        used = {n: _cpu_seconds(pid) - self._before[n] for n, pid in self.pids.items()}
+        return ", ".join(f"{name} {value / seconds:.2f}" for name, value in used.items())
 
 
 def _q(values: list[float], q: float) -> float:
@@ -134,7 +248,12 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=40)
     parser.add_argument("--gap-ms", type=float, default=15.0)
     parser.add_argument("--sessions", default="1,64,256")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = len(cpus) >= 2 if args.pin is None else args.pin
+    if pin:  # this process (the load generator) and the upstream it spawns: the first CPU
+        os.sched_setaffinity(0, cpus[:1])
     ctx = multiprocessing.get_context("spawn")
     up_port, tap_port, metrics_port = _free_port(), _free_port(), _free_port()
     upstream = ctx.Process(target=_upstream, args=(up_port, args.chunks, args.gap_ms), daemon=True)
@@ -148,25 +267,32 @@ def main() -> int:
          "--deployment", "bench"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
     )  # fmt: skip
     _wait_port(tap_port)
+    classifier = _spawned_child(tap.pid)
+    pids = {"load": os.getpid(), "upstream": upstream.pid or 0, "tap": tap.pid}
+    meter = CpuMeter(pids | {"classifier": classifier})
+    where = f"pinned: load+upstream on CPU {cpus[0]}, tap on {cpus[1:]}" if pin else "not pinned"
     print(
-        f"{os.cpu_count()} cores; {args.chunks} chunks per response, {args.gap_ms:g} ms apart; "
-        f"{args.seconds:g}s per phase; every request offers tools (all classified)"
+        f"{len(cpus)} cores ({where}); {args.chunks} chunks per response, {args.gap_ms:g} ms "
+        f"apart; {args.seconds:g}s per phase; every request offers tools (all classified)"
     )
-    header = "sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms"
+    header = "sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores"
     print(header)
     added: list[str] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         runs = {}
         for name, url in (("direct", up_url), ("tap", tap_url)):
-            s = asyncio.run(_load(url, sessions, args.seconds, args.gap_ms))
+            meter.start()
+            s = uvloop.run(_load(url, sessions, args.seconds, args.gap_ms))
             runs[name] = s
             print(
                 f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
                 f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
                 f"{_q(s.total, 0.5):8.1f}/{_q(s.total, 0.99):7.1f}  "
-                f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}"
+                f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
+                f"{meter.cores(args.seconds)}"
             )
         d, t = runs["direct"], runs["tap"]
         added.append(
@@ -179,7 +305,7 @@ def main() -> int:
     print("\n".join(added))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     before = _cpu_seconds(tap.pid)
-    s = asyncio.run(_load(tap_url, 64, args.seconds, 0.0))
+    s = uvloop.run(_load(tap_url, 64, args.seconds, 0.0))
     used = _cpu_seconds(tap.pid) - before
     print(
         f"throughput through the tap (no gaps, 64 sessions): {s.requests / args.seconds:.0f} "

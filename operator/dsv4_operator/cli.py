@@ -301,6 +301,10 @@ def tap(upstream: str, listen: str, metrics: str, deployment: str) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = TapConfig(upstream=upstream.rstrip("/"), deployment=deployment)
+    try:
+        config.router_address()
+    except ValueError as exc:
+        _fail(f"--upstream: {exc}")
     # libuv's event loop: the tap's per-chunk cost is mostly the loop's own (bench/tap.py).
     uvloop.run(run_tap(config, _address(listen), _address(metrics)))
 

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
-from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app, proxy_app
+from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
 from dsv4_operator.tap.worker import ClassifierLink
 
 pytestmark = pytest.mark.asyncio
@@ -114,13 +114,12 @@ async def stack() -> AsyncIterator[tuple[Upstream, Tap, str, str, aiohttp.Client
     # No timed supervision: a test restarts the classifier with supervise_once().
     tap = Tap(TapConfig(upstream=up_url, deployment="d"), supervise_seconds=3600)
     await tap.start()
-    tap_runner, tap_url = await _serve(proxy_app(tap))
+    host, port = await tap.listen("127.0.0.1", 0)
     session = aiohttp.ClientSession(auto_decompress=False)
     try:
-        yield upstream, tap, up_url, tap_url, session
+        yield upstream, tap, up_url, f"http://{host}:{port}", session
     finally:
         await session.close()
-        await tap_runner.cleanup()
         await tap.close()
         await up_runner.cleanup()
 

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dsv4_operator.tap.observe import Unobserved
 from dsv4_operator.tap.worker import LAG_BUCKETS, ClassifierLink
 
 # Added latency is small: the buckets resolve tens of microseconds.
@@ -88,10 +89,19 @@ class TapMetrics:
             "dsv4_tap_upstream_errors",
             "Requests the tap could not forward (the router unreachable): answered 502.",
         ).labels(deployment)
+        unobserved = Counter(
+            "dsv4_tap_unobserved_connections",
+            "Connections the tap relays but stopped reading (a HEAD request, an upgrade, bytes "
+            "that are not HTTP/1.1): their exchanges after that are not classified.",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
+        self.unobserved = {reason: unobserved.labels(deployment, reason) for reason in Unobserved}
         added = Histogram(
             "dsv4_tap_added_latency_seconds",
-            "Time the tap itself spends: `request` from the request's arrival to its sending "
-            "upstream, `chunk` from a response chunk's arrival to its write downstream.",
+            "Time the tap itself spends on the bytes it relays: `request` from a piece of a "
+            "request's arrival to its sending to the router, `chunk` from a piece of a "
+            "response's arrival to its write to the client.",
             [*labels, "phase"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,

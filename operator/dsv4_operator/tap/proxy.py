@@ -1,50 +1,31 @@
-"""The tap's proxy: forwards every request to the router byte for byte, streams each response
-chunk on as it arrives, and hands a copy of tool-calling exchanges to the classifier after
-the response has ended (never before, never waiting for it). Content is neither stored nor
-logged: the copy lives until the classifier has its verdict.
+"""The leak tap: a relay to the router (`tap.relay`) that copies tool-calling exchanges to the
+classifier after each response has ended (never before, never waiting for it), the
+classifier's supervision, and /metrics. Content is neither stored nor logged: the copy lives
+until the classifier has its verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
-import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dsv4_operator.probe.transport import PROBE_HEADER
-from dsv4_operator.tap.classify import TOOLS_MARKER
 from dsv4_operator.tap.metrics import TapMetrics
+from dsv4_operator.tap.observe import Hooks
+from dsv4_operator.tap.relay import Relay
 from dsv4_operator.tap.worker import ClassifierLink
 
 log = logging.getLogger(__name__)
 
-# Per connection, not end to end (RFC 9110 7.6.1); Host and length are set by each side.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
-#: Responses larger than this are forwarded but not classified (counted as skipped).
+#: Exchanges larger than this (request and response) are forwarded but not classified.
 CAPTURE_LIMIT = 4 << 20
 SUPERVISE_SECONDS = 1.0
-PROBE_HEADER_NAME = next(iter(PROBE_HEADER))
 
 
 @dataclass(frozen=True)
@@ -53,14 +34,19 @@ class TapConfig:
     deployment: str
     capture_limit: int = CAPTURE_LIMIT
 
-
-def _forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """The end-to-end headers, repeated ones (Set-Cookie) kept, in order."""
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+    def router_address(self) -> tuple[str, int]:
+        """(host, port) of `upstream`; ValueError naming what is wrong."""
+        parts = urlsplit(self.upstream)
+        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(
+                f"upstream {self.upstream!r}: expected http://host:port (the router in the same "
+                "pod, plain HTTP, no path)"
+            )
+        return parts.hostname, parts.port or 80
 
 
 class Tap:
-    """The proxy handler, its classifier link and its metrics."""
+    """The relay, its classifier link and its metrics."""
 
     def __init__(
         self,
@@ -71,27 +57,42 @@ class Tap:
         self.config = config
         self.supervise_seconds = supervise_seconds
         self.link = link or ClassifierLink()
-        self.metrics = TapMetrics(self.link, config.deployment)
-        self._session: aiohttp.ClientSession | None = None
+        self.metrics = metrics = TapMetrics(self.link, config.deployment)
+        hooks = Hooks(
+            request=lambda tools: (
+                metrics.tool_requests if tools else metrics.other_requests
+            ).inc(),
+            exchange=self.link.submit,
+            too_large=metrics.too_large.inc,
+            unobserved=lambda reason: metrics.unobserved[reason].inc(),
+            capture_limit=config.capture_limit,
+        )
+        host, port = config.router_address()
+        self.relay = Relay(
+            host,
+            port,
+            hooks,
+            request_forwarded=metrics.request_latency.observe,
+            chunk_written=metrics.chunk_latency.observe,
+            upstream_error=metrics.upstream_errors.inc,
+        )
         self._supervisor: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=30)
-        # auto_decompress off: bodies pass through as the router encoded them.
-        self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
-        )
         if not self.link.alive():
             self.link.start()
         self._supervisor = asyncio.create_task(self._supervise())
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Relay connections accepted on (host, port) to the router; the address bound."""
+        return await self.relay.listen(host, port)
 
     async def close(self) -> None:
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
-        if self._session is not None:
-            await self._session.close()
+        await self.relay.close()
         await asyncio.to_thread(self.link.stop)
 
     async def _supervise(self) -> None:
@@ -104,67 +105,9 @@ class Tap:
         if await asyncio.to_thread(self.link.ensure_running):
             log.warning("the tap's classifier had died; restarted it (traffic was not held)")
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrived = time.perf_counter()
-        body = await request.read()
-        # The canary's own requests are its to count, not production traffic.
-        probe = PROBE_HEADER_NAME in request.headers
-        tool_calling = request.method == "POST" and not probe and TOOLS_MARKER in body
-        (self.metrics.tool_requests if tool_calling else self.metrics.other_requests).inc()
-        assert self._session is not None, "Tap.start() first"
-        # The tap's own time on a request: reading it and deciding, up to forwarding it (what
-        # follows is the router's time to answer, not the tap's).
-        self.metrics.request_latency.observe(time.perf_counter() - arrived)
-        try:
-            upstream = await self._session.request(
-                request.method,
-                self.config.upstream + request.path_qs,
-                data=body,
-                headers=_forwarded(request.headers),
-                allow_redirects=False,
-            )
-        except (aiohttp.ClientError, OSError) as exc:
-            self.metrics.upstream_errors.inc()
-            return web.Response(status=502, text=f"dsv4 tap: router unreachable: {exc}\n")
-        async with upstream:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            response.headers.extend(_forwarded(upstream.headers))
-            if upstream.content_length is not None:
-                response.content_length = upstream.content_length
-            await response.prepare(request)
-            captured: list[bytes] | None = [] if tool_calling else None
-            size = 0
-            async for chunk in _chunks(upstream):
-                got = time.perf_counter()
-                await response.write(chunk)
-                self.metrics.chunk_latency.observe(time.perf_counter() - got)
-                if captured is not None:
-                    size += len(chunk)
-                    if size > self.config.capture_limit:
-                        captured = None
-                        self.metrics.too_large.inc()
-                    else:
-                        captured.append(chunk)
-            await response.write_eof()
-        if captured is not None:
-            self.link.submit(body, b"".join(captured))
-        return response
-
     async def serve_metrics(self, request: web.Request) -> web.Response:
         payload = await asyncio.to_thread(generate_latest, self.metrics.registry)
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def _chunks(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The body as the network delivers it (no re-chunking, no waiting for more)."""
-    async for chunk in upstream.content.iter_any():
-        yield chunk
-
-
-def proxy_app(tap: Tap) -> web.Application:
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_route("*", "/{tail:.*}", tap.handle)
-    return app
 
 
 def metrics_app(tap: Tap) -> web.Application:
@@ -177,14 +120,16 @@ async def run_tap(config: TapConfig, listen: tuple[str, int], metrics: tuple[str
     """Serve until cancelled."""
     tap = Tap(config)
     await tap.start()
-    runners = [web.AppRunner(proxy_app(tap), access_log=None), web.AppRunner(metrics_app(tap))]
+    runner = web.AppRunner(metrics_app(tap))
     try:
-        for runner, (host, port) in zip(runners, (listen, metrics), strict=True):
-            await runner.setup()
-            await web.TCPSite(runner, host, port).start()
+        await runner.setup()
+        await web.TCPSite(runner, *metrics).start()
+        await tap.listen(*listen)
+        # What exists now (modules, the app) lives as long as the process: kept out of the
+        # collector's full passes, which otherwise stall the loop for tens of milliseconds.
+        gc.freeze()
         log.info("tap on %s:%d -> %s (metrics on %s:%d)", *listen, config.upstream, *metrics)
         await asyncio.Event().wait()
     finally:
-        for runner in runners:
-            await runner.cleanup()
+        await runner.cleanup()
         await tap.close()

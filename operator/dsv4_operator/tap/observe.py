@@ -1,0 +1,194 @@
+"""Reads the HTTP/1.1 exchanges of one relayed connection (httptools), never altering them:
+which requests offered tools, and a copy of their responses for the classifier.
+
+The relay forwards every byte whatever happens here: a connection this module cannot follow
+(a HEAD request, whose response length the parser cannot know; an upgrade; bytes that are not
+HTTP/1.1) is left unobserved from then on, and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from enum import StrEnum
+
+import httptools
+
+from dsv4_operator.probe.transport import PROBE_HEADER
+from dsv4_operator.tap.classify import TOOLS_MARKER
+
+_PROBE = next(iter(PROBE_HEADER)).lower().encode()
+log = logging.getLogger(__name__)
+
+
+class Unobserved(StrEnum):
+    """Why the tap stopped reading a connection (it still forwards it)."""
+
+    HEAD = "head"
+    UPGRADE = "upgrade"
+    UNPARSABLE = "unparsable"
+
+
+class Exchange:
+    """One request and its response on a connection; bodies kept up to the capture limit."""
+
+    __slots__ = (
+        "ended", "marker", "method", "overflow", "probe", "request", "response", "size", "tail"
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.ended = False  # the request has ended (the client may still be sending it)
+        self.probe = False
+        self.marker = False  # TOOLS_MARKER seen in the request body
+        self.tail = b""  # the request body's last bytes: a marker split between two parts
+        self.request: list[bytes] = []
+        self.response: list[bytes] = []
+        self.size = 0
+        self.overflow = False
+
+    def request_part(self, part: bytes, limit: int) -> None:
+        joined = self.tail + part
+        self.marker = self.marker or TOOLS_MARKER in joined
+        self.tail = joined[1 - len(TOOLS_MARKER) :]
+        self._keep(part, self.request, limit)
+
+    def response_part(self, part: bytes, limit: int) -> None:
+        self._keep(part, self.response, limit)
+
+    def _keep(self, part: bytes, into: list[bytes], limit: int) -> None:
+        if self.overflow:
+            return
+        self.size += len(part)
+        if self.size > limit:  # too large to classify: still forwarded, counted
+            self.overflow = True
+            self.request.clear()
+            self.response.clear()
+        else:
+            into.append(part)
+
+    @property
+    def tool_calling(self) -> bool:
+        return self.method == b"POST" and not self.probe and self.marker
+
+
+class Hooks:
+    """What the observer reports (the tap's metrics and classifier link)."""
+
+    def __init__(
+        self,
+        request: Callable[[bool], None],
+        exchange: Callable[[bytes, bytes], bool],
+        too_large: Callable[[], None],
+        unobserved: Callable[[Unobserved], None],
+        capture_limit: int,
+    ) -> None:
+        self.request = request  # a request ended; True when it offered tools
+        self.exchange = exchange  # a tool-calling exchange ended: (request, response) bodies;
+        # it returns whether the classifier took it (a drop is its to count)
+        self.too_large = too_large
+        self.unobserved = unobserved
+        self.capture_limit = capture_limit
+
+
+class ConnectionObserver:
+    """Both directions of one connection, fed as the relay forwards them."""
+
+    def __init__(self, hooks: Hooks) -> None:
+        self.hooks = hooks
+        self.active = True
+        self._pending: deque[Exchange] = deque()  # requests whose responses have not ended
+        self._requests = httptools.HttpRequestParser(_RequestSide(self))
+        self._responses = httptools.HttpResponseParser(_ResponseSide(self))
+
+    def feed_request(self, data: bytes) -> None:
+        if self.active:
+            self._feed(self._requests, data)
+
+    def feed_response(self, data: bytes) -> None:
+        if self.active:
+            self._feed(self._responses, data)
+
+    def _feed(
+        self, parser: httptools.HttpRequestParser | httptools.HttpResponseParser, data: bytes
+    ) -> None:
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.stop(Unobserved.UPGRADE)
+        except httptools.HttpParserError:
+            self.stop(Unobserved.UNPARSABLE)
+        except Exception:  # a fault here must never reach the relay: stop reading, go on
+            log.exception("the tap stopped reading a connection after an error (still relayed)")
+            self.stop(Unobserved.UNPARSABLE)
+
+    def stop(self, reason: Unobserved) -> None:
+        if self.active:
+            self.active = False
+            self._pending.clear()
+            self.hooks.unobserved(reason)
+
+
+class _RequestSide:
+    """httptools callbacks for the client's requests."""
+
+    def __init__(self, observer: ConnectionObserver) -> None:
+        self.observer = observer
+        self.current = Exchange()
+
+    def on_message_begin(self) -> None:
+        self.current = Exchange()
+        self.observer._pending.append(self.current)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == _PROBE:
+            self.current.probe = True
+
+    def on_headers_complete(self) -> None:
+        self.current.method = self.observer._requests.get_method()
+        if self.current.method == b"HEAD":
+            self.observer.stop(Unobserved.HEAD)
+
+    def on_body(self, body: bytes) -> None:
+        if self.current.method == b"POST" and not self.current.probe:
+            self.current.request_part(body, self.observer.hooks.capture_limit)
+
+    def on_message_complete(self) -> None:
+        exchange = self.current
+        exchange.ended = True
+        if not exchange.tool_calling:
+            exchange.request.clear()
+        self.observer.hooks.request(exchange.tool_calling)
+
+
+class _ResponseSide:
+    """httptools callbacks for the router's responses, matched to requests in order."""
+
+    def __init__(self, observer: ConnectionObserver) -> None:
+        self.observer = observer
+        self.interim = False
+
+    def on_headers_complete(self) -> None:
+        status = self.observer._responses.get_status_code()
+        self.interim = 100 <= status < 200  # 100 Continue: the real response follows
+        if not self.observer._pending:
+            self.observer.stop(Unobserved.UNPARSABLE)  # a response to no request
+
+    def on_body(self, body: bytes) -> None:
+        if self.observer._pending:
+            exchange = self.observer._pending[0]
+            if exchange.tool_calling or not exchange.ended:  # or not known yet
+                exchange.response_part(body, self.observer.hooks.capture_limit)
+
+    def on_message_complete(self) -> None:
+        if self.interim or not self.observer._pending:
+            return
+        exchange = self.observer._pending.popleft()
+        if not (exchange.tool_calling and exchange.ended):
+            return
+        if exchange.overflow:
+            self.observer.hooks.too_large()
+        else:
+            request = b"".join(exchange.request)
+            self.observer.hooks.exchange(request, b"".join(exchange.response))

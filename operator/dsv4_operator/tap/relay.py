@@ -1,0 +1,177 @@
+"""The tap's data path: one router connection per client connection, every byte passed on the
+moment it arrives, in both directions, unchanged (asyncio protocols, no HTTP framing redone).
+A `ConnectionObserver` reads the same bytes after they are sent, for the classifier.
+
+Why a relay and not an HTTP proxy: re-framing each streamed chunk (parse, wake a task, frame
+again) cost the aiohttp proxy about 65 us of CPU per chunk, the relay about 30 us, most of it
+the read and write system calls (bench/tap.py, 64 and 256 streams). Flow control is end to
+end: a side that cannot keep up pauses reading from the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import cast
+
+import httptools
+
+from dsv4_operator.tap.observe import ConnectionObserver, Hooks
+
+
+class _Router(asyncio.Protocol):
+    """The tap's connection to the router: what arrives goes to the client, then is read."""
+
+    def __init__(self, client: ClientConnection) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        client = self.client
+        began = time.perf_counter()
+        client.transport.write(data)
+        client.relay.chunk_written(time.perf_counter() - began)
+        client.observer.feed_response(data)
+
+    def eof_received(self) -> bool:
+        return False  # the router closed: close the client's connection once it has it all
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client.transport.close()  # after what is buffered has been written
+
+    def pause_writing(self) -> None:  # the router reads slower than the client sends
+        self.client.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.client.transport.resume_reading()
+
+
+class ClientConnection(asyncio.Protocol):
+    """A client's connection to the tap, relayed to its own connection to the router."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.observer = ConnectionObserver(relay.hooks)
+        self.transport: asyncio.Transport
+        self.router: asyncio.Transport | None = None  # once connected
+        self._connecting: asyncio.Task[None] | None = None
+        self._refused: _Refusal | None = None
+        self._early: list[bytes] = []  # what arrived before the router's connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        # Until the router's connection is there (uvloop may still deliver a first read).
+        transport.pause_reading()
+        self.relay.connections.add(self)
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            router, _ = await loop.create_connection(
+                lambda: _Router(self), self.relay.host, self.relay.port
+            )
+        except OSError as exc:
+            # Answer 502 (the router is down, not the client's fault); the client may retry.
+            self._refused = _Refusal(self, f"dsv4 tap: router unreachable: {exc}\n")
+        else:
+            self.router = router
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.router is not None:
+            began = time.perf_counter()
+            self.router.write(data)
+            self.observer.feed_request(data)
+            self.relay.request_forwarded(time.perf_counter() - began)
+        elif self._refused is not None:
+            self._refused.feed(data)
+        else:
+            self._early.append(data)
+
+    def eof_received(self) -> bool:
+        if self.router is not None and self.router.can_write_eof():
+            self.router.write_eof()  # half-close: the response may still come
+            return True
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.relay.connections.discard(self)
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        if self.router is not None:
+            self.router.close()
+
+    def pause_writing(self) -> None:  # the client reads slower than the router sends
+        if self.router is not None:
+            self.router.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.router is not None:
+            self.router.resume_reading()
+
+
+class _Refusal:
+    """Reads the client's first request, answers it 502 (`Connection: close`) and closes."""
+
+    def __init__(self, client: ClientConnection, text: str) -> None:
+        self.client = client
+        self.body = text.encode()
+        self.parser = httptools.HttpRequestParser(self)
+
+    def feed(self, data: bytes) -> None:
+        if not self.client.transport.is_closing():
+            with contextlib.suppress(httptools.HttpParserError):
+                self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        if self.client.transport.is_closing():
+            return
+        self.client.relay.upstream_error()
+        head = (
+            "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(self.body)}\r\nConnection: close\r\n\r\n"
+        )
+        self.client.transport.write(head.encode() + self.body)
+        self.client.transport.close()
+
+
+class Relay:
+    """The listening side: where the router is, what to report, the open connections."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        hooks: Hooks,
+        request_forwarded: Callable[[float], None],
+        chunk_written: Callable[[float], None],
+        upstream_error: Callable[[], None],
+    ) -> None:
+        self.host, self.port = host, port
+        self.hooks = hooks
+        self.request_forwarded = request_forwarded
+        self.chunk_written = chunk_written
+        self.upstream_error = upstream_error
+        self.connections: set[ClientConnection] = set()
+        self._server: asyncio.Server | None = None
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        """Start accepting; the address bound (port 0 picks one)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port)
+        bound = self._server.sockets[0].getsockname()
+        return str(bound[0]), int(bound[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for connection in list(self.connections):
+                connection.transport.close()
+            await self._server.wait_closed()

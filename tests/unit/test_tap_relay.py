@@ -1,0 +1,193 @@
+"""The tap's relay on uvloop (the loop `dsv4 tap` runs), spoken to over raw HTTP/1.1: bytes
+pass unchanged in both directions (pipelined requests, a HEAD), a
+request body too large to classify is still forwarded, and a router that is not there gets
+a 502 per request. The router's stand-in is a local aiohttp app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvloop
+from aiohttp import web
+
+from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.tap.observe import Unobserved
+from dsv4_operator.tap.proxy import Tap, TapConfig
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+LEAK = "<｜DSML｜tool_calls>"
+
+
+async def _chat(request: web.Request) -> web.Response:
+    body = await request.json()
+    message = {"role": "assistant", "content": LEAK if body.get("model") == "leaky" else "hi"}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return web.json_response({"object": "chat.completion", "choices": [choice]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(text="ok", headers={"X-Length-Was": str(request.content_length)})
+
+
+def _post(body: dict[str, Any]) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+
+
+async def _exchange(address: tuple[str, int], data: bytes, responses: int) -> bytes:
+    """Send `data` on one connection, read until `responses` have arrived (or it closes)."""
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(data)
+    await writer.drain()
+    received = b""
+    while received.count(b"HTTP/1.1 ") < responses or not _complete(received):
+        chunk = await asyncio.wait_for(reader.read(65536), 30)
+        if not chunk:
+            break
+        received += chunk
+    writer.close()
+    return received
+
+
+def _complete(received: bytes) -> bool:
+    """Whether the last response in `received` has all of its Content-Length."""
+    head, separator, body = received[received.rfind(b"HTTP/1.1 ") :].partition(b"\r\n\r\n")
+    lengths = [line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+    return bool(separator) and len(body) >= (int(lengths[0].split(b":")[1]) if lengths else 0)
+
+
+def _with_stack(
+    scenario: Callable[[Tap, tuple[str, int], tuple[str, int]], Awaitable[None]],
+    capture_limit: int = 4 << 20,
+) -> None:
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", _chat)
+        app.router.add_route("*", "/health", _health)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        router = runner.addresses[0][:2]
+        config = TapConfig(f"http://{router[0]}:{router[1]}", "d", capture_limit=capture_limit)
+        tap = Tap(config, supervise_seconds=3600)
+        await tap.start()
+        try:
+            await scenario(tap, await tap.listen("127.0.0.1", 0), router)
+        finally:
+            await tap.close()
+            await runner.cleanup()
+
+    uvloop.run(main())
+
+
+async def _verdicts(tap: Tap, total: int) -> dict[VerdictKind, int]:
+    for _ in range(600):
+        counts = tap.link.counts()
+        if counts.lag_buckets[-1] >= total:
+            return counts.verdicts
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"fewer than {total} verdicts after 30 s: {tap.link.counts()}")
+
+
+def _without_dates(received: bytes) -> bytes:
+    return b"\r\n".join(line for line in received.split(b"\r\n") if not line.startswith(b"Date:"))
+
+
+def test_pipelined_requests_pass_unchanged_and_each_is_classified() -> None:
+    async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        pipelined = (
+            _post({"model": "leaky", "messages": [], "tools": TOOLS})
+            + b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
+            + _post({"model": "m", "messages": [], "tools": TOOLS})
+            + _post({"model": "leaky", "messages": []})  # no tools: not classified
+        )
+        direct = await _exchange(router, pipelined, 4)
+        relayed = await _exchange(address, pipelined, 4)
+        assert _without_dates(relayed) == _without_dates(direct)
+        assert relayed.count(b"HTTP/1.1 200 OK") == 4
+        verdicts = await _verdicts(tap, 2)
+        assert verdicts[VerdictKind.LEAKED_MARKUP] == 1 and verdicts[VerdictKind.OK] == 1
+        assert tap.metrics.tool_requests._value.get() == 2
+        assert tap.metrics.other_requests._value.get() == 2
+
+    _with_stack(scenario)
+
+
+def test_after_a_head_request_the_connection_is_relayed_unread() -> None:
+    async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        data = b"HEAD /health HTTP/1.1\r\nHost: t\r\n\r\n" + _post(
+            {"model": "leaky", "messages": [], "tools": TOOLS}
+        )
+        relayed = await _exchange(address, data, 2)
+        assert _without_dates(relayed) == _without_dates(await _exchange(router, data, 2))
+        assert b"DSML" in relayed  # the leak went through, unread
+        assert tap.metrics.unobserved[Unobserved.HEAD]._value.get() == 1
+        await asyncio.sleep(0.2)
+        assert tap.link.counts().lag_buckets[-1] == 0  # not classified: its framing unknown
+
+    _with_stack(scenario)
+
+
+def test_a_request_too_large_to_classify_is_forwarded_and_counted() -> None:
+    async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        padding = "x" * 4096
+        data = _post(
+            {"model": "leaky", "messages": [{"role": "user", "content": padding}], "tools": TOOLS}
+        )
+        relayed = await _exchange(address, data, 1)
+        assert relayed.startswith(b"HTTP/1.1 200 OK") and b"DSML" in relayed
+        assert tap.metrics.tool_requests._value.get() == 1  # still counted as tool-calling
+        assert tap.metrics.too_large._value.get() == 1
+        assert tap.link.counts().lag_buckets[-1] == 0
+
+    _with_stack(scenario, capture_limit=1024)
+
+
+def test_a_fault_in_reading_never_reaches_the_traffic() -> None:
+    async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        def broken(request: bytes, response: bytes) -> bool:
+            raise RuntimeError("a bug in the classifier link")
+
+        tap.relay.hooks.exchange = broken
+        data = _post({"model": "leaky", "messages": [], "tools": TOOLS}) * 2
+        relayed = await _exchange(address, data, 2)
+        assert relayed.count(b"HTTP/1.1 200 OK") == 2  # both answered, on the same connection
+        assert tap.metrics.unobserved[Unobserved.UNPARSABLE]._value.get() == 1
+
+    _with_stack(scenario)
+
+
+def test_a_router_that_is_not_there_gets_a_502_per_request() -> None:
+    async def main() -> None:
+        tap = Tap(TapConfig("http://127.0.0.1:9", "d"), supervise_seconds=3600)  # discard port
+        await tap.start()
+        try:
+            address = await tap.listen("127.0.0.1", 0)
+            for _ in range(2):
+                answer = await _exchange(address, _post({"model": "m", "messages": []}), 1)
+                assert answer.startswith(b"HTTP/1.1 502 Bad Gateway\r\n")
+                assert b"dsv4 tap: router unreachable" in answer
+            assert tap.metrics.upstream_errors._value.get() == 2
+        finally:
+            await tap.close()
+
+    uvloop.run(main())
+
+
+def test_an_upstream_that_is_not_plain_http_is_refused_with_the_field_named() -> None:
+    for upstream in ("https://router:8000", "router:8000", "http://router:8000/v1"):
+        try:
+            TapConfig(upstream, "d").router_address()
+        except ValueError as exc:
+            assert upstream in str(exc) and "http://host:port" in str(exc)
+        else:
+            raise AssertionError(f"{upstream} accepted")
+    assert TapConfig("http://[::1]:8000", "d").router_address() == ("::1", 8000)
