@@ -20,7 +20,7 @@ generator share CPU 0 and the tap with its classifier gets the others, as the ta
 CPU in the router pod: otherwise, on a small machine, the figures are the harness's
 contention for the cores more than the tap's cost.
 
-    python bench/tap.py [--seconds 10] [--chunks 40] [--gap-ms 15] [--no-pin]
+    python bench/tap.py [--seconds 10] [--chunks 40] [--gap-ms 15] [--no-pin] [--no-tools]
 """
 
 from __future__ import annotations
@@ -171,17 +171,13 @@ class _Session(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def _load(url: str, concurrency: int, seconds: float, gap_ms: float) -> Samples:
+async def _load(
+    url: str, concurrency: int, seconds: float, gap_ms: float, tools: bool = True
+) -> Samples:
     out = Samples()
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {
-            "model": "m",
-            "stream": True,
-            "messages": [{"role": "user", "content": "hi"}],
-            "tools": TOOLS,
-        }
-    ).encode()
+    chat = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    body = json.dumps(chat | ({"tools": TOOLS} if tools else {})).encode()
     request = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"X-Gap-Ms: {gap_ms}\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -249,6 +245,12 @@ def main() -> int:
     parser.add_argument("--gap-ms", type=float, default=15.0)
     parser.add_argument("--sessions", default="1,64,256")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument(
+        "--tools",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="requests offer tools (every response classified); --no-tools: the relay alone",
+    )
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = len(cpus) >= 2 if args.pin is None else args.pin
@@ -276,7 +278,8 @@ def main() -> int:
     where = f"pinned: load+upstream on CPU {cpus[0]}, tap on {cpus[1:]}" if pin else "not pinned"
     print(
         f"{len(cpus)} cores ({where}); {args.chunks} chunks per response, {args.gap_ms:g} ms "
-        f"apart; {args.seconds:g}s per phase; every request offers tools (all classified)"
+        f"apart; {args.seconds:g}s per phase; "
+        + ("every request offers tools (all classified)" if args.tools else "no tools (relay only)")
     )
     header = "sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores"
     print(header)
@@ -285,7 +288,7 @@ def main() -> int:
         runs = {}
         for name, url in (("direct", up_url), ("tap", tap_url)):
             meter.start()
-            s = uvloop.run(_load(url, sessions, args.seconds, args.gap_ms))
+            s = uvloop.run(_load(url, sessions, args.seconds, args.gap_ms, args.tools))
             runs[name] = s
             print(
                 f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
@@ -305,7 +308,7 @@ def main() -> int:
     print("\n".join(added))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     before = _cpu_seconds(tap.pid)
-    s = uvloop.run(_load(tap_url, 64, args.seconds, 0.0))
+    s = uvloop.run(_load(tap_url, 64, args.seconds, 0.0, args.tools))
     used = _cpu_seconds(tap.pid) - before
     print(
         f"throughput through the tap (no gaps, 64 sessions): {s.requests / args.seconds:.0f} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 import httptools
@@ -73,23 +74,17 @@ class Exchange:
         return self.method == b"POST" and not self.probe and self.marker
 
 
+@dataclass
 class Hooks:
-    """What the observer reports (the tap's metrics and classifier link)."""
+    """What the observer reports to (the tap's metrics and classifier link)."""
 
-    def __init__(
-        self,
-        request: Callable[[bool], None],
-        exchange: Callable[[bytes, bytes], bool],
-        too_large: Callable[[], None],
-        unobserved: Callable[[Unobserved], None],
-        capture_limit: int,
-    ) -> None:
-        self.request = request  # a request ended; True when it offered tools
-        self.exchange = exchange  # a tool-calling exchange ended: (request, response) bodies;
-        # it returns whether the classifier took it (a drop is its to count)
-        self.too_large = too_large
-        self.unobserved = unobserved
-        self.capture_limit = capture_limit
+    request: Callable[[bool], None]  # a request ended; True when it offered tools
+    # A tool-calling exchange ended: its (request, response) bodies; True when the classifier
+    # took them (a drop is the link's to count).
+    exchange: Callable[[bytes, bytes], bool]
+    too_large: Callable[[], None]  # a tool-calling exchange over the capture limit
+    unobserved: Callable[[Unobserved], None]  # a connection no longer read, and why
+    capture_limit: int
 
 
 class ConnectionObserver:
