@@ -14,7 +14,6 @@ import uvloop
 from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
-from dsv4_operator.tap.observe import Unobserved
 from dsv4_operator.tap.proxy import Tap, TapConfig
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -97,6 +96,14 @@ async def _verdicts(tap: Tap, total: int) -> dict[VerdictKind, int]:
     raise AssertionError(f"fewer than {total} verdicts after 30 s: {tap.link.counts()}")
 
 
+UNOBSERVED = "dsv4_tap_unobserved_connections_total"
+
+
+def _metric(tap: Tap, name: str, **labels: str) -> float | None:
+    """A sample of the tap's /metrics registry (deployment "d")."""
+    return tap.metrics.registry.get_sample_value(name, {"deployment": "d", **labels})
+
+
 def _without_dates(received: bytes) -> bytes:
     return b"\r\n".join(line for line in received.split(b"\r\n") if not line.startswith(b"Date:"))
 
@@ -115,8 +122,8 @@ def test_pipelined_requests_pass_unchanged_and_each_is_classified() -> None:
         assert relayed.count(b"HTTP/1.1 200 OK") == 4
         verdicts = await _verdicts(tap, 2)
         assert verdicts[VerdictKind.LEAKED_MARKUP] == 1 and verdicts[VerdictKind.OK] == 1
-        assert tap.metrics.tool_requests._value.get() == 2
-        assert tap.metrics.other_requests._value.get() == 2
+        assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="true") == 2
+        assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="false") == 2
 
     _with_stack(scenario)
 
@@ -129,7 +136,7 @@ def test_after_a_head_request_the_connection_is_relayed_unread() -> None:
         relayed = await _exchange(address, data, 2)
         assert _without_dates(relayed) == _without_dates(await _exchange(router, data, 2))
         assert b"DSML" in relayed  # the leak went through, unread
-        assert tap.metrics.unobserved[Unobserved.HEAD]._value.get() == 1
+        assert _metric(tap, UNOBSERVED, reason="head") == 1
         await asyncio.sleep(0.2)
         assert tap.link.counts().lag_buckets[-1] == 0  # not classified: its framing unknown
 
@@ -144,8 +151,10 @@ def test_a_request_too_large_to_classify_is_forwarded_and_counted() -> None:
         )
         relayed = await _exchange(address, data, 1)
         assert relayed.startswith(b"HTTP/1.1 200 OK") and b"DSML" in relayed
-        assert tap.metrics.tool_requests._value.get() == 1  # still counted as tool-calling
-        assert tap.metrics.too_large._value.get() == 1
+        assert (
+            _metric(tap, "dsv4_traffic_requests_total", tool_calling="true") == 1
+        )  # still counted as tool-calling
+        assert _metric(tap, "dsv4_tap_capture_skipped_total") == 1
         assert tap.link.counts().lag_buckets[-1] == 0
 
     _with_stack(scenario, capture_limit=1024)
@@ -160,7 +169,7 @@ def test_a_fault_in_reading_never_reaches_the_traffic() -> None:
         data = _post({"model": "leaky", "messages": [], "tools": TOOLS}) * 2
         relayed = await _exchange(address, data, 2)
         assert relayed.count(b"HTTP/1.1 200 OK") == 2  # both answered, on the same connection
-        assert tap.metrics.unobserved[Unobserved.UNPARSABLE]._value.get() == 1
+        assert _metric(tap, UNOBSERVED, reason="unparsable") == 1
 
     _with_stack(scenario)
 
@@ -175,7 +184,7 @@ def test_a_router_that_is_not_there_gets_a_502_per_request() -> None:
                 answer = await _exchange(address, _post({"model": "m", "messages": []}), 1)
                 assert answer.startswith(b"HTTP/1.1 502 Bad Gateway\r\n")
                 assert b"dsv4 tap: router unreachable" in answer
-            assert tap.metrics.upstream_errors._value.get() == 2
+            assert _metric(tap, "dsv4_tap_upstream_errors_total") == 2
         finally:
             await tap.close()
 
