@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import uvloop
 
@@ -61,7 +62,7 @@ class _StreamingUpstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -133,7 +134,7 @@ class _Session(asyncio.Protocol):
         self.tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         self._send()
 
     def _send(self) -> None:

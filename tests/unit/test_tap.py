@@ -9,8 +9,7 @@ import gzip
 import json
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -20,6 +19,7 @@ from aiohttp import web
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
 from dsv4_operator.tap.worker import ClassifierLink
+from tests.unit.polling import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -124,13 +124,6 @@ async def stack() -> AsyncIterator[tuple[Upstream, Tap, str, str, aiohttp.Client
         await up_runner.cleanup()
 
 
-async def _until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bytes:
     async with session.post(f"{url}/v1/chat/completions", json=body) as response:
         assert response.status == 200
@@ -190,7 +183,7 @@ async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) 
         leaked, ok = verdicts[VerdictKind.LEAKED_MARKUP], verdicts[VerdictKind.OK]
         return leaked == 2 and ok == 2 and counts.lag_buckets[-1] == 4
 
-    await _until("four verdicts", counted)
+    await until("four verdicts", counted)
     assert sum(tap.link.counts().verdicts.values()) == 4
     metrics_runner, metrics_url = await _serve(metrics_app(tap))
     try:
@@ -210,7 +203,7 @@ async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarte
     pid = tap.link.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    await _until("the classifier dead", lambda: not tap.link.alive())
+    await until("the classifier dead", lambda: not tap.link.alive())
     body = {"model": "leaky", "messages": [], "tools": TOOLS}
     expected = await _post(session, up_url, body)
     assert await _post(session, tap_url, body) == expected  # traffic goes on
@@ -218,7 +211,7 @@ async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarte
     await tap.supervise_once()
     assert tap.link.restarts == 1 and tap.link.alive()
     await _post(session, tap_url, body)
-    await _until(
+    await until(
         "a verdict after the restart",
         lambda: tap.link.counts().verdicts[VerdictKind.LEAKED_MARKUP] >= 1,
     )
@@ -228,7 +221,7 @@ async def test_a_classifier_that_falls_behind_drops_and_counts_instead_of_waitin
     link = ClassifierLink(queue_size=2)
     link.start()
     try:
-        await _until("the classifier up", link.alive)
+        await until("the classifier up", link.alive)
         assert link.pid is not None
         os.kill(link.pid, signal.SIGSTOP)  # alive, but reads nothing
         accepted = [link.submit(b"{}", b"{}") for _ in range(5)]

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig
+from tests.unit.polling import until
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 LEAK = "<｜DSML｜tool_calls>"
@@ -87,13 +88,19 @@ def _with_stack(
     uvloop.run(main())
 
 
-async def _verdicts(tap: Tap, total: int) -> dict[VerdictKind, int]:
-    for _ in range(600):
-        counts = tap.link.counts()
-        if counts.lag_buckets[-1] >= total:
-            return counts.verdicts
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"fewer than {total} verdicts after 30 s: {tap.link.counts()}")
+def _submissions(tap: Tap) -> list[bytes]:
+    """The request bodies the relay hands to the classifier from now on, in order. It hands
+    them over in the same callback that wrote the response's last bytes to the client, so
+    once a client has read a response, its submission (or none) is already recorded."""
+    submitted: list[bytes] = []
+    submit = tap.relay.hooks.exchange
+
+    def recording(request: bytes, response: bytes) -> bool:
+        submitted.append(request)
+        return submit(request, response)
+
+    tap.relay.hooks.exchange = recording
+    return submitted
 
 
 UNOBSERVED = "dsv4_tap_unobserved_connections_total"
@@ -110,6 +117,7 @@ def _without_dates(received: bytes) -> bytes:
 
 def test_pipelined_requests_pass_unchanged_and_each_is_classified() -> None:
     async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        submitted = _submissions(tap)
         pipelined = (
             _post({"model": "leaky", "messages": [], "tools": TOOLS})
             + b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
@@ -120,7 +128,9 @@ def test_pipelined_requests_pass_unchanged_and_each_is_classified() -> None:
         relayed = await _exchange(address, pipelined, 4)
         assert _without_dates(relayed) == _without_dates(direct)
         assert relayed.count(b"HTTP/1.1 200 OK") == 4
-        verdicts = await _verdicts(tap, 2)
+        assert [b'"leaky"' in body for body in submitted] == [True, False]  # the tool-calling two
+        await until("two verdicts", lambda: tap.link.counts().lag_buckets[-1] >= 2)
+        verdicts = tap.link.counts().verdicts
         assert verdicts[VerdictKind.LEAKED_MARKUP] == 1 and verdicts[VerdictKind.OK] == 1
         assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="true") == 2
         assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="false") == 2
@@ -130,6 +140,7 @@ def test_pipelined_requests_pass_unchanged_and_each_is_classified() -> None:
 
 def test_after_a_head_request_the_connection_is_relayed_unread() -> None:
     async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        submitted = _submissions(tap)
         data = b"HEAD /health HTTP/1.1\r\nHost: t\r\n\r\n" + _post(
             {"model": "leaky", "messages": [], "tools": TOOLS}
         )
@@ -137,25 +148,24 @@ def test_after_a_head_request_the_connection_is_relayed_unread() -> None:
         assert _without_dates(relayed) == _without_dates(await _exchange(router, data, 2))
         assert b"DSML" in relayed  # the leak went through, unread
         assert _metric(tap, UNOBSERVED, reason="head") == 1
-        await asyncio.sleep(0.2)
-        assert tap.link.counts().lag_buckets[-1] == 0  # not classified: its framing unknown
+        assert submitted == []  # not classified: after a HEAD the framing is unknown
 
     _with_stack(scenario)
 
 
 def test_a_request_too_large_to_classify_is_forwarded_and_counted() -> None:
     async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        submitted = _submissions(tap)
         padding = "x" * 4096
         data = _post(
             {"model": "leaky", "messages": [{"role": "user", "content": padding}], "tools": TOOLS}
         )
         relayed = await _exchange(address, data, 1)
         assert relayed.startswith(b"HTTP/1.1 200 OK") and b"DSML" in relayed
-        assert (
-            _metric(tap, "dsv4_traffic_requests_total", tool_calling="true") == 1
-        )  # still counted as tool-calling
+        # Still counted as tool-calling, but too large to hand over.
+        assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="true") == 1
         assert _metric(tap, "dsv4_tap_capture_skipped_total") == 1
-        assert tap.link.counts().lag_buckets[-1] == 0
+        assert submitted == []
 
     _with_stack(scenario, capture_limit=1024)
 
