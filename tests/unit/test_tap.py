@@ -18,7 +18,7 @@ from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
-from dsv4_operator.tap.worker import ClassifierLink
+from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink
 from tests.unit.polling import until
 
 pytestmark = pytest.mark.asyncio
@@ -218,15 +218,48 @@ async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarte
 
 
 async def test_a_classifier_that_falls_behind_drops_and_counts_instead_of_waiting() -> None:
-    link = ClassifierLink(queue_size=2)
+    link = ClassifierLink(backlog_limit=PIPE_SIZE)
     link.start()
     try:
         await until("the classifier up", link.alive)
         assert link.pid is not None
         os.kill(link.pid, signal.SIGSTOP)  # alive, but reads nothing
-        accepted = [link.submit(b"{}", b"{}") for _ in range(5)]
-        assert accepted[-1] is False and link.dropped_full >= 1
-        assert accepted.count(True) <= 3  # the queue's bound (plus what was read before)
+        response = b"x" * (PIPE_SIZE // 4)
+        accepted = [link.submit(b"{}", response) for _ in range(16)]
+        # What the pipe holds (at most PIPE_SIZE) and the backlog's bound: the rest dropped.
+        assert 4 <= accepted.count(True) <= 9 and accepted[-1] is False
+        assert link.dropped_full == accepted.count(False)
         os.kill(link.pid, signal.SIGCONT)
+        # Once it reads again, everything accepted reaches it (the backlog drains).
+        await until(
+            "every accepted exchange classified",
+            lambda: link.counts().lag_buckets[-1] == accepted.count(True),
+        )
     finally:
-        await asyncio.to_thread(link.stop)
+        await link.close()
+
+
+async def test_copies_waiting_for_a_dead_classifier_are_counted_its_successor_reads_clean() -> None:
+    link = ClassifierLink(backlog_limit=4 * PIPE_SIZE)
+    link.start()
+    try:
+        await until("the classifier up", link.alive)
+        assert link.pid is not None
+        os.kill(link.pid, signal.SIGSTOP)
+        response = b"x" * (PIPE_SIZE // 4)
+        assert all(link.submit(b"{}", response) for _ in range(8))  # the pipe fills, then waits
+        waiting, waiting_bytes = link.waiting
+        assert waiting >= 4 and waiting_bytes > 3 * len(response)
+        os.kill(link.pid, signal.SIGKILL)
+        await until("the classifier dead", lambda: not link.alive())
+        # The loop's drain meets the broken pipe: what waited is dropped and counted.
+        await until("the waiting copies dropped", lambda: link.dropped_down == waiting)
+        assert link.waiting == (0, 0)
+        assert link.submit(b"{}", b"{}") is False and link.dropped_down == waiting + 1
+        link.adopt(await asyncio.to_thread(link.spawn))
+        assert link.restarts == 1
+        # The new pipe starts on a frame boundary: the successor reads each copy whole.
+        assert all(link.submit(b"{}", response) for _ in range(3))
+        await until("three more classified", lambda: link.counts().lag_buckets[-1] == 3)
+    finally:
+        await link.close()

@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from dsv4_operator.tap.observe import Unobserved
@@ -54,6 +59,14 @@ class _ClassifierCollector(Collector):
         dropped.add_metric([*self.labels, "queue_full"], self.link.dropped_full)
         dropped.add_metric([*self.labels, "classifier_down"], self.link.dropped_down)
         yield dropped
+        backlog = GaugeMetricFamily(
+            "dsv4_tap_classifier_backlog_bytes",
+            "Bytes of tool-calling exchanges waiting for room in the classifier's pipe (past "
+            "the backlog's bound, copies are dropped).",
+            labels=["deployment"],
+        )
+        backlog.add_metric(list(self.labels), self.link.waiting[1])
+        yield backlog
         restarts = CounterMetricFamily(
             "dsv4_tap_classifier_restarts",
             "Classifier processes restarted after they died.",

@@ -93,7 +93,7 @@ class Tap:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
         await self.relay.close()
-        await asyncio.to_thread(self.link.stop)
+        await self.link.close()
 
     async def _supervise(self) -> None:
         while True:
@@ -101,9 +101,12 @@ class Tap:
             await self.supervise_once()
 
     async def supervise_once(self) -> None:
-        """Restart the classifier if it died (the supervisor does this every few seconds)."""
-        if await asyncio.to_thread(self.link.ensure_running):
-            log.warning("the tap's classifier had died; restarted it (traffic was not held)")
+        """Restart the classifier if it died (the supervisor does this every second)."""
+        if self.link.alive():
+            return
+        # Starting a process takes milliseconds: off the loop; the switch to it, on the loop.
+        self.link.adopt(await asyncio.to_thread(self.link.spawn))
+        log.warning("the tap's classifier had died; restarted it (traffic was not held)")
 
     async def serve_metrics(self, request: web.Request) -> web.Response:
         payload = await asyncio.to_thread(generate_latest, self.metrics.registry)

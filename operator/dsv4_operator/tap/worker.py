@@ -1,21 +1,29 @@
-"""The tap's classifier: a separate process fed through a bounded queue (fail-open).
+"""The tap's classifier: a separate process fed through a pipe the relay writes without waiting
+(fail-open).
 
-The proxy never waits for it: `ClassifierLink.submit` is a non-blocking put that counts a
-drop when the queue is full or the process is down; the supervisor restarts a dead process
-(with a new queue: a process killed while reading may leave the old one locked). Verdicts and
-the lag from submit to verdict are counted in shared memory that only the worker writes.
+`ClassifierLink.submit` runs on the relay's event loop: one non-blocking write of a framed
+exchange into the pipe. When the pipe is full the frame waits in a backlog bounded in bytes
+(the loop drains it when the pipe has room); past the bound, or with the classifier dead (the
+pipe broken), the copy is dropped and counted, never the traffic. No thread and no pickling
+stand between the relay and the pipe: a feeder thread competed with the relay for the GIL.
+The supervisor restarts a dead process with a new pipe. Verdicts and the lag from submit to
+verdict are counted in shared memory that only the worker writes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.context
 import os
-import queue
+import struct
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import MutableSequence
 from dataclasses import dataclass
-from typing import Any
 
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.classify import classify_exchange
@@ -23,38 +31,48 @@ from dsv4_operator.tap.classify import classify_exchange
 VERDICTS: tuple[VerdictKind, ...] = tuple(VerdictKind)
 #: Upper bounds (seconds) of the classifier-lag histogram buckets; +Inf is implied.
 LAG_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
-QUEUE_SIZE = 1024
+#: Bytes of exchanges that may wait for the pipe (beyond what the pipe holds) before copies
+#: are dropped: the tap's memory stays bounded whatever the classifier does.
+BACKLOG_LIMIT = 16 << 20
+#: The pipe's capacity asked for (Linux allows an unprivileged process up to 1 MiB).
+PIPE_SIZE = 1 << 20
 
 # Layout of the shared counters: one per verdict, then lag buckets, +Inf, lag sum (micros).
 _LAG_AT = len(VERDICTS)
 _SUM_AT = _LAG_AT + len(LAG_BUCKETS) + 1
 _SLOTS = _SUM_AT + 1
 
-Exchange = tuple[float, bytes, bytes]  # (submitted at, request body, response body)
-
+#: A frame on the pipe: this header (submitted at on the monotonic clock, request length,
+#: response length), then the request body, then the response body.
+_HEADER = struct.Struct("<dII")
 
 #: The classifier's niceness: when it and the relay both want the tap's CPU, the relay runs
 #: first (a verdict may wait, a streamed chunk should not; bench/tap.py: p99 per chunk at 256
-#: streams +2.9 ms instead of +9.0). When it cannot keep up, the queue's drops count it.
+#: streams +2.9 ms instead of +9.0). When it cannot keep up, the backlog's drops count it.
 CLASSIFIER_NICENESS = 10
 
 
-def _serve(inbox: Any, counters: Any) -> None:
-    """The worker process: classify until the None sentinel."""
+def _serve(inbox: multiprocessing.connection.Connection, counters: MutableSequence[int]) -> None:
+    """The worker process: classify each frame until the pipe ends (the tap closed it)."""
     os.nice(CLASSIFIER_NICENESS)
     index = {kind: i for i, kind in enumerate(VERDICTS)}
-    while True:
-        item: Exchange | None = inbox.get()
-        if item is None:
-            return
-        submitted, request, response = item
-        verdict = classify_exchange(request, response)
-        lag = time.monotonic() - submitted
-        if verdict is not None:
-            counters[index[verdict]] += 1
-        bucket = next((i for i, bound in enumerate(LAG_BUCKETS) if lag <= bound), len(LAG_BUCKETS))
-        counters[_LAG_AT + bucket] += 1
-        counters[_SUM_AT] += int(lag * 1_000_000)
+    fd = os.dup(inbox.fileno())
+    inbox.close()
+    with open(fd, "rb", buffering=PIPE_SIZE) as stream:
+        while len(header := stream.read(_HEADER.size)) == _HEADER.size:
+            submitted, request_size, response_size = _HEADER.unpack(header)
+            request, response = stream.read(request_size), stream.read(response_size)
+            if len(request) != request_size or len(response) != response_size:
+                return  # the tap went away mid-frame
+            verdict = classify_exchange(request, response)
+            lag = time.monotonic() - submitted
+            if verdict is not None:
+                counters[index[verdict]] += 1
+            bucket = next(
+                (i for i, bound in enumerate(LAG_BUCKETS) if lag <= bound), len(LAG_BUCKETS)
+            )
+            counters[_LAG_AT + bucket] += 1
+            counters[_SUM_AT] += int(lag * 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -66,57 +84,143 @@ class ClassifierCounts:
     lag_sum: float
 
 
-class ClassifierLink:
-    """The proxy's side: submit without waiting, drops counted, restart when dead."""
+@dataclass(frozen=True)
+class Worker:
+    """A classifier process and the write end of its pipe (non-blocking)."""
 
-    def __init__(self, queue_size: int = QUEUE_SIZE) -> None:
+    process: multiprocessing.context.SpawnProcess
+    fd: int
+
+
+class ClassifierLink:
+    """The relay's side: submit without waiting, drops counted, a dead worker replaced.
+
+    `submit` and `adopt` run on the event loop (the backlog drains through it); `spawn`, the
+    slow part of a restart, may run in a thread.
+    """
+
+    def __init__(self, backlog_limit: int = BACKLOG_LIMIT) -> None:
         self._ctx = multiprocessing.get_context("spawn")
-        self._queue_size = queue_size
+        self.backlog_limit = backlog_limit
         # Survives restarts: verdicts counted by earlier workers stay counted.
-        self._counters: Sequence[int] = self._ctx.Array("q", _SLOTS, lock=False)
-        self._inbox: Any = None
-        self._process: multiprocessing.context.SpawnProcess | None = None
+        self._counters: MutableSequence[int] = self._ctx.Array("q", _SLOTS, lock=False)
+        self._worker: Worker | None = None
+        self._broken = False  # the pipe's read end is gone: the worker died
+        self._backlog: deque[memoryview] = deque()
+        self._backlog_size = 0
+        self._draining: asyncio.AbstractEventLoop | None = None  # the loop draining the backlog
         self.dropped_full = 0
         self.dropped_down = 0
         self.restarts = 0
 
-    def start(self) -> None:
-        self._inbox = self._ctx.Queue(self._queue_size)
-        self._process = self._ctx.Process(
-            target=_serve, args=(self._inbox, self._counters), name="dsv4-tap-classifier"
+    def spawn(self) -> Worker:
+        """Start a classifier process with a new pipe (not yet the one `submit` writes to)."""
+        reader, writer = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(
+            target=_serve, args=(reader, self._counters), name="dsv4-tap-classifier"
         )
-        self._process.daemon = True
-        self._process.start()
+        process.daemon = True
+        process.start()
+        reader.close()  # the worker holds the only read end: its death breaks the pipe
+        fd = os.dup(writer.fileno())
+        writer.close()
+        os.set_blocking(fd, False)
+        with contextlib.suppress(OSError):  # a smaller pipe only means an earlier backlog
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        return Worker(process, fd)
+
+    def adopt(self, worker: Worker) -> None:
+        """Submit to `worker` from now on; the previous one's pipe and backlog are let go."""
+        if self._worker is not None:
+            self.restarts += 1
+            self._hang_up()
+        self._worker, self._broken = worker, False
+
+    def start(self) -> None:
+        self.adopt(self.spawn())
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        return self._worker.process.pid if self._worker is not None else None
 
     def alive(self) -> bool:
-        return self._process is not None and self._process.is_alive()
+        return self._worker is not None and self._worker.process.is_alive()
 
-    def ensure_running(self) -> bool:
-        """Restart a dead worker; True when it had to."""
-        if self.alive():
-            return False
-        if self._inbox is not None:
-            self._inbox.cancel_join_thread()  # never block on a queue nobody reads
-            self._inbox.close()
-        self.restarts += 1
-        self.start()
-        return True
+    @property
+    def waiting(self) -> tuple[int, int]:
+        """(copies, bytes) waiting for room in the pipe."""
+        return len(self._backlog), self._backlog_size
 
     def submit(self, request: bytes, response: bytes) -> bool:
         """Hand one exchange over; False (and counted) when it had to be dropped."""
-        if not self.alive():
+        worker = self._worker
+        if worker is None or self._broken:
             self.dropped_down += 1
             return False
+        frame = _HEADER.pack(time.monotonic(), len(request), len(response)) + request + response
+        if self._backlog:  # frames wait in order behind the backlog
+            return self._queue(memoryview(frame))
         try:
-            self._inbox.put_nowait((time.monotonic(), request, response))
-        except queue.Full:
+            written = os.write(worker.fd, frame)
+        except BlockingIOError:
+            written = 0
+        except OSError:  # EPIPE: the worker is gone; the supervisor replaces it
+            self._broken = True
+            self.dropped_down += 1
+            return False
+        if written < len(frame):
+            return self._queue(memoryview(frame)[written:], partial=written > 0)
+        return True
+
+    def _queue(self, rest: memoryview, partial: bool = False) -> bool:
+        # A frame partly in the pipe must be finished, or the worker would misread the rest.
+        if not partial and self._backlog_size + len(rest) > self.backlog_limit:
             self.dropped_full += 1
             return False
+        self._backlog.append(rest)
+        self._backlog_size += len(rest)
+        if self._draining is None and self._worker is not None:
+            self._draining = asyncio.get_running_loop()
+            self._draining.add_writer(self._worker.fd, self._drain)
         return True
+
+    def _drain(self) -> None:
+        """The pipe has room: write what waits, in order."""
+        assert self._worker is not None
+        while self._backlog:
+            head = self._backlog[0]
+            try:
+                written = os.write(self._worker.fd, head)
+            except BlockingIOError:
+                return
+            except OSError:
+                self._broken = True
+                self._drop_backlog()
+                return
+            self._backlog_size -= written
+            if written < len(head):
+                self._backlog[0] = head[written:]
+                return
+            self._backlog.popleft()
+        self._stop_draining()
+
+    def _stop_draining(self) -> None:
+        if self._draining is not None and self._worker is not None:
+            self._draining.remove_writer(self._worker.fd)
+        self._draining = None
+
+    def _drop_backlog(self) -> None:
+        """The frames that wait will never reach this worker: dropped, counted."""
+        self._stop_draining()
+        self.dropped_down += len(self._backlog)
+        self._backlog.clear()
+        self._backlog_size = 0
+
+    def _hang_up(self) -> None:
+        """Close the current pipe (what it holds is still read), drop what waits for it."""
+        self._drop_backlog()
+        if self._worker is not None:
+            os.close(self._worker.fd)
 
     def counts(self) -> ClassifierCounts:
         raw = list(self._counters)
@@ -127,18 +231,17 @@ class ClassifierLink:
             cumulative.append(running)
         return ClassifierCounts(verdicts, tuple(cumulative), raw[_SUM_AT] / 1_000_000)
 
-    def stop(self) -> None:
-        if self._process is None:
+    async def close(self) -> None:
+        """Close the pipe (the worker ends after what it holds) and wait for the worker."""
+        if self._worker is None:
             return
-        if self._process.is_alive():
-            try:
-                self._inbox.put_nowait(None)
-            except queue.Full:
-                self._process.terminate()
-            self._process.join(5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join(5)
-        self._inbox.cancel_join_thread()
-        self._inbox.close()
-        self._process = None
+        self._hang_up()
+        process, self._worker = self._worker.process, None
+        await asyncio.to_thread(_end, process)
+
+
+def _end(process: multiprocessing.context.SpawnProcess) -> None:
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
