@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 
@@ -18,10 +20,22 @@ class IncompleteStream(StreamError):
 DONE = "[DONE]"
 
 
+#: SSE line ends (WHATWG server-sent events: CRLF, LF or CR), not `str.splitlines`: JSON
+#: carries U+2028, U+2029 and U+0085 unescaped (pydantic's `model_dump_json`, which SGLang's
+#: chunks come from), and splitting a chunk there made a well-formed stream look broken.
+_LINE_END = re.compile(r"\r\n|\r|\n")
+#: A data line (`data:`, one optional space dropped) of text without CR: `.` and `$` stop at LF.
+_DATA_LINE = re.compile(r"^data: ?(.*)$", re.MULTILINE)
+#: A bare `data` line (a data field with no colon): such text takes the line-by-line path.
+_BARE_DATA = re.compile(r"^data$", re.MULTILINE)
+_decode_json = json.JSONDecoder().raw_decode
+_JSON_SPACE = " \t\n\r"
+
+
 def _sse_events(text: str) -> Iterable[str]:
     """The data payloads of an SSE text stream (multi-line data joined with newlines)."""
     data: list[str] = []
-    for line in text.splitlines():
+    for line in _LINE_END.split(text):
         if not line:
             if data:
                 yield "\n".join(data)
@@ -36,10 +50,44 @@ def _sse_events(text: str) -> Iterable[str]:
         yield "\n".join(data)
 
 
+def _one_line_payloads(text: str) -> list[str] | None:
+    """The data payloads, found by one regex scan, when every event has at most one data line
+    (as engines stream: `data: {...}` then a blank line); None when the text needs
+    `_sse_events` (a CR, a bare `data` line, or an event with several data lines)."""
+    bare_data_possible = "data\n" in text or text.endswith("data")
+    if "\r" in text or (bare_data_possible and _BARE_DATA.search(text)):
+        return None
+    lines = list(_DATA_LINE.finditer(text))
+    for before, after in pairwise(lines):
+        # One event per data line: a blank line between each and the next.
+        if text.find("\n\n", before.end(), after.start()) < 0:
+            return None
+    return [line[1] for line in lines]
+
+
+def _parsed_payloads(payloads: Iterable[str]) -> tuple[list[Mapping[str, Any]], bool] | None:
+    """Each payload parsed up to `[DONE]`, and whether it came; None when one is not a JSON
+    object (the general path then says which). `raw_decode` per payload: `json.loads`'
+    checks around it cost more than the parse of a chunk."""
+    chunks: list[Mapping[str, Any]] = []
+    for payload in payloads:
+        body = payload.strip(_JSON_SPACE)
+        if body == DONE:
+            return chunks, True
+        try:
+            chunk, end = _decode_json(body)
+        except ValueError:
+            return None
+        if end != len(body) or not isinstance(chunk, dict):
+            return None
+        chunks.append(chunk)
+    return chunks, False
+
+
 def _line_events(lines: Iterable[str | bytes]) -> Iterable[str]:
     for item in lines:
         line = item.decode("utf-8") if isinstance(item, bytes) else item
-        for part in line.splitlines():
+        for part in _LINE_END.split(line):
             field, _, value = part.partition(":")
             if field == "data":
                 yield value[1:] if value.startswith(" ") else value
@@ -67,14 +115,26 @@ def assemble_stream(
 ) -> dict[str, Any]:
     """Assemble a streamed chat completion into the non-streaming response shape.
 
-    `stream` is the raw SSE text (str or bytes), or an iterable of `data:` lines (as from
-    `httpx.Response.aiter_lines()`; other lines are skipped), or of already-parsed chunk dicts.
+    `stream` is the raw SSE text (str or bytes), or an iterable of `data:` lines (other lines
+    are skipped), or of already-parsed chunk dicts. Lines end at CR, LF or CRLF only.
     Raises `StreamError` on a `data:` line that is not JSON and `IncompleteStream` when
     `require_done` and the stream has no `data: [DONE]`. An error chunk (`{"error": ...}`)
     yields `{"error": ...}`, which `classify` turns into an `error` verdict.
     """
     if isinstance(stream, bytes):
         stream = stream.decode("utf-8")
+    if isinstance(stream, str):
+        simple = _one_line_payloads(stream)
+        parsed = _parsed_payloads(simple) if simple is not None else None
+        if parsed is not None:
+            return _assembled(*parsed, require_done=require_done)
+    return _assemble_general(stream, require_done=require_done)
+
+
+def _assemble_general(
+    stream: str | Iterable[str | bytes | Mapping[str, Any]], *, require_done: bool
+) -> dict[str, Any]:
+    """Any SSE text or line or chunk iterable, event by event (the errors name the line)."""
     chunks: list[Mapping[str, Any]] = []
     done = False
     if isinstance(stream, str):
@@ -102,6 +162,12 @@ def assemble_stream(
         if not isinstance(chunk, Mapping):
             raise StreamError(f"data line is not a JSON object: {payload[:120]!r}")
         chunks.append(chunk)
+    return _assembled(chunks, done, require_done=require_done)
+
+
+def _assembled(
+    chunks: list[Mapping[str, Any]], done: bool, *, require_done: bool
+) -> dict[str, Any]:
     for chunk in chunks:
         if "error" in chunk:
             return {"error": chunk["error"]}

@@ -94,8 +94,10 @@ async def send(
                         if reply.status_code != 200:
                             text = (await reply.aread()).decode("utf-8", "replace")
                             return _http_error(reply.status_code, text, began, attempt)
-                        lines = [line async for line in reply.aiter_lines()]
-                    parsed: Any = assemble_stream(lines)
+                        # The whole body, split by SSE's own line ends: httpx's
+                        # `aiter_lines` also splits at U+2028/U+0085, which JSON leaves raw.
+                        raw = await reply.aread()
+                    parsed: Any = assemble_stream(raw)
                     status = 200
                 else:
                     reply = await client.post(url, json=body, headers=PROBE_HEADER, timeout=timeout)
