@@ -11,9 +11,10 @@ classifier: the tap's worst case.
 For 1, 64 and 256 concurrent streaming sessions it runs `--seconds` direct, then as long
 through the tap, and prints p50/p99 of time to first byte, of the whole request, and of each
 chunk's delivery delay (arrival - send), and the tap's added latency (tap - direct) per
-request and per chunk, with the CPU each process used (cores busy, from /proc). Then a
-throughput phase (no gaps) prints streamed requests/s and the tap's requests/s per core
-(requests / CPU seconds of the tap process).
+request and per chunk, with the CPU each process used (cores busy, from /proc; for the tap,
+the share spent in the kernel: system calls and loopback TCP). Then a throughput phase (no
+gaps) prints streamed requests/s and the tap's requests/s per core (requests / CPU seconds
+of the tap process, and of the tap with its classifier).
 
 With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
 generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
@@ -91,17 +92,23 @@ class _StreamingUpstream(asyncio.Protocol):
         if i == self.chunks:
             self.transport.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
             return
-        delta = TEXT[(i * 7) % 60 : (i * 7) % 60 + 12]
-        data = {
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {"content": delta}}],
-        }
-        event = f": t={time.monotonic():.6f}\ndata: {json.dumps(data)}\n\n".encode()
+        event = b": t=%.6f\n%s" % (time.monotonic(), _EVENTS[i % len(_EVENTS)])
         self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
         if gap:
             asyncio.get_running_loop().call_later(gap, self._send, i + 1, gap)
         else:
             self._send(i + 1, gap)
+
+
+def _event(i: int) -> bytes:
+    delta = TEXT[(i * 7) % 60 : (i * 7) % 60 + 12]
+    choice = {"index": 0, "delta": {"content": delta}}
+    data = {"object": "chat.completion.chunk", "choices": [choice]}
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+# The chunks' SSE events, made once: the stand-in's CPU goes to sending, as an engine's would.
+_EVENTS = [_event(i) for i in range(60)]
 
 
 def _upstream(port: int, chunks: int, gap_ms: float) -> None:
@@ -193,10 +200,16 @@ async def _load(
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_times(pid))
 
 
 def _spawned_child(pid: int) -> int:
@@ -210,18 +223,23 @@ def _spawned_child(pid: int) -> int:
 
 
 class CpuMeter:
-    """CPU seconds used by named processes between `start` and `stop`."""
+    """CPU used by named processes since `start`: cores busy, and the share in the kernel
+    (system calls, TCP) for the tap."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
-        self._before: dict[str, float] = {}
+        self._before: dict[str, tuple[float, float]] = {}
 
     def start(self) -> None:
-        self._before = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._before = {name: _cpu_times(pid) for name, pid in self.pids.items()}
 
     def cores(self, seconds: float) -> str:
-        used = {n: _cpu_seconds(pid) - self._before[n] for n, pid in self.pids.items()}
-        return ", ".join(f"{name} {value / seconds:.2f}" for name, value in used.items())
+        parts = []
+        for name, pid in self.pids.items():
+            user, system = (a - b for a, b in zip(_cpu_times(pid), self._before[name], strict=True))
+            kernel = f" ({system / (user + system):.0%} kernel)" if name == "tap" and user else ""
+            parts.append(f"{name} {(user + system) / seconds:.2f}{kernel}")
+        return ", ".join(parts)
 
 
 def _q(values: list[float], q: float) -> float:
@@ -308,14 +326,16 @@ def main() -> int:
     print("added by the tap (tap - direct):")
     print("\n".join(added))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
-    before = _cpu_seconds(tap.pid)
+    before = _cpu_seconds(tap.pid), _cpu_seconds(classifier)
     s = uvloop.run(_load(tap_url, 64, args.seconds, 0.0, args.tools))
-    used = _cpu_seconds(tap.pid) - before
+    used = _cpu_seconds(tap.pid) - before[0]
+    with_classifier = used + _cpu_seconds(classifier) - before[1]
     print(
         f"throughput through the tap (no gaps, 64 sessions): {s.requests / args.seconds:.0f} "
         f"streamed requests/s, tap process CPU {used:.1f}s = "
         f"{s.requests / used if used else float('inf'):.0f} requests/s per core "
-        f"(p50 total {statistics.median(s.total) * 1000:.1f} ms)"
+        f"({s.requests / with_classifier if with_classifier else float('inf'):.0f} with the "
+        f"classifier's CPU; p50 total {statistics.median(s.total) * 1000:.1f} ms)"
     )
     tap.terminate()
     upstream.terminate()
