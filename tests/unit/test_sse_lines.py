@@ -155,6 +155,8 @@ def test_unicode_line_separators_inside_json_do_not_end_a_line() -> None:
         assert assembled["choices"][0]["message"]["content"] == f"a{RAW_LINE_ENDS}b"
     with pytest.raises(IncompleteStream):
         assemble_stream(text.replace("data: [DONE]\n\n", ""))
+    with pytest.raises(StreamError, match="not UTF-8"):  # the canary reads bytes now
+        assemble_stream(text.encode()[:9] + b"\xff" + text.encode()[9:])
 
 
 async def test_the_canary_reads_a_stream_whose_content_has_unicode_line_separators() -> None:

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
-from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink
+from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink, Worker
 from tests.unit.polling import until
 
 pytestmark = pytest.mark.asyncio
@@ -263,3 +263,32 @@ async def test_copies_waiting_for_a_dead_classifier_are_counted_its_successor_re
         await until("three more classified", lambda: link.counts().lag_buckets[-1] == 3)
     finally:
         await link.close()
+
+
+class _FailsToSpawnOnce(ClassifierLink):
+    """A link whose first restart fails as when the pod is out of processes (a fault, the
+    link is otherwise the real one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spawns = 0
+
+    def spawn(self) -> Worker:
+        self.spawns += 1
+        if self.spawns == 2:  # the first restart
+            raise OSError(11, "Resource temporarily unavailable")
+        return super().spawn()
+
+
+async def test_a_failed_restart_is_retried_by_the_next_pass() -> None:
+    link = _FailsToSpawnOnce()
+    tap = Tap(TapConfig("http://127.0.0.1:9", "d"), link=link, supervise_seconds=0.05)
+    await tap.start()
+    try:
+        first = link.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await until("restarted after a failed try", lambda: link.restarts == 1 and link.alive())
+        assert link.spawns == 3 and link.pid != first
+    finally:
+        await tap.close()

@@ -21,8 +21,8 @@ DONE = "[DONE]"
 
 
 #: SSE line ends (WHATWG server-sent events: CRLF, LF or CR), not `str.splitlines`: JSON
-#: carries U+2028, U+2029 and U+0085 unescaped (pydantic's `model_dump_json`, which SGLang's
-#: chunks come from), and splitting a chunk there made a well-formed stream look broken.
+#: carries U+2028, U+2029 and U+0085 unescaped (as SGLang's msgspec and pydantic encoders
+#: write its chunks), and splitting a chunk there made a well-formed stream look broken.
 _LINE_END = re.compile(r"\r\n|\r|\n")
 #: A data line (`data:`, one optional space dropped) of text without CR: `.` and `$` stop at LF.
 _DATA_LINE = re.compile(r"^data: ?(.*)$", re.MULTILINE)
@@ -115,14 +115,18 @@ def assemble_stream(
 ) -> dict[str, Any]:
     """Assemble a streamed chat completion into the non-streaming response shape.
 
-    `stream` is the raw SSE text (str or bytes), or an iterable of `data:` lines (other lines
-    are skipped), or of already-parsed chunk dicts. Lines end at CR, LF or CRLF only.
-    Raises `StreamError` on a `data:` line that is not JSON and `IncompleteStream` when
-    `require_done` and the stream has no `data: [DONE]`. An error chunk (`{"error": ...}`)
-    yields `{"error": ...}`, which `classify` turns into an `error` verdict.
+    `stream` is the raw SSE text (str or UTF-8 bytes), or an iterable of `data:` lines (other
+    lines are skipped), or of already-parsed chunk dicts. Lines end at CR, LF or CRLF only.
+    Raises `StreamError` on bytes that are not UTF-8 or a `data:` line that is not JSON, and
+    `IncompleteStream` when `require_done` and the stream has no `data: [DONE]`. An error
+    chunk (`{"error": ...}`) yields `{"error": ...}`, which `classify` turns into an `error`
+    verdict.
     """
     if isinstance(stream, bytes):
-        stream = stream.decode("utf-8")
+        try:
+            stream = stream.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise StreamError(f"stream is not UTF-8: {error}") from error
     if isinstance(stream, str):
         simple = _one_line_payloads(stream)
         parsed = _parsed_payloads(simple) if simple is not None else None

@@ -98,7 +98,10 @@ class Tap:
     async def _supervise(self) -> None:
         while True:
             await asyncio.sleep(self.supervise_seconds)
-            await self.supervise_once()
+            try:
+                await self.supervise_once()
+            except Exception:  # out of processes or descriptors, say: the next pass tries again
+                log.exception("the tap could not restart its classifier (traffic goes on)")
 
     async def supervise_once(self) -> None:
         """Restart the classifier if it died (the supervisor does this every second)."""
