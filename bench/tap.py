@@ -14,7 +14,9 @@ chunk's delivery delay (arrival - send), and the tap's added latency (tap - dire
 request and per chunk, with the CPU each process used (cores busy, from /proc; for the tap,
 the share spent in the kernel: system calls and loopback TCP). Then a throughput phase (no
 gaps) prints streamed requests/s and the tap's requests/s per core (requests / CPU seconds
-of the tap process, and of the tap with its classifier).
+of the tap process, and of the tap with its classifier). Each phase also says how many
+copies the classifier had to drop (from the tap's /metrics): at saturation the relay has
+the CPU first, and what the classifier cannot keep up with is dropped and counted.
 
 With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
 generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
@@ -36,10 +38,12 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import cast
 
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
@@ -242,6 +246,17 @@ class CpuMeter:
         return ", ".join(parts)
 
 
+def _classifier_counts(metrics_url: str) -> tuple[float, float]:
+    """(responses classified, copies dropped) so far, from the tap's /metrics."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    totals = {"dsv4_traffic_responses": 0.0, "dsv4_tap_classifier_dropped": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name in totals:
+            totals[family.name] += sum(sample.value for sample in family.samples)
+    return totals["dsv4_traffic_responses"], totals["dsv4_tap_classifier_dropped"]
+
+
 def _q(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -302,13 +317,16 @@ def main() -> int:
     )
     header = "sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores"
     print(header)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     added: list[str] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         runs = {}
         for name, url in (("direct", up_url), ("tap", tap_url)):
+            dropped_before = _classifier_counts(metrics_url)[1]
             meter.start()
             s = uvloop.run(_load(url, sessions, args.seconds, args.gap_ms, args.tools))
             runs[name] = s
+            dropped = _classifier_counts(metrics_url)[1] - dropped_before
             print(
                 f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
                 f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
@@ -321,21 +339,25 @@ def main() -> int:
             f"{sessions:8}  per request (ttfb) p50 {_q(t.ttfb, 0.5) - _q(d.ttfb, 0.5):+.3f} ms, "
             f"p99 {_q(t.ttfb, 0.99) - _q(d.ttfb, 0.99):+.3f} ms; per chunk p50 "
             f"{_q(t.chunk, 0.5) - _q(d.chunk, 0.5):+.3f} ms, p99 "
-            f"{_q(t.chunk, 0.99) - _q(d.chunk, 0.99):+.3f} ms"
+            f"{_q(t.chunk, 0.99) - _q(d.chunk, 0.99):+.3f} ms; copies dropped {dropped:.0f}"
         )
     print("added by the tap (tap - direct):")
     print("\n".join(added))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
+    classified, dropped = _classifier_counts(metrics_url)
     before = _cpu_seconds(tap.pid), _cpu_seconds(classifier)
     s = uvloop.run(_load(tap_url, 64, args.seconds, 0.0, args.tools))
     used = _cpu_seconds(tap.pid) - before[0]
     with_classifier = used + _cpu_seconds(classifier) - before[1]
+    time.sleep(2)  # the classifier's backlog drains (or stays dropped)
+    now_classified, now_dropped = _classifier_counts(metrics_url)
     print(
         f"throughput through the tap (no gaps, 64 sessions): {s.requests / args.seconds:.0f} "
         f"streamed requests/s, tap process CPU {used:.1f}s = "
         f"{s.requests / used if used else float('inf'):.0f} requests/s per core "
         f"({s.requests / with_classifier if with_classifier else float('inf'):.0f} with the "
-        f"classifier's CPU; p50 total {statistics.median(s.total) * 1000:.1f} ms)"
+        f"classifier's CPU; p50 total {statistics.median(s.total) * 1000:.1f} ms); "
+        f"classified {now_classified - classified:.0f}, dropped {now_dropped - dropped:.0f}"
     )
     tap.terminate()
     upstream.terminate()
