@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import pairwise
 from typing import Any
 
 
@@ -24,8 +23,9 @@ DONE = "[DONE]"
 #: carries U+2028, U+2029 and U+0085 unescaped (as SGLang's msgspec and pydantic encoders
 #: write its chunks), and splitting a chunk there made a well-formed stream look broken.
 _LINE_END = re.compile(r"\r\n|\r|\n")
-#: A data line (`data:`, one optional space dropped) of text without CR: `.` and `$` stop at LF.
-_DATA_LINE = re.compile(r"^data: ?(.*)$", re.MULTILINE)
+#: A data line (`data:`, one optional space dropped) that ends its event: a blank line or the
+#: end of the text follows. In text without CR, `.` and `^` stop at and start after LF only.
+_EVENT_END_DATA = re.compile(r"^data: ?(.*)(?:\n\n|\n?\Z)", re.MULTILINE)
 #: A bare `data` line (a data field with no colon): such text takes the line-by-line path.
 _BARE_DATA = re.compile(r"^data$", re.MULTILINE)
 _decode_json = json.JSONDecoder().raw_decode
@@ -51,18 +51,17 @@ def _sse_events(text: str) -> Iterable[str]:
 
 
 def _one_line_payloads(text: str) -> list[str] | None:
-    """The data payloads, found by one regex scan, when every event has at most one data line
-    (as engines stream: `data: {...}` then a blank line); None when the text needs
-    `_sse_events` (a CR, a bare `data` line, or an event with several data lines)."""
+    """The data payloads, found by one regex scan, when each data line ends its event (as
+    engines stream: `data: {...}` then a blank line); None when the text needs
+    `_sse_events` (a CR, a bare `data` line, or a data line with more of its event after it)."""
     bare_data_possible = "data\n" in text or text.endswith("data")
     if "\r" in text or (bare_data_possible and _BARE_DATA.search(text)):
         return None
-    lines = list(_DATA_LINE.finditer(text))
-    for before, after in pairwise(lines):
-        # One event per data line: a blank line between each and the next.
-        if text.find("\n\n", before.end(), after.start()) < 0:
-            return None
-    return [line[1] for line in lines]
+    payloads = _EVENT_END_DATA.findall(text)
+    # Every data line was one that ends its event: no event holds two.
+    if len(payloads) != text.count("\ndata:") + text.startswith("data:"):
+        return None
+    return payloads
 
 
 def _parsed_payloads(payloads: Iterable[str]) -> tuple[list[Mapping[str, Any]], bool] | None:
@@ -194,10 +193,11 @@ def _assemble_chunks(chunks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             result["usage"] = chunk["usage"]
         for choice in chunk.get("choices") or []:
             index = int(choice.get("index", 0))
-            state = choices.setdefault(
-                index,
-                {"role": "assistant", "content": [], "reasoning": [], "calls": {}, "finish": None},
-            )
+            state = choices.get(index)
+            if state is None:  # not setdefault: that would build this for every chunk
+                state = choices[index] = {
+                    "role": "assistant", "content": [], "reasoning": [], "calls": {}, "finish": None
+                }  # fmt: skip
             delta = choice.get("delta") or {}
             if delta.get("role"):
                 state["role"] = delta["role"]
