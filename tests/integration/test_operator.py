@@ -8,6 +8,7 @@ places the engine pods on kwok GPU nodes of the requested product, and kwok mark
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +22,11 @@ from dsv4_devcluster import (
     ControlPlane,
     report_container_terminated,
     report_container_waiting,
+    report_pod_ip,
     wait_for,
     wait_pod_running,
 )
+from dsv4_operator.api.spec import TAP_METRICS_PORT
 from dsv4_operator.reconcile.world import statefulset_rolled
 from tests.chart.support import tool
 
@@ -35,6 +38,7 @@ from .operator_support import (
     OperatorProcess,
     engine_flags,
     example,
+    free_port,
     statefulset_policy,
     watch_router,
     webhook_operator,
@@ -104,6 +108,52 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
         lambda: operator.metric("dsv4_guard_taps_unreachable", deployment=label) == 1,
         timeout=60,
     )
+
+
+def test_the_guard_reads_router_taps_at_their_pod_ips_past_a_cluster_proxy(
+    cluster: Cluster, control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """A cluster-wide HTTP(S)_PROXY (here one that answers nothing) with the pod range in
+    NO_PROXY as a CIDR, which httpx cannot match: the guard still reads each router pod's tap
+    directly at its pod IP. The router pod gets a loopback address where a real `dsv4 tap`
+    serves its /metrics."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    op = OperatorProcess(
+        control_plane.kubeconfig_path,
+        namespace,
+        tmp_path,
+        HTTP_PROXY=nowhere,
+        HTTPS_PROXY=nowhere,
+        NO_PROXY="127.0.0.1,localhost,127.0.0.0/8",
+    ).start()
+    pod_ip = "127.0.0.2"
+    tap = subprocess.Popen(
+        [sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", "http://127.0.0.1:9",
+         "--listen", f"{pod_ip}:0", "--metrics", f"{pod_ip}:{TAP_METRICS_PORT}",
+         "--deployment", "dsv4-flash"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    label = f"{namespace}/dsv4-flash"
+    try:
+        _ready(cluster)
+        wait_for(
+            "the tap at kwok's made-up IP counted unreadable",
+            lambda: op.metric("dsv4_guard_taps_unreachable", deployment=label) == 1,
+            timeout=60,
+        )
+        [router] = cluster.pods("dsv4.io/deployment=dsv4-flash,dsv4.io/role=router")
+        report_pod_ip(cluster.dyn, namespace, router["metadata"]["name"], pod_ip)
+        wait_for(
+            "the tap read at the pod's IP, not through the proxy",
+            lambda: op.metric("dsv4_guard_taps_unreachable", deployment=label) == 0,
+            timeout=60,
+        )
+    finally:
+        tap.terminate()
+        tap.wait(10)
+        op.stop()
+        print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
 
 
 def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProcess) -> None:

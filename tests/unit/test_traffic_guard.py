@@ -5,7 +5,7 @@ from __future__ import annotations
 from dsv4_operator.api.spec import GuardSpec
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
-from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, samples_and_leaks
+from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, pod_tap_url, samples_and_leaks
 
 TAP_METRICS = """\
 # HELP dsv4_traffic_responses_total Tool-calling responses.
@@ -67,3 +67,8 @@ def test_healthy_or_scant_traffic_leaves_the_verdict_to_the_canary() -> None:
     off = GuardSpec.model_validate({"tap": {"enabled": False}})
     verdict = evaluate(Evidence(traffic_samples=500, traffic_leaks=40), off)
     assert verdict.outcome is Outcome.NO_DATA
+
+
+def test_a_pod_tap_url_brackets_an_ipv6_pod_ip() -> None:
+    assert pod_tap_url("10.1.2.3", 9100) == "http://10.1.2.3:9100/metrics"
+    assert pod_tap_url("fd00:10:244::7", 9100) == "http://[fd00:10:244::7]:9100/metrics"

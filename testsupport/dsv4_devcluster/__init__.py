@@ -40,6 +40,7 @@ from dsv4_devcluster.kubelet import (
     report_container_terminated,
     report_container_waiting,
     report_pod_exited,
+    report_pod_ip,
     wait_pod_running,
 )
 from dsv4_devcluster.nodes import GPU_PRODUCT_LABEL, GPU_RESOURCE, gpu_node_manifest
@@ -59,6 +60,7 @@ __all__ = [
     "report_container_terminated",
     "report_container_waiting",
     "report_pod_exited",
+    "report_pod_ip",
     "wait_for",
     "wait_pod_running",
 ]

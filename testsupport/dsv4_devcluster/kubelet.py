@@ -161,3 +161,25 @@ def report_container_waiting(
         target["state"] = {"waiting": {"reason": reason, "message": message}}
 
     return _report(dyn, namespace, name, container, waiting)
+
+
+def report_pod_ip(dyn: Any, namespace: str, name: str, ip: str) -> dict[str, Any]:
+    """Give a Running pod the address ``ip`` (``status.podIP`` and ``podIPs``), as if its
+    network were there: lets a test put a real process (on a loopback address) behind a pod
+    that the code under test finds by its IP. Takes the pod off kwok's stages first."""
+    pods = dyn.resources.get(api_version="v1", kind="Pod")
+    key, value = MANUAL_STATUS_ANNOTATION
+    pods.patch(
+        name=name,
+        namespace=namespace,
+        body={"metadata": {"annotations": {key: value}}},
+        content_type=MERGE_PATCH,
+    )
+    updated = pods.status.patch(
+        name=name,
+        namespace=namespace,
+        body={"status": {"podIP": ip, "podIPs": [{"ip": ip}]}},
+        content_type=MERGE_PATCH,
+    )
+    result: dict[str, Any] = updated.to_dict()
+    return result

@@ -35,7 +35,12 @@ from dsv4_operator.api.spec import TAP_METRICS_PORT, DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
 from dsv4_operator.guard.observations import CANARY, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.prometheus import PrometheusError, instant_value
-from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, samples_and_leaks
+from dsv4_operator.guard.taps import (
+    TrafficDeltas,
+    parse_counts,
+    pod_tap_url,
+    samples_and_leaks,
+)
 from dsv4_operator.kube.cache import Reader
 from dsv4_operator.kube.resources import DSV4, POD
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER, router_url
@@ -107,7 +112,12 @@ class GuardSupervisor:
         # The last failure logged, per deployment and source.
         self._said: dict[tuple[Key, str], str] = {}
         self._traffic = TrafficDeltas()
+        # URLs from the spec (Prometheus, tap.metricsEndpoints; the canary has its own client)
+        # follow HTTP(S)_PROXY and NO_PROXY, as any client would.
         self.http = http or httpx.AsyncClient(timeout=10.0, follow_redirects=False)
+        # Router pods' taps, at their pod IPs: never through a proxy. httpx's NO_PROXY takes
+        # no CIDR ranges, so a cluster-wide HTTP_PROXY would otherwise catch every pod IP.
+        self.pod_http = httpx.AsyncClient(timeout=10.0, follow_redirects=False, trust_env=False)
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
 
@@ -155,6 +165,7 @@ class GuardSupervisor:
         for key in list(self._tasks):
             self.stop(key)
         await self.http.aclose()
+        await self.pod_http.aclose()
 
     async def _loops(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         loops = [self._loop(key, spec, self._round, spec.guard.canary.interval)]
@@ -177,23 +188,28 @@ class GuardSupervisor:
                 log.exception("%s/%s: guard round failed", *key)
             await asyncio.sleep(interval)
 
-    async def _tap_endpoints(self, key: Key, spec: DSV4DeploymentSpec) -> list[str]:
-        """spec.guard.tap.metricsEndpoints, else each running router pod's tap."""
+    async def _tap_endpoints(
+        self, key: Key, spec: DSV4DeploymentSpec
+    ) -> tuple[httpx.AsyncClient, list[str]]:
+        """spec.guard.tap.metricsEndpoints, else each running router pod's tap; and the client
+        to read them with."""
         if spec.guard.tap.metrics_endpoints:
-            return list(spec.guard.tap.metrics_endpoints)
+            return self.http, list(spec.guard.tap.metrics_endpoints)
         namespace, name = key
         pods = await self.client.list(POD, namespace, {DEPLOYMENT_LABEL: name, ROLE_LABEL: ROUTER})
-        return sorted(
-            f"http://{pod['status']['podIP']}:{TAP_METRICS_PORT}/metrics"
+        return self.pod_http, sorted(
+            pod_tap_url(pod["status"]["podIP"], TAP_METRICS_PORT)
             for pod in pods
             if (pod.get("status") or {}).get("phase") == "Running"
             and (pod.get("status") or {}).get("podIP")
         )
 
-    async def _scrape(self, url: str) -> tuple[dict[str, float], str | None]:
+    async def _scrape(
+        self, http: httpx.AsyncClient, url: str
+    ) -> tuple[dict[str, float], str | None]:
         """(a tap's verdict counts, None), or ({}, why they could not be read)."""
         try:
-            reply = await self.http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
+            reply = await http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
             reply.raise_for_status()
             return parse_counts(reply.text), None
         except httpx.HTTPError as error:
@@ -208,11 +224,11 @@ class GuardSupervisor:
         status = parse_status((owner or {}).get("status"))
         # As for the canary: only while one settled revision serves is a response its own.
         served = status.current_revision if status.phase in SETTLED_PHASES else None
-        endpoints = await self._tap_endpoints(key, spec)
+        http, endpoints = await self._tap_endpoints(key, spec)
         self._traffic.retain(key, set(endpoints))
         samples = leaks = 0
         failed: list[str] = []
-        replies = await asyncio.gather(*(self._scrape(url) for url in endpoints))
+        replies = await asyncio.gather(*(self._scrape(http, url) for url in endpoints))
         for url, (counts, error) in zip(endpoints, replies, strict=True):
             if error is not None:
                 failed.append(f"{url}: {error}")

@@ -18,6 +18,12 @@ from dsv4_operator.probe.verdict import LEAK_KINDS, VerdictKind
 RESPONSES = "dsv4_traffic_responses"  # the family name (the parser drops `_total`)
 
 
+def pod_tap_url(pod_ip: str, port: int) -> str:
+    """The /metrics URL of the tap in the pod at `pod_ip` (an IPv6 address in brackets)."""
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{port}/metrics"
+
+
 def parse_counts(text: str) -> dict[str, float]:
     """Verdict -> count of one tap's /metrics (series of several deployments summed)."""
     counts: dict[str, float] = {}
