@@ -42,6 +42,19 @@ def wait_pod_running(dyn: Any, namespace: str, name: str, timeout: float = 60.0)
         time.sleep(0.25)
 
 
+def _off_kwok_stages(dyn: Any, namespace: str, name: str) -> Any:
+    """Annotate the pod so that kwok's stages leave its status alone; the Pod API."""
+    pods = dyn.resources.get(api_version="v1", kind="Pod")
+    key, value = MANUAL_STATUS_ANNOTATION
+    pods.patch(
+        name=name,
+        namespace=namespace,
+        body={"metadata": {"annotations": {key: value}}},
+        content_type=MERGE_PATCH,
+    )
+    return pods
+
+
 def _report(
     dyn: Any,
     namespace: str,
@@ -54,14 +67,7 @@ def _report(
 ) -> dict[str, Any]:
     """Take the pod off kwok's stages, let `change(container_status, now)` edit the named
     container's status, mark the pod not ready (and set `phase`), write it back; return it."""
-    pods = dyn.resources.get(api_version="v1", kind="Pod")
-    key, value = MANUAL_STATUS_ANNOTATION
-    pods.patch(
-        name=name,
-        namespace=namespace,
-        body={"metadata": {"annotations": {key: value}}},
-        content_type=MERGE_PATCH,
-    )
+    pods = _off_kwok_stages(dyn, namespace, name)
     pod: dict[str, Any] = pods.get(name=name, namespace=namespace).to_dict()
     status = pod.get("status") or {}
     now = _now()
@@ -167,14 +173,7 @@ def report_pod_ip(dyn: Any, namespace: str, name: str, ip: str) -> dict[str, Any
     """Give a Running pod the address ``ip`` (``status.podIP`` and ``podIPs``), as if its
     network were there: lets a test put a real process (on a loopback address) behind a pod
     that the code under test finds by its IP. Takes the pod off kwok's stages first."""
-    pods = dyn.resources.get(api_version="v1", kind="Pod")
-    key, value = MANUAL_STATUS_ANNOTATION
-    pods.patch(
-        name=name,
-        namespace=namespace,
-        body={"metadata": {"annotations": {key: value}}},
-        content_type=MERGE_PATCH,
-    )
+    pods = _off_kwok_stages(dyn, namespace, name)
     updated = pods.status.patch(
         name=name,
         namespace=namespace,
