@@ -9,6 +9,8 @@ import gzip
 import json
 import os
 import signal
+import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -292,3 +294,44 @@ async def test_a_failed_restart_is_retried_by_the_next_pass() -> None:
         assert link.spawns == 3 and link.pid != first
     finally:
         await tap.close()
+
+
+async def test_the_classifier_ends_with_the_tap_that_fed_it() -> None:
+    """SIGKILL leaves no time for clean-up: the classifier ends because its pipe does."""
+    metrics = f"127.0.0.1:{_free_port()}"
+    tap = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", "http://127.0.0.1:9",
+        "--listen", "127.0.0.1:0", "--metrics", metrics, "--deployment", "d",
+    )  # fmt: skip
+    try:
+        await until("the classifier started", lambda: _child_of(tap.pid) is not None)
+        classifier = _child_of(tap.pid)
+        assert classifier is not None
+    finally:
+        tap.kill()
+        await tap.wait()
+    await until("the classifier gone", lambda: not _running(classifier))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_of(pid: int) -> int | None:
+    """The tap's classifier process (its resource tracker is another child)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        for child in map(int, children.read().split()):
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                if b"spawn_main" in cmdline.read():
+                    return child
+    return None
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
