@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -129,3 +131,25 @@ class OperatorSettings(BaseSettings):
     @property
     def namespace_list(self) -> list[str]:
         return [n.strip() for n in self.namespaces.split(",") if n.strip()]
+
+
+#: DSV4_* variables that other programs of this project read (the weights Job), not `dsv4 run`.
+OTHER_PROGRAMS_VARIABLES = frozenset(
+    {"DSV4_WEIGHTS_JOB", "DSV4_WEIGHTS_NAMESPACE", "DSV4_WEIGHTS_INTERVAL", "DSV4_TERMINATION_LOG"}
+)
+
+
+def unknown_settings(environ: Mapping[str, str]) -> list[str]:
+    """One warning per DSV4_* variable `dsv4 run` does not read, naming the closest setting:
+    a misspelt setting is otherwise ignored without a word (names match in any case, as
+    pydantic-settings reads them)."""
+    known = sorted(f"DSV4_{name.upper()}" for name in OperatorSettings.model_fields)
+    warnings = []
+    for variable in sorted(environ):
+        name = variable.upper()
+        if not name.startswith("DSV4_") or name in known or name in OTHER_PROGRAMS_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"{variable} is not a setting of dsv4 run and is ignored{hint}")
+    return warnings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.dry_run import refused_children
 from dsv4_operator.reconcile.service import Reconciler
-from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.settings import OperatorSettings, unknown_settings
 from dsv4_operator.webhook_certs import self_signed
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,8 @@ def run(op: OperatorSettings) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("kopf.objects").addFilter(AdmissionDenials())
+    for warning in unknown_settings(os.environ):
+        log.warning(warning)
     namespaces = op.namespace_list
     kopf.run(
         registry=build_registry(op),
