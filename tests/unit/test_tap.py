@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -335,3 +336,22 @@ def _running(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_stalled_event_loop_shows_in_the_loop_lag() -> None:
+    tap = Tap(TapConfig("http://127.0.0.1:9", "d"), supervise_seconds=3600)
+    await tap.start()
+    try:
+        registry = tap.metrics.registry
+
+        def lag(bound: str) -> float:
+            sample = registry.get_sample_value(
+                "dsv4_tap_event_loop_lag_seconds_bucket", {"deployment": "d", "le": bound}
+            )
+            return sample or 0.0
+
+        await until("the watch's timer armed", lambda: lag("+Inf") >= 1)
+        time.sleep(0.2)  # the loop blocked: the timer due within 50 ms runs >= 150 ms late
+        await until("a late timer observed", lambda: lag("+Inf") > lag("0.1"))
+    finally:
+        await tap.close()

@@ -20,6 +20,8 @@ from dsv4_operator.tap.worker import LAG_BUCKETS, ClassifierLink
 
 # Added latency is small: the buckets resolve tens of microseconds.
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25)
+# The loop's timers have millisecond resolution (libuv): nothing finer to tell apart.
+LOOP_LAG_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class _ClassifierCollector(Collector):
@@ -121,4 +123,13 @@ class TapMetrics:
         )
         self.request_latency = added.labels(deployment, "request")
         self.chunk_latency = added.labels(deployment, "chunk")
+        self.loop_lag = Histogram(
+            "dsv4_tap_event_loop_lag_seconds",
+            "How late the tap's event loop ran a timer due every 50 ms: how long bytes that "
+            "arrived meanwhile could wait for the loop, busy with others (1 ms resolution). "
+            "`dsv4_tap_added_latency_seconds` is the tap's time once it reads them.",
+            labels,
+            buckets=LOOP_LAG_BUCKETS,
+            registry=self.registry,
+        ).labels(deployment)
         self.registry.register(_ClassifierCollector(link, deployment))

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 #: Exchanges larger than this (request and response) are forwarded but not classified.
 CAPTURE_LIMIT = 4 << 20
 SUPERVISE_SECONDS = 1.0
+LOOP_PROBE_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -77,21 +79,24 @@ class Tap:
             upstream_error=metrics.upstream_errors.inc,
         )
         self._supervisor: asyncio.Task[None] | None = None
+        self._loop_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if not self.link.alive():
             self.link.start()
         self._supervisor = asyncio.create_task(self._supervise())
+        self._loop_watch = asyncio.create_task(self._watch_loop())
 
     async def listen(self, host: str, port: int) -> tuple[str, int]:
         """Relay connections accepted on (host, port) to the router; the address bound."""
         return await self.relay.listen(host, port)
 
     async def close(self) -> None:
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+        for task in (self._supervisor, self._loop_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.relay.close()
         await self.link.close()
 
@@ -102,6 +107,14 @@ class Tap:
                 await self.supervise_once()
             except Exception:  # out of processes or descriptors, say: the next pass tries again
                 log.exception("the tap could not restart its classifier (traffic goes on)")
+
+    async def _watch_loop(self) -> None:
+        """Observe how late the loop runs a timer: the queueing the relay adds when busy,
+        which the per-write figures cannot see."""
+        while True:
+            due = time.monotonic() + LOOP_PROBE_SECONDS
+            await asyncio.sleep(LOOP_PROBE_SECONDS)
+            self.metrics.loop_lag.observe(max(0.0, time.monotonic() - due))
 
     async def supervise_once(self) -> None:
         """Restart the classifier if it died (the supervisor does this every second)."""
