@@ -1,9 +1,11 @@
-"""Waiting on another process's progress (a classifier, a server) in async unit tests: a
-condition polled under a deadline, never a fixed sleep."""
+"""Waiting on another process in async unit tests: its exit as an event (a pidfd), its
+progress (counters in shared memory, which signal nothing) as a condition polled under a
+deadline; never a fixed sleep."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 
@@ -14,3 +16,23 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 30) -> No
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
+
+
+async def exited(what: str, pid: int, timeout: float = 30) -> None:
+    """Return once process `pid` has ended (a zombie counts: it runs no more); fail naming
+    `what` after `timeout` seconds. Any process, not only a child: Linux's pidfd becomes
+    readable when it exits."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # already gone and reaped
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await asyncio.wait_for(ended, timeout)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)

@@ -363,7 +363,7 @@ def test_every_engine_double_shape_gets_its_expected_verdict(seed: int) -> None:
         degenerate_outputs().map(lambda c: (c[0], c[1])),
     ),
     st.integers(0, 2**32),
-    st.sampled_from(["text", "bytes", "lines", "chunks", "crlf"]),
+    st.sampled_from(["text", "bytes", "chunks", "crlf"]),
 )
 def test_a_streamed_response_assembles_to_the_same_message_and_verdict(
     case: tuple[Json, list[Json]], seed: int, form: str
@@ -377,7 +377,6 @@ def test_a_streamed_response_assembles_to_the_same_message_and_verdict(
     stream: Any = {
         "text": text,
         "bytes": text.encode(),
-        "lines": text.splitlines(),
         "chunks": chunks,
         "crlf": text.replace("\n", "\r\n"),
     }[form]

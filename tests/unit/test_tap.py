@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from aiohttp import web
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
 from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink, Worker
-from tests.unit.polling import until
+from tests.unit.polling import exited, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -206,7 +205,7 @@ async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarte
     pid = tap.link.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    await until("the classifier dead", lambda: not tap.link.alive())
+    await exited("the classifier", pid)
     body = {"model": "leaky", "messages": [], "tools": TOOLS}
     expected = await _post(session, up_url, body)
     assert await _post(session, tap_url, body) == expected  # traffic goes on
@@ -254,7 +253,7 @@ async def test_copies_waiting_for_a_dead_classifier_are_counted_its_successor_re
         waiting, waiting_bytes = link.waiting
         assert waiting >= 4 and waiting_bytes > 3 * len(response)
         os.kill(link.pid, signal.SIGKILL)
-        await until("the classifier dead", lambda: not link.alive())
+        await exited("the classifier", link.pid)
         # The loop's drain meets the broken pipe: what waited is dropped and counted.
         await until("the waiting copies dropped", lambda: link.dropped_down == waiting)
         assert link.waiting == (0, 0)
@@ -311,7 +310,7 @@ async def test_the_classifier_ends_with_the_tap_that_fed_it() -> None:
     finally:
         tap.kill()
         await tap.wait()
-    await until("the classifier gone", lambda: not _running(classifier))
+    await exited("the classifier", classifier)
 
 
 def _free_port() -> int:
@@ -330,16 +329,11 @@ def _child_of(pid: int) -> int | None:
     return None
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-async def test_a_stalled_event_loop_shows_in_the_loop_lag() -> None:
-    tap = Tap(TapConfig("http://127.0.0.1:9", "d"), supervise_seconds=3600)
+async def test_a_late_timer_shows_in_the_loop_lag() -> None:
+    """The watch's clock is the test's: it jumps 0.2 s while the watch sleeps, as the clock
+    does while a busy loop holds a timer back."""
+    clock = _Clock()
+    tap = Tap(TapConfig("http://127.0.0.1:9", "d"), supervise_seconds=3600, clock=clock)
     await tap.start()
     try:
         registry = tap.metrics.registry
@@ -350,8 +344,20 @@ async def test_a_stalled_event_loop_shows_in_the_loop_lag() -> None:
             )
             return sample or 0.0
 
-        await until("the watch's timer armed", lambda: lag("+Inf") >= 1)
-        time.sleep(0.2)  # the loop blocked: the timer due within 50 ms runs >= 150 ms late
-        await until("a late timer observed", lambda: lag("+Inf") > lag("0.1"))
+        await until("the watch's first look", lambda: lag("+Inf") >= 1)
+        assert lag("0.002") == lag("+Inf")  # on time while the clock stood still
+        clock.now += 0.2  # the timer armed 50 ms ahead now runs 150 ms late
+        await until("the late timer observed", lambda: lag("+Inf") > lag("0.1"))
+        assert lag("0.25") == lag("+Inf")  # 0.15 s, not more
     finally:
         await tap.close()
+
+
+class _Clock:
+    """A monotonic clock that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -83,15 +83,6 @@ def _parsed_payloads(payloads: Iterable[str]) -> tuple[list[Mapping[str, Any]], 
     return chunks, False
 
 
-def _line_events(lines: Iterable[str | bytes]) -> Iterable[str]:
-    for item in lines:
-        line = item.decode("utf-8") if isinstance(item, bytes) else item
-        for part in _LINE_END.split(line):
-            field, _, value = part.partition(":")
-            if field == "data":
-                yield value[1:] if value.startswith(" ") else value
-
-
 def _merge_delta(target: dict[str, Any], delta: Mapping[str, Any]) -> None:
     """Accumulate one streamed tool-call delta (strings concatenate; id/type/index replace)."""
     for key, value in delta.items():
@@ -108,53 +99,40 @@ def _merge_delta(target: dict[str, Any], delta: Mapping[str, Any]) -> None:
 
 
 def assemble_stream(
-    stream: str | bytes | Iterable[str | bytes | Mapping[str, Any]],
+    stream: str | bytes | Iterable[Mapping[str, Any]],
     *,
     require_done: bool = True,
 ) -> dict[str, Any]:
     """Assemble a streamed chat completion into the non-streaming response shape.
 
-    `stream` is the raw SSE text (str or UTF-8 bytes), or an iterable of `data:` lines (other
-    lines are skipped), or of already-parsed chunk dicts. Lines end at CR, LF or CRLF only.
-    Raises `StreamError` on bytes that are not UTF-8 or a `data:` line that is not JSON, and
-    `IncompleteStream` when `require_done` and the stream has no `data: [DONE]`. An error
-    chunk (`{"error": ...}`) yields `{"error": ...}`, which `classify` turns into an `error`
-    verdict.
+    `stream` is the raw SSE text (str or UTF-8 bytes; lines end at CR, LF or CRLF only), or
+    the already-parsed chunk dicts. Raises `StreamError` on bytes that are not UTF-8 or a
+    `data:` line that is not JSON, and `IncompleteStream` when `require_done` and the stream
+    has no `data: [DONE]`. An error chunk (`{"error": ...}`) yields `{"error": ...}`, which
+    `classify` turns into an `error` verdict.
     """
     if isinstance(stream, bytes):
         try:
             stream = stream.decode("utf-8")
         except UnicodeDecodeError as error:
             raise StreamError(f"stream is not UTF-8: {error}") from error
-    if isinstance(stream, str):
-        simple = _one_line_payloads(stream)
-        parsed = _parsed_payloads(simple) if simple is not None else None
-        if parsed is not None:
-            return _assembled(*parsed, require_done=require_done)
+    if not isinstance(stream, str):
+        chunks = list(stream)
+        if not all(isinstance(chunk, Mapping) for chunk in chunks):
+            raise TypeError("assemble_stream: SSE text or bytes, or parsed chunk dicts")
+        return _assembled(chunks, True, require_done=require_done)  # no [DONE] to carry
+    simple = _one_line_payloads(stream)
+    parsed = _parsed_payloads(simple) if simple is not None else None
+    if parsed is not None:
+        return _assembled(*parsed, require_done=require_done)
     return _assemble_general(stream, require_done=require_done)
 
 
-def _assemble_general(
-    stream: str | Iterable[str | bytes | Mapping[str, Any]], *, require_done: bool
-) -> dict[str, Any]:
-    """Any SSE text or line or chunk iterable, event by event (the errors name the line)."""
+def _assemble_general(text: str, *, require_done: bool) -> dict[str, Any]:
+    """Any SSE text, event by event (the errors quote the data line)."""
     chunks: list[Mapping[str, Any]] = []
     done = False
-    if isinstance(stream, str):
-        payloads: Iterable[str | Mapping[str, Any]] = _sse_events(stream)
-    else:
-        items = list(stream)
-        if all(isinstance(i, Mapping) for i in items):
-            payloads = [i for i in items if isinstance(i, Mapping)]
-            done = True  # parsed chunks carry no [DONE] sentinel
-        elif any(isinstance(i, Mapping) for i in items):
-            raise TypeError("assemble_stream: mix of parsed chunks and SSE lines")
-        else:
-            payloads = _line_events(i for i in items if isinstance(i, str | bytes))
-    for payload in payloads:
-        if isinstance(payload, Mapping):
-            chunks.append(payload)
-            continue
+    for payload in _sse_events(text):
         if payload.strip() == DONE:
             done = True
             break

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -55,9 +56,11 @@ class Tap:
         config: TapConfig,
         link: ClassifierLink | None = None,
         supervise_seconds: float = SUPERVISE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.supervise_seconds = supervise_seconds
+        self.clock = clock  # what the loop-lag watch reads
         self.link = link or ClassifierLink()
         self.metrics = metrics = TapMetrics(self.link, config.deployment)
         hooks = Hooks(
@@ -112,9 +115,9 @@ class Tap:
         """Observe how late the loop runs a timer: the queueing the relay adds when busy,
         which the per-write figures cannot see."""
         while True:
-            due = time.monotonic() + LOOP_PROBE_SECONDS
+            due = self.clock() + LOOP_PROBE_SECONDS
             await asyncio.sleep(LOOP_PROBE_SECONDS)
-            self.metrics.loop_lag.observe(max(0.0, time.monotonic() - due))
+            self.metrics.loop_lag.observe(max(0.0, self.clock() - due))
 
     async def supervise_once(self) -> None:
         """Restart the classifier if it died (the supervisor does this every second)."""
