@@ -1,29 +1,40 @@
 """Benchmark of the leak tap's overhead: the same upstream, direct and through the tap.
 
-Three processes: an upstream stand-in (streams an SSE chat completion of `--chunks` chunks of
-realistic size, `--gap-ms` apart, each preceded by an SSE comment with its send time on the
-shared monotonic clock), the tap (`dsv4 tap`, with its classifier process), and the load
-generator (one keep-alive connection per session). Upstream and load generator are raw
-asyncio protocols on uvloop, a few microseconds per chunk, so that they do not starve the tap
-of CPU at 256 sessions. Every request offers tools, so every response is copied to the
-classifier: the tap's worst case.
+Three processes: an upstream stand-in (streams an SSE chat completion of 0.5-1.5 times
+`--chunks` chunks of realistic size, `--gap-ms` apart on average, each preceded by an SSE
+comment with its send time on the shared monotonic clock), the tap (`dsv4 tap`, with its
+classifier process), and the load generator (one keep-alive connection per session).
+Upstream and load generator are raw asyncio protocols on uvloop, a few microseconds per
+chunk, so that they do not starve the tap of CPU at 256 sessions. Every request offers
+tools, so every response is copied to the classifier: the tap's worst case.
 
-For 1, 64 and 256 concurrent streaming sessions it runs `--seconds` direct, then as long
-through the tap, and prints p50/p99 of time to first byte, of the whole request, and of each
-chunk's delivery delay (arrival - send), and the tap's added latency (tap - direct) per
-request and per chunk, with the CPU each process used (cores busy, from /proc; for the tap,
-the share spent in the kernel: system calls and loopback TCP). Then a throughput phase (no
-gaps) prints streamed requests/s and the tap's requests/s per core (requests / CPU seconds
-of the tap process, and of the tap with its classifier). Each phase also says how many
-copies the classifier had to drop (from the tap's /metrics): at saturation the relay has
-the CPU first, and what the classifier cannot keep up with is dropped and counted.
+Two chunk timings, each its own table (`--timing`): `steps`, one engine's decode loop, where
+every gap each running stream gets its next chunk, all back to back (a batch's tokens leave
+an engine together: the tap sees bursts of as many chunks as there are streams); and
+`streams`, each stream on its own clock with gaps of 0.5-1.5 times the mean (streams spread
+over engines, time per token varying).
+
+For 1, 64 and 256 concurrent streaming sessions it runs `--warmup` + `--seconds` direct,
+then as long through the tap, and prints, over the last `--seconds`, p50/p99 of time to
+first byte, of the whole request, and of each chunk's delivery delay (arrival - send), and
+the tap's added latency (tap - direct) per request and per chunk. The warm-up keeps the
+opening burst (every session connecting and sending at once) out of the steady state; each
+connection's first request is reported apart, since through the tap it also waits for the
+tap's own connection to the router. With each row, the CPU each process used (cores busy,
+from /proc; for the tap, the share spent in the kernel: system calls and loopback TCP). Then
+a throughput phase (no gaps) prints streamed requests/s and the tap's requests/s per core
+(requests / CPU seconds of the tap process, and of the tap with its classifier). Each phase
+also says how many copies the classifier had to drop (from the tap's /metrics): at
+saturation the relay has the CPU first, and what the classifier cannot keep up with is
+dropped and counted.
 
 With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
 generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
 CPU in the router pod: otherwise, on a small machine, the figures are the harness's
 contention for the cores more than the tap's cost.
 
-    python bench/tap.py [--seconds 10] [--chunks 40] [--gap-ms 15] [--no-pin] [--no-tools]
+    python bench/tap.py [--seconds 10] [--warmup 1] [--chunks 40] [--gap-ms 15]
+                        [--timing steps,streams] [--no-pin] [--no-tools]
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -56,15 +68,43 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _DecodeSteps:
+    """One engine's decode loop: every `gap` seconds each running stream gets its next chunk,
+    all of them back to back, as a batch's tokens leave an engine after each step."""
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+        self.streams: list[_StreamingUpstream] = []
+        self._next = 0.0
+
+    def join(self, stream: _StreamingUpstream) -> None:
+        if not self.streams:  # the loop was idle: the next step is one gap away
+            loop = asyncio.get_running_loop()
+            self._next = loop.time() + self.gap
+            loop.call_at(self._next, self._step)
+        self.streams.append(stream)
+
+    def _step(self) -> None:
+        self.streams = [stream for stream in self.streams if stream.send_next()]
+        if self.streams:
+            self._next += self.gap
+            asyncio.get_running_loop().call_at(self._next, self._step)
+
+
 class _StreamingUpstream(asyncio.Protocol):
     """The router's stand-in on one connection: answers each request (a head and a
-    Content-Length body) with `chunks` SSE events, chunked, `X-Gap-Ms` apart, each preceded by
-    a comment with its send time. Raw asyncio: per chunk a timer and a write, no framework."""
+    Content-Length body) with `chunks` SSE events, chunked, each preceded by a comment with its
+    send time. With `X-Timing: steps` the chunks follow the engine's decode steps (shared by
+    every stream); with `streams`, each stream has its own clock, gaps drawn from 0.5-1.5
+    times the mean (several engines, varying time per token). Raw asyncio: per chunk a write,
+    no framework."""
 
-    def __init__(self, chunks: int, gap_ms: float) -> None:
-        self.chunks, self.gap_ms = chunks, gap_ms
+    def __init__(self, chunks: int, gap_ms: float, steps: _DecodeSteps) -> None:
+        self.chunks, self.gap_ms, self.steps = chunks, gap_ms, steps
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
+        self.sent = self.length = 0
+        self.gap = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -81,27 +121,39 @@ class _StreamingUpstream(asyncio.Protocol):
         if len(rest) < length:
             return
         self.buffer = rest[length:]
-        gap = float(fields.get(b"x-gap-ms", str(self.gap_ms).encode())) / 1000
+        self.gap = float(fields.get(b"x-gap-ms", str(self.gap_ms).encode())) / 1000
         assert self.transport is not None
         self.transport.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
-        self._send(0, gap)
+        # Lengths vary (0.5-1.5x the mean) as answers do, so sessions do not all end together.
+        self.length = random.randint(self.chunks // 2, self.chunks * 3 // 2)
+        self.sent = 0
+        if fields.get(b"x-timing") == b"steps" and self.gap:
+            self.steps.join(self)
+        else:
+            self._on_own_clock()
 
-    def _send(self, i: int, gap: float) -> None:
+    def _on_own_clock(self) -> None:
+        while self.send_next():
+            if self.gap:
+                gap = self.gap * random.uniform(0.5, 1.5)
+                asyncio.get_running_loop().call_later(gap, self._on_own_clock)
+                return
+
+    def send_next(self) -> bool:
+        """Send the next chunk (or the end); False when the response is over."""
         assert self.transport is not None
         if self.transport.is_closing():
-            return
-        if i == self.chunks:
+            return False
+        if self.sent == self.length:
             self.transport.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
-            return
-        event = b": t=%.6f\n%s" % (time.monotonic(), _EVENTS[i % len(_EVENTS)])
+            return False
+        event = b": t=%.6f\n%s" % (time.monotonic(), _EVENTS[self.sent % len(_EVENTS)])
         self.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
-        if gap:
-            asyncio.get_running_loop().call_later(gap, self._send, i + 1, gap)
-        else:
-            self._send(i + 1, gap)
+        self.sent += 1
+        return True
 
 
 def _event(i: int) -> bytes:
@@ -111,6 +163,11 @@ def _event(i: int) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 
+TIMINGS = {
+    "steps": "one engine's decode steps: every gap, each stream's chunk, back to back",
+    "streams": "each stream on its own clock, gaps 0.5-1.5x the mean",
+}
+
 # The chunks' SSE events, made once: the stand-in's CPU goes to sending, as an engine's would.
 _EVENTS = [_event(i) for i in range(60)]
 
@@ -118,8 +175,9 @@ _EVENTS = [_event(i) for i in range(60)]
 def _upstream(port: int, chunks: int, gap_ms: float) -> None:
     async def serve() -> None:
         loop = asyncio.get_running_loop()
+        clock = _DecodeSteps(gap_ms / 1000)
         server = await loop.create_server(
-            lambda: _StreamingUpstream(chunks, gap_ms), "127.0.0.1", port
+            lambda: _StreamingUpstream(chunks, gap_ms, clock), "127.0.0.1", port
         )
         await server.serve_forever()
 
@@ -128,9 +186,14 @@ def _upstream(port: int, chunks: int, gap_ms: float) -> None:
 
 @dataclass
 class Samples:
+    """What one phase measured after its warm-up (`since`), and apart from it the first
+    request of each connection (through the tap it also waits for the router connection)."""
+
+    since: float
     ttfb: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
     chunk: list[float] = field(default_factory=list)
+    first_ttfb: list[float] = field(default_factory=list)
     requests: int = 0
 
 
@@ -143,6 +206,7 @@ class _Session(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.done = asyncio.get_running_loop().create_future()
         self.tail = b""
+        self.fresh = True  # the connection's first request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -156,18 +220,25 @@ class _Session(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.monotonic()
         self.first = self.first or now
+        out, measured = self.out, now >= self.out.since
         data = self.tail + data
         at = data.find(b": t=")
         while at >= 0:
             end = data.find(b"\n", at)
             if end < 0:
                 break
-            self.out.chunk.append(now - float(data[at + 4 : end]))
+            if measured:
+                out.chunk.append(now - float(data[at + 4 : end]))
             at = data.find(b": t=", end)
         if data.endswith(b"\r\n0\r\n\r\n"):
-            self.out.ttfb.append(self.first - self.started)
-            self.out.total.append(now - self.started)
-            self.out.requests += 1
+            if self.fresh:
+                out.first_ttfb.append(self.first - self.started)
+            if self.started >= out.since:
+                if not self.fresh:
+                    out.ttfb.append(self.first - self.started)
+                out.total.append(now - self.started)
+                out.requests += 1
+            self.fresh = False
             if now < self.deadline:
                 self._send()
             else:
@@ -184,17 +255,25 @@ class _Session(asyncio.Protocol):
 
 
 async def _load(
-    url: str, concurrency: int, seconds: float, gap_ms: float, tools: bool = True
+    url: str,
+    concurrency: int,
+    seconds: float,
+    gap_ms: float,
+    tools: bool = True,
+    timing: str = "steps",
+    warmup: float = 0.0,
 ) -> Samples:
-    out = Samples()
+    """`concurrency` sessions for `warmup` + `seconds`; samples of the last `seconds` only
+    (the first requests, all at once, measure connection set-up, reported apart)."""
+    out = Samples(since=time.monotonic() + warmup)
     host, port = url.removeprefix("http://").split(":")
     chat = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     body = json.dumps(chat | ({"tools": TOOLS} if tools else {})).encode()
     request = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"X-Gap-Ms: {gap_ms}\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"X-Gap-Ms: {gap_ms}\r\nX-Timing: {timing}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-    deadline = time.monotonic() + seconds
+    deadline = out.since + seconds
     loop = asyncio.get_running_loop()
     sessions = [
         (await loop.create_connection(lambda: _Session(request, out, deadline), host, int(port)))[1]
@@ -262,6 +341,18 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+def _added(sessions: int, d: Samples, t: Samples, dropped: float) -> str:
+    def diff(q: float, of: str) -> str:
+        return f"{_q(getattr(t, of), q) - _q(getattr(d, of), q):+.3f}"
+
+    return (
+        f"{sessions:8}  per request (ttfb) p50 {diff(0.5, 'ttfb')} ms, p99 {diff(0.99, 'ttfb')} "
+        f"ms; per chunk p50 {diff(0.5, 'chunk')} ms, p99 {diff(0.99, 'chunk')} ms; a "
+        f"connection's first request (ttfb, in the opening burst) p50 "
+        f"{diff(0.5, 'first_ttfb')} ms; copies dropped {dropped:.0f}"
+    )
+
+
 def _wait_port(port: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -278,6 +369,15 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=40)
     parser.add_argument("--gap-ms", type=float, default=15.0)
     parser.add_argument("--sessions", default="1,64,256")
+    parser.add_argument(
+        "--timing",
+        default="steps,streams",
+        help="steps: chunks on one engine's decode steps (all streams at once); streams: each "
+        "stream on its own clock, gaps 0.5-1.5x the mean",
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds of each phase not measured"
+    )
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument(
         "--tools",
@@ -311,38 +411,36 @@ def main() -> int:
     meter = CpuMeter(pids | {"classifier": classifier})
     where = f"pinned: load+upstream on CPU {cpus[0]}, tap on {cpus[1:]}" if pin else "not pinned"
     print(
-        f"{len(cpus)} cores ({where}); {args.chunks} chunks per response, {args.gap_ms:g} ms "
-        f"apart; {args.seconds:g}s per phase; "
+        f"{len(cpus)} cores ({where}); {args.chunks} chunks per response on average, "
+        f"{args.gap_ms:g} ms apart; {args.seconds:g}s per phase after {args.warmup:g}s of warm-up; "
         + ("every request offers tools (all classified)" if args.tools else "no tools (relay only)")
     )
-    header = "sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores"
-    print(header)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    added: list[str] = []
-    for sessions in (int(s) for s in args.sessions.split(",")):
-        runs = {}
-        for name, url in (("direct", up_url), ("tap", tap_url)):
-            dropped_before = _classifier_counts(metrics_url)[1]
-            meter.start()
-            s = uvloop.run(_load(url, sessions, args.seconds, args.gap_ms, args.tools))
-            runs[name] = s
-            dropped = _classifier_counts(metrics_url)[1] - dropped_before
-            print(
-                f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
-                f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
-                f"{_q(s.total, 0.5):8.1f}/{_q(s.total, 0.99):7.1f}  "
-                f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
-                f"{meter.cores(args.seconds)}"
-            )
-        d, t = runs["direct"], runs["tap"]
-        added.append(
-            f"{sessions:8}  per request (ttfb) p50 {_q(t.ttfb, 0.5) - _q(d.ttfb, 0.5):+.3f} ms, "
-            f"p99 {_q(t.ttfb, 0.99) - _q(d.ttfb, 0.99):+.3f} ms; per chunk p50 "
-            f"{_q(t.chunk, 0.5) - _q(d.chunk, 0.5):+.3f} ms, p99 "
-            f"{_q(t.chunk, 0.99) - _q(d.chunk, 0.99):+.3f} ms; copies dropped {dropped:.0f}"
-        )
-    print("added by the tap (tap - direct):")
-    print("\n".join(added))
+    for timing in args.timing.split(","):
+        print(f"\ntiming: {timing} ({TIMINGS[timing]})")
+        print("sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores")
+        added: list[str] = []
+        for sessions in (int(s) for s in args.sessions.split(",")):
+            runs = {}
+            for name, url in (("direct", up_url), ("tap", tap_url)):
+                dropped_before = _classifier_counts(metrics_url)[1]
+                load = _load(
+                    url, sessions, args.seconds, args.gap_ms, args.tools, timing, args.warmup
+                )
+                meter.start()
+                s = uvloop.run(load)
+                runs[name] = s
+                dropped = _classifier_counts(metrics_url)[1] - dropped_before
+                print(
+                    f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
+                    f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
+                    f"{_q(s.total, 0.5):8.1f}/{_q(s.total, 0.99):7.1f}  "
+                    f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
+                    f"{meter.cores(args.seconds + args.warmup)}"
+                )
+            added.append(_added(sessions, runs["direct"], runs["tap"], dropped))
+        print("added by the tap (tap - direct):")
+        print("\n".join(added))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     classified, dropped = _classifier_counts(metrics_url)
     before = _cpu_seconds(tap.pid), _cpu_seconds(classifier)

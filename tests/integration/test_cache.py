@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from dsv4_operator.kube.cache import WatchCache, Watched
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import SERVICE, Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from tests.polling import until
 
 SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
 Change = tuple[str, str, bool]  # (name, resourceVersion, deleted)
@@ -50,13 +51,6 @@ def _service(namespace: str, name: str, owned: bool = True, step: str = "0") -> 
         },
         "spec": {"clusterIP": "None", "ports": [{"port": 80}]},
     }
-
-
-async def _until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.05)
-    assert check(), what
 
 
 @pytest.fixture
@@ -105,7 +99,7 @@ async def test_the_cache_follows_the_api_and_a_new_list_drops_what_went_away(
         assert _names(cache) == {"a", "b", "c"}
         assert cache.lists == 1
         await client.apply(_service(namespace, "b", step="1"))
-        await _until("b's change", lambda: ("b", False) in {(n, d) for n, _, d in changes[3:]})
+        await until("b's change", lambda: ("b", False) in {(n, d) for n, _, d in changes[3:]})
         b = await cache.get(SERVICE, namespace, "b")
         assert b is not None and b["metadata"]["annotations"]["step"] == "1"
         assert "managedFields" not in b["metadata"]
@@ -183,7 +177,7 @@ async def test_a_genuine_410_gone_relists_and_misses_no_change(
                 listed = await kube.list(SERVICE, namespace, {MANAGED_BY_LABEL: MANAGED_BY})
                 truth = {o["metadata"]["name"] for o in listed}
                 assert truth == live
-                await _until("the cache to equal a fresh LIST", lambda: _names(cache) == truth)
+                await until("the cache to equal a fresh LIST", lambda: _names(cache) == truth)
                 assert cache.lists >= 4  # the first list and at least three after 410 Gone
                 assert _watch_errors() == errors_before  # each ended as a 410, not a failure
             finally:

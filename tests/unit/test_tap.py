@@ -21,7 +21,7 @@ from aiohttp import web
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
 from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink, Worker
-from tests.unit.polling import exited, until
+from tests.polling import exited, until
 
 pytestmark = pytest.mark.asyncio
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig
-from tests.unit.polling import until
+from tests.polling import until
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 LEAK = "<｜DSML｜tool_calls>"

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from dsv4_devcluster.hub import HubRepo, StandInHub
 from dsv4_operator.weights.fetch import FetchError, FetchRequest, make_plan, verify_snapshot
 from dsv4_operator.weights.progress import FailureReason, WeightsProgress
+from tests.polling import until_blocking
 
 REPO_ID = "example-org/tiny-dsv4"
 TOKEN = "hf_stand_in_token"
@@ -155,11 +155,12 @@ def test_a_killed_download_resumes_where_it_stopped(hub: StandInHub, tmp_path: P
     blobs = tmp_path / "hub" / "models--example-org--tiny-dsv4" / "blobs"
     etag = hashlib.sha256(hub.repos[REPO_ID].files[shard]).hexdigest()
     part = blobs / f"{etag}.dsv4-partial"
-    deadline = time.monotonic() + 60
-    while not (part.is_file() and part.stat().st_size >= 10 << 20):
+
+    def partial_written() -> bool:
         assert first.poll() is None, "the downloader ended before the stall"
-        assert time.monotonic() < deadline, "no partial file appeared"
-        time.sleep(0.05)
+        return part.is_file() and part.stat().st_size >= 10 << 20
+
+    until_blocking("10 MiB of the partial file", partial_written)
     first.send_signal(signal.SIGKILL)  # the pod dies mid-file
     first.wait()
     kept = part.stat().st_size
@@ -237,18 +238,18 @@ def test_two_downloads_into_one_claim_take_turns_on_a_blob(hub: StandInHub, tmp_
     first.start()
     part = tmp_path / "hub" / "models--example-org--tiny-dsv4" / "blobs"
     etag = hashlib.sha256(hub.repos[REPO_ID].files[shard]).hexdigest()
-    deadline = time.monotonic() + 60
-    while not (part / f"{etag}.dsv4-partial").is_file():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until_blocking("the partial file", (part / f"{etag}.dsv4-partial").is_file)
     inode = (part / f"{etag}.dsv4-partial").stat().st_ino
     second = threading.Thread(target=download_blobs, args=(request, plan))
     second.start()
     # Release the first only once the second is blocked on the partial file's lock (the
     # kernel lists a waiter as `->` in /proc/locks): the contention is certain, not timed.
-    while not _lock_waiter(inode):
-        assert time.monotonic() < deadline and second.is_alive()
-        time.sleep(0.05)
+
+    def second_waits() -> bool:
+        assert second.is_alive(), "the second download ended without waiting for the lock"
+        return _lock_waiter(inode)
+
+    until_blocking("the second download to wait on the lock", second_waits)
     hub.release()
     first.join(60)
     second.join(60)
