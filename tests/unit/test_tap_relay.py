@@ -1,11 +1,13 @@
 """The tap's relay on uvloop (the loop `dsv4 tap` runs), spoken to over raw HTTP/1.1: bytes
-pass unchanged in both directions (pipelined requests, a HEAD), a
-request body too large to classify is still forwarded, and a router that is not there gets
-a 502 per request. The router's stand-in is a local aiohttp app."""
+pass unchanged in both directions (pipelined requests, a HEAD), a side that does not read
+pauses the other instead of filling the tap's memory, a request body too large to classify
+is still forwarded, and a router that is not there gets a 502 per request. The router's
+stand-in is a local aiohttp app."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,10 +17,18 @@ from aiohttp import web
 
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig
+from dsv4_operator.tap.relay import ClientConnection
 from tests.polling import until
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 LEAK = "<｜DSML｜tool_calls>"
+# More than the socket buffers on the way can hold (a few MiB each: a receive buffer grows only
+# as its reader reads), so without flow control most of it would wait in the tap's memory.
+BIG = bytes(range(256)) * (1 << 17)  # 32 MiB
+# What the tap may hold for one direction while the other side does not read: the transport's
+# high-water mark plus one read.
+TAP_BUFFER_BOUND = 1 << 20
+RELEASE = web.AppKey("release", asyncio.Event)
 
 
 async def _chat(request: web.Request) -> web.Response:
@@ -26,6 +36,27 @@ async def _chat(request: web.Request) -> web.Response:
     message = {"role": "assistant", "content": LEAK if body.get("model") == "leaky" else "hi"}
     choice = {"index": 0, "message": message, "finish_reason": "stop"}
     return web.json_response({"object": "chat.completion", "choices": [choice]})
+
+
+async def _big(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse()
+    response.content_length = len(BIG)
+    await response.prepare(request)
+    for at in range(0, len(BIG), 1 << 16):
+        await response.write(BIG[at : at + (1 << 16)])
+    await response.write_eof()
+    return response
+
+
+async def _sink(request: web.Request) -> web.Response:
+    """Reads the body only once released (until then the server stops reading the socket)."""
+    await request.app[RELEASE].wait()
+    return web.Response(text=hashlib.sha256(await request.read()).hexdigest())
+
+
+async def _release(request: web.Request) -> web.Response:
+    request.app[RELEASE].set()
+    return web.Response(text="released")
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -68,9 +99,13 @@ def _with_stack(
     capture_limit: int = 4 << 20,
 ) -> None:
     async def main() -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=2 * len(BIG))
+        app[RELEASE] = asyncio.Event()
         app.router.add_post("/v1/chat/completions", _chat)
         app.router.add_route("*", "/health", _health)
+        app.router.add_get("/big", _big)
+        app.router.add_post("/sink", _sink)
+        app.router.add_post("/release", _release)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -134,6 +169,59 @@ def test_pipelined_requests_pass_unchanged_and_each_is_classified() -> None:
         assert verdicts[VerdictKind.LEAKED_MARKUP] == 1 and verdicts[VerdictKind.OK] == 1
         assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="true") == 2
         assert _metric(tap, "dsv4_traffic_requests_total", tool_calling="false") == 2
+
+    _with_stack(scenario)
+
+
+async def _relayed_connection(tap: Tap) -> ClientConnection:
+    """The tap's one client connection, once its router connection is there."""
+    await until(
+        "the tap to connect to the router",
+        lambda: any(connection.router is not None for connection in tap.relay.connections),
+    )
+    (connection,) = tap.relay.connections
+    return connection
+
+
+def test_a_client_that_does_not_read_pauses_the_router_instead_of_filling_the_tap() -> None:
+    async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        reader, writer = await asyncio.open_connection(*address)
+        writer.write(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        await writer.drain()  # and read nothing yet
+        connection = await _relayed_connection(tap)
+        assert connection.router is not None
+        upstream = connection.router
+        await until("the tap to stop reading the router", lambda: not upstream.is_reading())
+        assert connection.transport.get_write_buffer_size() <= TAP_BUFFER_BOUND
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert await asyncio.wait_for(reader.readexactly(len(BIG)), 60) == BIG
+        writer.close()
+
+    _with_stack(scenario)
+
+
+def test_a_router_that_does_not_read_pauses_the_client_instead_of_filling_the_tap() -> None:
+    async def scenario(tap: Tap, address: tuple[str, int], router: tuple[str, int]) -> None:
+        reader, writer = await asyncio.open_connection(*address)
+        head = f"POST /sink HTTP/1.1\r\nHost: t\r\nContent-Length: {len(BIG)}\r\n\r\n"
+        writer.write(head.encode() + BIG)
+        sending = asyncio.ensure_future(writer.drain())
+        connection = await _relayed_connection(tap)
+        await until(
+            "the tap to stop reading the client", lambda: not connection.transport.is_reading()
+        )
+        assert connection.router is not None
+        assert connection.router.get_write_buffer_size() <= TAP_BUFFER_BOUND
+        assert not sending.done()  # the client is held back, not buffered for
+        release = b"POST /release HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n"
+        assert b"released" in await _exchange(router, release, 1)
+        await asyncio.wait_for(sending, 60)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        digest = hashlib.sha256(BIG).hexdigest().encode()
+        assert await asyncio.wait_for(reader.readexactly(len(digest)), 60) == digest
+        writer.close()
 
     _with_stack(scenario)
 
