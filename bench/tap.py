@@ -15,14 +15,16 @@ an engine together: the tap sees bursts of as many chunks as there are streams);
 over engines, time per token varying).
 
 For 1, 64 and 256 concurrent streaming sessions it runs `--warmup` + `--seconds` direct,
-then as long through the tap, and prints, over the last `--seconds`, p50/p99 of time to
-first byte, of the whole request, and of each chunk's delivery delay (arrival - send), and
-the tap's added latency (tap - direct) per request and per chunk. The warm-up keeps the
-opening burst (every session connecting and sending at once) out of the steady state; each
-connection's first request is reported apart, since through the tap it also waits for the
-tap's own connection to the router. With each row, the CPU each process used (cores busy,
-from /proc; for the tap, the share spent in the kernel: system calls and loopback TCP). Then
-a throughput phase (no gaps) prints streamed requests/s and the tap's requests/s per core
+then as long through the tap, `--rounds` times in turn (a machine whose speed drifts, as a
+shared VM's does, slows both alike), and prints for each run, over its last `--seconds`,
+p50/p99 of time to first byte, of the whole request, and of each chunk's delivery delay
+(arrival - send); then the tap's added latency (tap - direct) per request and per chunk, the
+median over the rounds with the lowest and highest. The warm-up keeps the opening burst
+(every session connecting and sending at once) out of the steady state; each connection's
+first request is reported apart, since through the tap it also waits for the tap's own
+connection to the router. With each row, the CPU each process used (cores busy, from /proc;
+for the tap, the share spent in the kernel: system calls and loopback TCP). Then a
+throughput phase (no gaps) prints streamed requests/s and the tap's requests/s per core
 (requests / CPU seconds of the tap process, and of the tap with its classifier). Each phase
 also says how many copies the classifier had to drop (from the tap's /metrics): at
 saturation the relay has the CPU first, and what the classifier cannot keep up with is
@@ -33,7 +35,7 @@ generator share CPU 0 and the tap with its classifier gets the others, as the ta
 CPU in the router pod: otherwise, on a small machine, the figures are the harness's
 contention for the cores more than the tap's cost.
 
-    python bench/tap.py [--seconds 10] [--warmup 1] [--chunks 40] [--gap-ms 15]
+    python bench/tap.py [--seconds 5] [--rounds 3] [--warmup 1] [--chunks 40] [--gap-ms 15]
                         [--timing steps,streams] [--no-pin] [--no-tools]
 """
 
@@ -341,16 +343,33 @@ def _q(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def _added(sessions: int, d: Samples, t: Samples, dropped: float) -> str:
-    def diff(q: float, of: str) -> str:
-        return f"{_q(getattr(t, of), q) - _q(getattr(d, of), q):+.3f}"
+#: The tap's added latency figures: label -> (samples, quantile).
+ADDED = {
+    "request p50": ("ttfb", 0.5),
+    "request p99": ("ttfb", 0.99),
+    "chunk p50": ("chunk", 0.5),
+    "chunk p99": ("chunk", 0.99),
+    "first request p50": ("first_ttfb", 0.5),
+}
 
-    return (
-        f"{sessions:8}  per request (ttfb) p50 {diff(0.5, 'ttfb')} ms, p99 {diff(0.99, 'ttfb')} "
-        f"ms; per chunk p50 {diff(0.5, 'chunk')} ms, p99 {diff(0.99, 'chunk')} ms; a "
-        f"connection's first request (ttfb, in the opening burst) p50 "
-        f"{diff(0.5, 'first_ttfb')} ms; copies dropped {dropped:.0f}"
-    )
+
+def _added(direct: Samples, tap: Samples) -> dict[str, float]:
+    """One round's added latency (ms): tap minus direct, per figure."""
+    return {
+        label: _q(getattr(tap, of), q) - _q(getattr(direct, of), q)
+        for label, (of, q) in ADDED.items()
+    }
+
+
+def _summary(sessions: int, rounds: list[dict[str, float]], dropped: float) -> str:
+    """Each figure's median over the rounds, with the lowest and highest."""
+
+    def figure(label: str) -> str:
+        values = sorted(added[label] for added in rounds)
+        spread = f" ({values[0]:+.2f}..{values[-1]:+.2f})" if len(values) > 1 else ""
+        return f"{label} {statistics.median(values):+.2f}{spread}"
+
+    return f"{sessions:8}  " + ", ".join(map(figure, ADDED)) + f"; copies dropped {dropped:.0f}"
 
 
 def _wait_port(port: int) -> None:
@@ -365,7 +384,10 @@ def _wait_port(port: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="direct/tap pairs per figure, alternating"
+    )
     parser.add_argument("--chunks", type=int, default=40)
     parser.add_argument("--gap-ms", type=float, default=15.0)
     parser.add_argument("--sessions", default="1,64,256")
@@ -419,28 +441,34 @@ def main() -> int:
     for timing in args.timing.split(","):
         print(f"\ntiming: {timing} ({TIMINGS[timing]})")
         print("sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores")
-        added: list[str] = []
+        summaries: list[str] = []
         for sessions in (int(s) for s in args.sessions.split(",")):
-            runs = {}
-            for name, url in (("direct", up_url), ("tap", tap_url)):
-                dropped_before = _classifier_counts(metrics_url)[1]
-                load = _load(
-                    url, sessions, args.seconds, args.gap_ms, args.tools, timing, args.warmup
-                )
-                meter.start()
-                s = uvloop.run(load)
-                runs[name] = s
-                dropped = _classifier_counts(metrics_url)[1] - dropped_before
-                print(
-                    f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
-                    f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
-                    f"{_q(s.total, 0.5):8.1f}/{_q(s.total, 0.99):7.1f}  "
-                    f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
-                    f"{meter.cores(args.seconds + args.warmup)}"
-                )
-            added.append(_added(sessions, runs["direct"], runs["tap"], dropped))
-        print("added by the tap (tap - direct):")
-        print("\n".join(added))
+            rounds: list[dict[str, float]] = []
+            dropped_before = _classifier_counts(metrics_url)[1]
+            for _ in range(args.rounds):  # alternating, so that a drift of the machine is shared
+                runs = {}
+                for name, url in (("direct", up_url), ("tap", tap_url)):
+                    load = _load(
+                        url, sessions, args.seconds, args.gap_ms, args.tools, timing, args.warmup
+                    )
+                    meter.start()
+                    s = runs[name] = uvloop.run(load)
+                    print(
+                        f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
+                        f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
+                        f"{_q(s.total, 0.5):8.1f}/{_q(s.total, 0.99):7.1f}  "
+                        f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
+                        f"{meter.cores(args.seconds + args.warmup)}"
+                    )
+                rounds.append(_added(runs["direct"], runs["tap"]))
+            dropped = _classifier_counts(metrics_url)[1] - dropped_before
+            summaries.append(_summary(sessions, rounds, dropped))
+        print(
+            f"added by the tap (tap - direct, ms; median of {args.rounds} rounds, lowest..highest"
+            "; request: time to first byte; first request: a connection's first, sent with all "
+            "the others at once):"
+        )
+        print("\n".join(summaries))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     classified, dropped = _classifier_counts(metrics_url)
     before = _cpu_seconds(tap.pid), _cpu_seconds(classifier)
