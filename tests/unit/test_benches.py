@@ -1,0 +1,56 @@
+"""The benchmarks still run: each script under bench/ that needs no control plane, at a size
+that takes seconds, must finish and print its figures (their values are for people to read,
+not asserted here)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"bench/{script} exited {done.returncode}:\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_detector_bench_runs_and_finds_every_verdict_as_expected() -> None:
+    out = _run("detector.py", "--responses", "200", "--repeat", "1")
+    assert re.search(r"detector throughput: [\d,]+ classifications/s", out)
+    assert re.search(r"2-20 KB assistant messages .*: [\d,]+ classifications/s, [\d.]+ MB/s", out)
+    assert "verdicts different from expected: 0" in out
+
+
+def test_the_guard_bench_runs_both_deciders() -> None:
+    out = _run(
+        "guard.py", "--trials", "40", "--decisions", "2000", "--points", "7200", "--seed", "3"
+    )
+    for rate in ("17.00%", "4.55%"):
+        assert re.search(rf"{re.escape(rate)} leak rate: responses to rollback decision", out)
+    rollbacks = re.findall(r"\n  (.+?): 4\.55% leak rate: rollback after median \d+s", out)
+    assert len(rollbacks) >= 2, out  # repeated Wilson looks and the mixture SPRT
+    assert len(re.findall(r"0\.5% leak rate: \d+ false rollbacks in 7200", out)) == len(rollbacks)
+
+
+def test_the_tap_bench_runs_both_timings_through_a_real_tap() -> None:
+    out = _run(
+        "tap.py",
+        *("--seconds", "0.6", "--warmup", "0.2", "--sessions", "1,4", "--rounds", "1"),
+        *("--chunks", "6", "--no-pin"),
+    )
+    assert out.count("added by the tap (tap - direct") == 2  # steps and streams
+    for sessions in (1, 4):
+        assert len(re.findall(rf"\n +{sessions}  request p50 [+-]\d", out)) == 2, out
+    throughput = re.search(r"= (\d+) requests/s per core .* classified (\d+), dropped (\d+)", out)
+    assert throughput is not None, out
+    assert int(throughput[1]) > 0
+    assert int(throughput[2]) + int(throughput[3]) > 0  # the classifier was fed copies
