@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -339,6 +340,9 @@ def _classifier_counts(metrics_url: str) -> tuple[float, float]:
 
 
 def _q(values: list[float], q: float) -> float:
+    """The `q` quantile in ms; nan when the window caught nothing (a machine far too slow)."""
+    if not values:
+        return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 

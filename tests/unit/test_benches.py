@@ -44,12 +44,13 @@ def test_the_guard_bench_runs_both_deciders() -> None:
 def test_the_tap_bench_runs_both_timings_through_a_real_tap() -> None:
     out = _run(
         "tap.py",
-        *("--seconds", "0.6", "--warmup", "0.2", "--sessions", "1,4", "--rounds", "1"),
-        *("--chunks", "6", "--no-pin"),
+        *("--seconds", "1", "--warmup", "0.2", "--sessions", "1,4", "--rounds", "1"),
+        *("--chunks", "4", "--no-pin"),
     )
     assert out.count("added by the tap (tap - direct") == 2  # steps and streams
     for sessions in (1, 4):
-        assert len(re.findall(rf"\n +{sessions}  request p50 [+-]\d", out)) == 2, out
+        # A figure, or nan if a window caught no request (never a crash).
+        assert len(re.findall(rf"\n +{sessions}  request p50 [+-](\d|nan)", out)) == 2, out
     throughput = re.search(r"= (\d+) requests/s per core .* classified (\d+), dropped (\d+)", out)
     assert throughput is not None, out
     assert int(throughput[1]) > 0
