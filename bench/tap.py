@@ -60,15 +60,11 @@ from typing import cast
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsv4_devcluster.process import free_port, spawned_child
+
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
 TEXT = "The quick brown fox jumps over the lazy dog while the model keeps on streaming. "
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _DecodeSteps:
@@ -298,16 +294,6 @@ def _cpu_seconds(pid: int) -> float:
     return sum(_cpu_times(pid))
 
 
-def _spawned_child(pid: int) -> int:
-    """The multiprocessing worker `pid` spawned (its resource tracker is another child)."""
-    with open(f"/proc/{pid}/task/{pid}/children") as children:
-        for child in map(int, children.read().split()):
-            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                if b"spawn_main" in cmdline.read():
-                    return child
-    raise LookupError(f"process {pid} has no spawned worker")
-
-
 class CpuMeter:
     """CPU used by named processes since `start`: cores busy, and the share in the kernel
     (system calls, TCP) for the tap."""
@@ -417,7 +403,7 @@ def main() -> int:
     if pin:  # this process (the load generator) and the upstream it spawns: the first CPU
         os.sched_setaffinity(0, cpus[:1])
     ctx = multiprocessing.get_context("spawn")
-    up_port, tap_port, metrics_port = _free_port(), _free_port(), _free_port()
+    up_port, tap_port, metrics_port = free_port(), free_port(), free_port()
     upstream = ctx.Process(target=_upstream, args=(up_port, args.chunks, args.gap_ms), daemon=True)
     upstream.start()
     _wait_port(up_port)
@@ -432,7 +418,9 @@ def main() -> int:
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
     )  # fmt: skip
     _wait_port(tap_port)
-    classifier = _spawned_child(tap.pid)
+    classifier = spawned_child(tap.pid)
+    if classifier is None:
+        raise LookupError(f"the tap (pid {tap.pid}) has no classifier process")
     pids = {"load": os.getpid(), "upstream": upstream.pid or 0, "tap": tap.pid}
     meter = CpuMeter(pids | {"classifier": classifier})
     where = f"pinned: load+upstream on CPU {cpus[0]}, tap on {cpus[1:]}" if pin else "not pinned"

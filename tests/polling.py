@@ -1,6 +1,6 @@
-"""Waiting on another process or thread in tests: its exit as an event (a pidfd), its
-progress (counters in shared memory, files, locks: they signal nothing) as a condition polled
-under a deadline; never a fixed sleep."""
+"""Waiting in async tests on another process: its exit as an event (a pidfd), its progress
+(counters in shared memory, which signal nothing) as a condition polled under a deadline;
+never a fixed sleep. Synchronous tests use `dsv4_devcluster.wait_for`."""
 
 from __future__ import annotations
 
@@ -16,14 +16,6 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 30) -> No
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
-
-
-def until_blocking(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
-    """`until` for synchronous tests (the thread waits; nothing else runs on it)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 async def exited(what: str, pid: int, timeout: float = 30) -> None:

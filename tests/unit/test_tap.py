@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +17,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from dsv4_devcluster.process import free_port, spawned_child
 from dsv4_operator.probe.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
 from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink, Worker
@@ -298,35 +298,19 @@ async def test_a_failed_restart_is_retried_by_the_next_pass() -> None:
 
 async def test_the_classifier_ends_with_the_tap_that_fed_it() -> None:
     """SIGKILL leaves no time for clean-up: the classifier ends because its pipe does."""
-    metrics = f"127.0.0.1:{_free_port()}"
+    metrics = f"127.0.0.1:{free_port()}"
     tap = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", "http://127.0.0.1:9",
         "--listen", "127.0.0.1:0", "--metrics", metrics, "--deployment", "d",
     )  # fmt: skip
     try:
-        await until("the classifier started", lambda: _child_of(tap.pid) is not None)
-        classifier = _child_of(tap.pid)
+        await until("the classifier started", lambda: spawned_child(tap.pid) is not None)
+        classifier = spawned_child(tap.pid)
         assert classifier is not None
     finally:
         tap.kill()
         await tap.wait()
     await exited("the classifier", classifier)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _child_of(pid: int) -> int | None:
-    """The tap's classifier process (its resource tracker is another child)."""
-    with open(f"/proc/{pid}/task/{pid}/children") as children:
-        for child in map(int, children.read().split()):
-            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                if b"spawn_main" in cmdline.read():
-                    return child
-    return None
 
 
 async def test_a_late_timer_shows_in_the_loop_lag() -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_devcluster import wait_for
 from dsv4_devcluster.hub import HubRepo, StandInHub
 from dsv4_operator.weights.fetch import FetchError, FetchRequest, make_plan, verify_snapshot
 from dsv4_operator.weights.progress import FailureReason, WeightsProgress
-from tests.polling import until_blocking
 
 REPO_ID = "example-org/tiny-dsv4"
 TOKEN = "hf_stand_in_token"
@@ -160,7 +160,7 @@ def test_a_killed_download_resumes_where_it_stopped(hub: StandInHub, tmp_path: P
         assert first.poll() is None, "the downloader ended before the stall"
         return part.is_file() and part.stat().st_size >= 10 << 20
 
-    until_blocking("10 MiB of the partial file", partial_written)
+    wait_for("10 MiB of the partial file", partial_written, 60, interval=0.05)
     first.send_signal(signal.SIGKILL)  # the pod dies mid-file
     first.wait()
     kept = part.stat().st_size
@@ -238,7 +238,7 @@ def test_two_downloads_into_one_claim_take_turns_on_a_blob(hub: StandInHub, tmp_
     first.start()
     part = tmp_path / "hub" / "models--example-org--tiny-dsv4" / "blobs"
     etag = hashlib.sha256(hub.repos[REPO_ID].files[shard]).hexdigest()
-    until_blocking("the partial file", (part / f"{etag}.dsv4-partial").is_file)
+    wait_for("the partial file", (part / f"{etag}.dsv4-partial").is_file, 60, interval=0.05)
     inode = (part / f"{etag}.dsv4-partial").stat().st_ino
     second = threading.Thread(target=download_blobs, args=(request, plan))
     second.start()
@@ -249,7 +249,7 @@ def test_two_downloads_into_one_claim_take_turns_on_a_blob(hub: StandInHub, tmp_
         assert second.is_alive(), "the second download ended without waiting for the lock"
         return _lock_waiter(inode)
 
-    until_blocking("the second download to wait on the lock", second_waits)
+    wait_for("the second download to wait on the lock", second_waits, 60, interval=0.05)
     hub.release()
     first.join(60)
     second.join(60)

@@ -119,6 +119,20 @@ def free_port() -> int:
         return port
 
 
+def spawned_child(pid: int) -> int | None:
+    """The worker process `pid` started with multiprocessing's spawn method, if it has one
+    yet (its resource tracker is another child). Linux: reads /proc."""
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        for child in map(int, children.read().split()):
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                    if b"spawn_main" in cmdline.read():
+                        return child
+            except FileNotFoundError:  # that child has just ended
+                continue
+    return None
+
+
 def wait_for(
     what: str,
     check: Callable[[], T | None],
