@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.process import free_port
 from dsv4_operator.engine.effective import parse_args
 from dsv4_operator.names import (
     API_VERSION,
@@ -42,13 +42,6 @@ def rtx_pool(control_plane: Any, prefix: str, count: int, pool: str = POOL) -> l
     for name in names:
         control_plane.add_gpu_node(name, gpus=8, product=RTX, labels={POOL_LABEL: pool})
     return names
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class OperatorProcess:
@@ -107,6 +100,29 @@ class OperatorProcess:
             for sample in family.samples
             if sample.name == name and labels.items() <= sample.labels.items()
         )
+
+    def passes(self) -> float:
+        """Reconcile passes finished so far (0 while the endpoint is not up)."""
+        return self.metric("dsv4_reconciles_total") or 0
+
+    def more_passes(self, count: int, timeout: float = 60) -> None:
+        """Until the operator has finished `count` more reconcile passes."""
+        target = self.passes() + count
+        wait_for(f"{count} more reconcile passes", lambda: self.passes() >= target, timeout)
+
+    def settled(self, writes: Callable[[], object] | None = None, timeout: float = 120) -> None:
+        """Until two reconcile passes in a row finish with no API write (or no change in
+        `writes()`, the writes that matter to the test): what the last change made the
+        operator write (status, Events) has landed. Counted in passes, not seconds: a slow
+        machine waits longer, a stalled operator fails here."""
+        count = writes or (lambda: self.metric("dsv4_api_writes_total"))
+
+        def quiet() -> bool:
+            before = count()
+            self.more_passes(2)
+            return count() == before
+
+        wait_for("a reconcile pass that writes nothing", quiet, timeout)
 
     def series(self, name: str) -> list[dict[str, str]]:
         """The label sets of the samples named `name` the operator exports now."""

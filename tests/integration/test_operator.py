@@ -158,28 +158,16 @@ def test_the_guard_reads_router_taps_at_their_pod_ips_past_a_cluster_proxy(
 
 def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProcess) -> None:
     _ready(cluster)
-    time.sleep(3)  # let the last status write land
+    operator.settled()
 
     def versions() -> dict[Any, str]:
         objs = {**cluster.children(), ("DSV4Deployment", "dsv4-flash"): cluster.get()}
         return {key: obj["metadata"]["resourceVersion"] for key, obj in objs.items()}
 
     before, writes_before = versions(), operator.metric("dsv4_api_writes_total")
-    passes_before = operator.metric("dsv4_reconciles_total")
-    time.sleep(8)  # four resync periods of 2 s
-    assert operator.metric("dsv4_reconciles_total") >= (passes_before or 0) + 3
+    operator.more_passes(4)  # resyncs every 2 s here
     assert versions() == before
     assert operator.metric("dsv4_api_writes_total") == writes_before
-
-
-def _more_passes(operator: OperatorProcess, count: int) -> None:
-    """Until the operator has run `count` more reconcile passes (resyncs every 2 s here)."""
-    target = (operator.metric("dsv4_reconciles_total") or 0) + count
-    wait_for(
-        f"{count} more reconcile passes",
-        lambda: (operator.metric("dsv4_reconciles_total") or 0) >= target,
-        timeout=60,
-    )
 
 
 def test_a_sidecar_injected_by_another_writer_causes_no_write(
@@ -221,9 +209,9 @@ def test_a_sidecar_injected_by_another_writer_causes_no_write(
         ),
         timeout=120,
     )
-    _more_passes(operator, 2)  # on the rolled StatefulSet
+    operator.settled()  # the passes on the rolled StatefulSet have written the status
     writes = operator.metric("dsv4_api_writes_total")
-    _more_passes(operator, 3)
+    operator.more_passes(3)
     decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
     containers = {c["name"]: c for c in decode["spec"]["template"]["spec"]["containers"]}
     assert "mesh-proxy" in containers
@@ -252,7 +240,7 @@ def test_replicas_handed_to_an_autoscaler_are_left_alone(
 
     wait_for("two decode replicas ready and reported", scaled, timeout=120)
     writes = operator.metric("dsv4_api_writes_total")
-    _more_passes(operator, 3)
+    operator.more_passes(3)
     assert cluster.children()[("StatefulSet", "dsv4-flash-decode")]["spec"]["replicas"] == 2
     assert operator.metric("dsv4_api_writes_total") == writes
 
@@ -397,7 +385,7 @@ def test_invalid_update_changes_nothing(cluster: Cluster, operator: OperatorProc
         ),
         timeout=30,
     )
-    time.sleep(6)  # three resyncs: still nothing rolled out, no event storm
+    operator.more_passes(3)  # three resyncs: still nothing rolled out, no event storm
     after = {k: v["metadata"]["resourceVersion"] for k, v in cluster.children().items()}
     assert after == before
     assert {p["metadata"]["uid"] for p in cluster.pods("dsv4.io/deployment=dsv4-flash")} == (
@@ -823,7 +811,7 @@ def test_pod_settings_reach_the_pods_and_cause_no_write_loop(
     assert {"name": "scratch", "mountPath": "/scratch"}.items() <= next(
         m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "scratch"
     ).items()
-    time.sleep(2)  # the settling pass's status write lands
+    operator.settled()  # the settling pass's status write has landed
     writes = operator.metric("dsv4_api_writes_total")
-    _more_passes(operator, 3)
+    operator.more_passes(3)
     assert operator.metric("dsv4_api_writes_total") == writes

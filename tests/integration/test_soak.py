@@ -273,15 +273,11 @@ class Soak:
         return children, self.cluster.get("soak")["metadata"]["resourceVersion"]
 
     def assert_quiet(self) -> None:
-        """Nothing written by the operator in four more passes."""
-        time.sleep(1)  # the settling pass's status write and Events land
+        """Once the settling pass's status write and Events have landed, nothing written by
+        the operator in four more passes."""
+        self.operator.settled(self._writes)
         before = self._writes()
-        target = (self.operator.metric("dsv4_reconciles_total") or 0) + 4
-        wait_for(
-            "four more reconcile passes",
-            lambda: (self.operator.metric("dsv4_reconciles_total") or 0) >= target,
-            timeout=60,
-        )
+        self.operator.more_passes(4)
         after = self._writes()
         assert after == before, f"the operator wrote while nothing changed: {before} -> {after}"
 

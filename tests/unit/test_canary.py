@@ -10,7 +10,6 @@ machine and a saturated one. Expected leak counts come from the double's curve
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from dsv4_devcluster.process import free_port
 from dsv4_operator.cli import main
 from dsv4_operator.probe.canary import (
     MAX_ATTEMPTS,
@@ -212,12 +212,6 @@ def test_prompts_depend_on_seed_and_session_only() -> None:
 
     result = fake_result("get_weather", {"location": "Oslo"}, random.Random(0), 1, steps)
     assert result["location"] == "Oslo" and result["next_step"] == steps[1].text
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_connection_refused_is_retried_then_an_error() -> None:
