@@ -31,7 +31,7 @@ from tests.integration.operator_support import (  # noqa: E402
 )
 
 from dsv4_demo import weights_volume  # noqa: E402
-from dsv4_devcluster import ControlPlane  # noqa: E402
+from dsv4_devcluster import ControlPlane, wait_for  # noqa: E402
 
 EXPECTED = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets
 
@@ -62,8 +62,12 @@ def main() -> int:
                 cluster = Cluster(dyn, ns)
                 start = time.monotonic()
                 cluster.apply(example(ns))
-                while len(cluster.children()) < EXPECTED:
-                    time.sleep(0.05)
+                wait_for(
+                    f"{EXPECTED} children in {ns}",
+                    lambda cluster=cluster: len(cluster.children()) >= EXPECTED,
+                    timeout=300,
+                    interval=0.05,
+                )
                 to_children.append(time.monotonic() - start)
                 cluster.wait_phase("Ready", timeout=120)
                 to_ready.append(time.monotonic() - start)

@@ -352,6 +352,8 @@ async def measure(n: int, idle: float, resync: float | None, logs: Path) -> Figu
             start = time.monotonic()
             await client.apply(target)
             while await revision_of(client, "op", name) == old:
+                if time.monotonic() - start > 300:
+                    raise TimeoutError(f"{name}: the change never reached its StatefulSet")
                 await asyncio.sleep(0.02)
             figures.change_s = time.monotonic() - start
         finally:

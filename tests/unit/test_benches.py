@@ -1,37 +1,23 @@
 """The benchmarks still run: each script under bench/ that needs no control plane, at a size
 that takes seconds, must finish and print its figures (their values are for people to read,
-not asserted here)."""
+not asserted here). The ones that start a control plane: tests/integration/test_benches.py."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _run(script: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, f"bench/{script} exited {done.returncode}:\n{done.stderr}"
-    return done.stdout
+from tests.benches import run_bench
 
 
 def test_the_detector_bench_runs_and_finds_every_verdict_as_expected() -> None:
-    out = _run("detector.py", "--responses", "200", "--repeat", "1")
+    out = run_bench("detector.py", "--responses", "200", "--repeat", "1")
     assert re.search(r"detector throughput: [\d,]+ classifications/s", out)
     assert re.search(r"2-20 KB assistant messages .*: [\d,]+ classifications/s, [\d.]+ MB/s", out)
     assert "verdicts different from expected: 0" in out
 
 
 def test_the_guard_bench_runs_both_deciders() -> None:
-    out = _run(
+    out = run_bench(
         "guard.py", "--trials", "40", "--decisions", "2000", "--points", "7200", "--seed", "3"
     )
     for rate in ("17.00%", "4.55%"):
@@ -42,7 +28,7 @@ def test_the_guard_bench_runs_both_deciders() -> None:
 
 
 def test_the_tap_bench_runs_both_timings_through_a_real_tap() -> None:
-    out = _run(
+    out = run_bench(
         "tap.py",
         *("--seconds", "1", "--warmup", "0.2", "--sessions", "1,4", "--rounds", "1"),
         *("--chunks", "4", "--no-pin"),
