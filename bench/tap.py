@@ -30,6 +30,11 @@ also says how many copies the classifier had to drop (from the tap's /metrics): 
 saturation the relay has the CPU first, and what the classifier cannot keep up with is
 dropped and counted.
 
+With `--reference-proxy /usr/sbin/haproxy` each round also runs the same load through HAProxy
+(HTTP mode, one thread, `option http-no-delay`, on the tap's CPU) and prints what it adds,
+the same figures: the floor a C event-loop proxy sets on this machine, against which to read
+the tap's (both pay the same system calls and loopback TCP per chunk).
+
 With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
 generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
 CPU in the router pod: otherwise, on a small machine, the figures are the harness's
@@ -37,6 +42,7 @@ contention for the cores more than the tap's cost.
 
     python bench/tap.py [--seconds 5] [--rounds 3] [--warmup 1] [--chunks 40] [--gap-ms 15]
                         [--timing steps,streams] [--no-pin] [--no-tools]
+                        [--reference-proxy PATH]
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -351,7 +358,7 @@ def _added(direct: Samples, tap: Samples) -> dict[str, float]:
     }
 
 
-def _summary(sessions: int, rounds: list[dict[str, float]], dropped: float) -> str:
+def _summary(sessions: int, rounds: list[dict[str, float]], tail: str = "") -> str:
     """Each figure's median over the rounds, with the lowest and highest."""
 
     def figure(label: str) -> str:
@@ -359,7 +366,43 @@ def _summary(sessions: int, rounds: list[dict[str, float]], dropped: float) -> s
         spread = f" ({values[0]:+.2f}..{values[-1]:+.2f})" if len(values) > 1 else ""
         return f"{label} {statistics.median(values):+.2f}{spread}"
 
-    return f"{sessions:8}  " + ", ".join(map(figure, ADDED)) + f"; copies dropped {dropped:.0f}"
+    return f"{sessions:8}  " + ", ".join(map(figure, ADDED)) + tail
+
+
+HAPROXY_CONFIG = """global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    option http-no-delay
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+frontend bench
+    bind 127.0.0.1:{port}
+    default_backend upstream
+backend upstream
+    http-reuse always
+    server upstream 127.0.0.1:{upstream}
+"""
+
+
+def _start_reference(
+    binary: str, port: int, upstream: int, cpus: list[int] | None, config_dir: str
+) -> subprocess.Popen[bytes]:
+    """HAProxy relaying to the upstream as the tap does: HTTP mode, one thread, no delay."""
+    config = os.path.join(config_dir, "haproxy.cfg")
+    with open(config, "w") as out:
+        out.write(HAPROXY_CONFIG.format(port=port, upstream=upstream))
+    check = subprocess.run([binary, "-c", "-q", "-f", config], capture_output=True, text=True)
+    if check.returncode:
+        raise RuntimeError(f"{binary} refused its configuration: {check.stderr}")
+    return subprocess.Popen(
+        [binary, "-db", "-f", config],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
 
 
 def _wait_port(port: int) -> None:
@@ -397,6 +440,11 @@ def main() -> int:
         default=True,
         help="requests offer tools (every response classified); --no-tools: the relay alone",
     )
+    parser.add_argument(
+        "--reference-proxy",
+        metavar="PATH",
+        help="an haproxy binary: also measure it on the same load, as a floor for the tap",
+    )
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = len(cpus) >= 2 if args.pin is None else args.pin
@@ -422,6 +470,17 @@ def main() -> int:
     if classifier is None:
         raise LookupError(f"the tap (pid {tap.pid}) has no classifier process")
     pids = {"load": os.getpid(), "upstream": upstream.pid or 0, "tap": tap.pid}
+    paths = {"direct": up_url, "tap": tap_url}
+    config_dir = tempfile.TemporaryDirectory()
+    reference = None
+    if args.reference_proxy:
+        ref_port = free_port()
+        reference = _start_reference(
+            args.reference_proxy, ref_port, up_port, cpus[1:] if pin else None, config_dir.name
+        )
+        _wait_port(ref_port)
+        paths["haproxy"] = f"http://127.0.0.1:{ref_port}"
+        pids["haproxy"] = reference.pid
     meter = CpuMeter(pids | {"classifier": classifier})
     where = f"pinned: load+upstream on CPU {cpus[0]}, tap on {cpus[1:]}" if pin else "not pinned"
     print(
@@ -432,35 +491,46 @@ def main() -> int:
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     for timing in args.timing.split(","):
         print(f"\ntiming: {timing} ({TIMINGS[timing]})")
-        print("sessions  path    req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores")
+        print(
+            "sessions  path     req/s  ttfb p50/p99 ms  total p50/p99 ms  chunk p50/p99 ms  cores"
+        )
         summaries: list[str] = []
+        references: list[str] = []
         for sessions in (int(s) for s in args.sessions.split(",")):
             rounds: list[dict[str, float]] = []
+            reference_rounds: list[dict[str, float]] = []
             dropped_before = _classifier_counts(metrics_url)[1]
             for _ in range(args.rounds):  # alternating, so that a drift of the machine is shared
                 runs = {}
-                for name, url in (("direct", up_url), ("tap", tap_url)):
+                for name, url in paths.items():
                     load = _load(
                         url, sessions, args.seconds, args.gap_ms, args.tools, timing, args.warmup
                     )
                     meter.start()
                     s = runs[name] = uvloop.run(load)
                     print(
-                        f"{sessions:8}  {name:6} {s.requests / args.seconds:6.0f}  "
+                        f"{sessions:8}  {name:7} {s.requests / args.seconds:6.0f}  "
                         f"{_q(s.ttfb, 0.5):6.2f}/{_q(s.ttfb, 0.99):6.2f}  "
                         f"{_q(s.total, 0.5):8.1f}/{_q(s.total, 0.99):7.1f}  "
                         f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
                         f"{meter.cores(args.seconds + args.warmup)}"
                     )
                 rounds.append(_added(runs["direct"], runs["tap"]))
+                if "haproxy" in runs:
+                    reference_rounds.append(_added(runs["direct"], runs["haproxy"]))
             dropped = _classifier_counts(metrics_url)[1] - dropped_before
-            summaries.append(_summary(sessions, rounds, dropped))
+            summaries.append(_summary(sessions, rounds, f"; copies dropped {dropped:.0f}"))
+            if reference_rounds:
+                references.append(_summary(sessions, reference_rounds))
         print(
             f"added by the tap (tap - direct, ms; median of {args.rounds} rounds, lowest..highest"
             "; request: time to first byte; first request: a connection's first, sent with all "
             "the others at once):"
         )
         print("\n".join(summaries))
+        if references:
+            print("added by haproxy (haproxy - direct, ms; the same figures, the same rounds):")
+            print("\n".join(references))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     classified, dropped = _classifier_counts(metrics_url)
     before = _cpu_seconds(tap.pid), _cpu_seconds(classifier)
@@ -481,6 +551,10 @@ def main() -> int:
     upstream.terminate()
     tap.wait(10)
     upstream.join(10)
+    if reference is not None:
+        reference.terminate()
+        reference.wait(10)
+    config_dir.cleanup()
     return 0
 
 
