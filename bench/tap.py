@@ -30,6 +30,9 @@ also says how many copies the classifier had to drop (from the tap's /metrics): 
 saturation the relay has the CPU first, and what the classifier cannot keep up with is
 dropped and counted.
 
+With `--tap-workers N` the tap runs N relay processes on its port (`dsv4 tap --workers`), and
+the tap's CPU is theirs and their parent's, the classifier's that of their N classifiers.
+
 With `--reference-proxy /usr/sbin/haproxy` each round also runs the same load through HAProxy
 (HTTP mode, one thread, `option http-no-delay`, on the tap's CPU) and prints what it adds,
 the same figures: the floor a C event-loop proxy sets on this machine, against which to read
@@ -42,7 +45,7 @@ contention for the cores more than the tap's cost.
 
     python bench/tap.py [--seconds 5] [--rounds 3] [--warmup 1] [--chunks 40] [--gap-ms 15]
                         [--timing steps,streams] [--no-pin] [--no-tools]
-                        [--reference-proxy PATH]
+                        [--tap-workers 1] [--reference-proxy PATH]
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ from typing import cast
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_devcluster.process import free_port, spawned_child
+from dsv4_devcluster.process import free_port, spawned_children
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
@@ -297,25 +300,32 @@ def _cpu_times(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def _cpu_seconds(pid: int) -> float:
-    return sum(_cpu_times(pid))
+def _group_times(pids: list[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds of processes together (a tap's workers, say)."""
+    times = [_cpu_times(pid) for pid in pids]
+    return sum(user for user, _ in times), sum(system for _, system in times)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    return sum(_group_times(pids))
 
 
 class CpuMeter:
-    """CPU used by named processes since `start`: cores busy, and the share in the kernel
-    (system calls, TCP) for the tap."""
+    """CPU used by named groups of processes since `start`: cores busy, and the share in the
+    kernel (system calls, TCP) for the tap."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, list[int]]) -> None:
         self.pids = pids
         self._before: dict[str, tuple[float, float]] = {}
 
     def start(self) -> None:
-        self._before = {name: _cpu_times(pid) for name, pid in self.pids.items()}
+        self._before = {name: _group_times(pids) for name, pids in self.pids.items()}
 
     def cores(self, seconds: float) -> str:
         parts = []
-        for name, pid in self.pids.items():
-            user, system = (a - b for a, b in zip(_cpu_times(pid), self._before[name], strict=True))
+        for name, pids in self.pids.items():
+            now = _group_times(pids)
+            user, system = (a - b for a, b in zip(now, self._before[name], strict=True))
             kernel = f" ({system / (user + system):.0%} kernel)" if name == "tap" and user else ""
             parts.append(f"{name} {(user + system) / seconds:.2f}{kernel}")
         return ", ".join(parts)
@@ -441,6 +451,9 @@ def main() -> int:
         help="requests offer tools (every response classified); --no-tools: the relay alone",
     )
     parser.add_argument(
+        "--tap-workers", type=int, default=1, help="the tap's --workers (relay processes)"
+    )
+    parser.add_argument(
         "--reference-proxy",
         metavar="PATH",
         help="an haproxy binary: also measure it on the same load, as a floor for the tap",
@@ -460,16 +473,20 @@ def main() -> int:
     tap = subprocess.Popen(
         [sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", up_url,
          "--listen", f"127.0.0.1:{tap_port}", "--metrics", f"127.0.0.1:{metrics_port}",
-         "--deployment", "bench"],
+         "--deployment", "bench", "--workers", str(args.tap_workers)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
     )  # fmt: skip
     _wait_port(tap_port)
-    classifier = spawned_child(tap.pid)
-    if classifier is None:
-        raise LookupError(f"the tap (pid {tap.pid}) has no classifier process")
-    pids = {"load": os.getpid(), "upstream": upstream.pid or 0, "tap": tap.pid}
+    _wait_port(metrics_port)  # with workers: once every one of them serves
+    relays = spawned_children(tap.pid) if args.tap_workers > 1 else [tap.pid]
+    classifiers = [child for relay in relays for child in spawned_children(relay)]
+    if len(relays) != args.tap_workers or len(classifiers) != args.tap_workers:
+        raise LookupError(f"the tap (pid {tap.pid}): relays {relays}, classifiers {classifiers}")
+    pids = {"load": [os.getpid()], "upstream": [upstream.pid or 0], "tap": [tap.pid]}
+    if args.tap_workers > 1:
+        pids["tap"] += relays
     paths = {"direct": up_url, "tap": tap_url}
     config_dir = tempfile.TemporaryDirectory()
     reference = None
@@ -480,8 +497,8 @@ def main() -> int:
         )
         _wait_port(ref_port)
         paths["haproxy"] = f"http://127.0.0.1:{ref_port}"
-        pids["haproxy"] = reference.pid
-    meter = CpuMeter(pids | {"classifier": classifier})
+        pids["haproxy"] = [reference.pid]
+    meter = CpuMeter(pids | {"classifier": classifiers})
     where = f"pinned: load+upstream on CPU {cpus[0]}, tap on {cpus[1:]}" if pin else "not pinned"
     print(
         f"{len(cpus)} cores ({where}); {args.chunks} chunks per response on average, "
@@ -533,10 +550,10 @@ def main() -> int:
             print("\n".join(references))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     classified, dropped = _classifier_counts(metrics_url)
-    before = _cpu_seconds(tap.pid), _cpu_seconds(classifier)
+    before = _cpu_seconds(pids["tap"]), _cpu_seconds(classifiers)
     s = uvloop.run(_load(tap_url, 64, args.seconds, 0.0, args.tools))
-    used = _cpu_seconds(tap.pid) - before[0]
-    with_classifier = used + _cpu_seconds(classifier) - before[1]
+    used = _cpu_seconds(pids["tap"]) - before[0]
+    with_classifier = used + _cpu_seconds(classifiers) - before[1]
     time.sleep(2)  # the classifier's backlog drains (or stays dropped)
     now_classified, now_dropped = _classifier_counts(metrics_url)
     print(

@@ -5,15 +5,24 @@ never a fixed sleep. Synchronous tests use `dsv4_devcluster.wait_for`."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
-async def until(what: str, check: Callable[[], bool], timeout: float = 30) -> None:
-    """Return once `check()` holds; fail naming `what` after `timeout` seconds."""
+async def until(
+    what: str, check: Callable[[], bool | Awaitable[bool]], timeout: float = 30
+) -> None:
+    """Return once `check()` (a function or a coroutine function) holds; fail naming `what`
+    after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        held = check()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.05)
 

@@ -41,15 +41,23 @@ def _operator_metrics() -> frozenset[str]:
 
 
 def _tap_metrics() -> frozenset[str]:
-    """The sample names the leak tap exports (`dsv4 tap`), read from its registry."""
-    from dsv4_operator.tap.metrics import TapMetrics
-    from dsv4_operator.tap.worker import ClassifierLink
+    """The sample names the leak tap exports (`dsv4 tap`), read from its registry, and those
+    its parent adds with `--workers`."""
+    from pathlib import Path
 
-    registry = TapMetrics(ClassifierLink(), "d").registry
-    names = set()
-    for family in registry.collect():
-        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
-    return frozenset(names)
+    from dsv4_operator.tap.metrics import TapMetrics
+    from dsv4_operator.tap.proxy import TapConfig
+    from dsv4_operator.tap.worker import ClassifierLink
+    from dsv4_operator.tap.workers import WorkerPool, pool_collector
+
+    pool = WorkerPool(TapConfig("http://127.0.0.1:9", "d"), ("127.0.0.1", 0), 0, Path("/"))
+    families = [
+        *TapMetrics(ClassifierLink(), "d").registry.collect(),
+        *pool_collector(pool, "d").collect(),
+    ]
+    return frozenset(
+        f"{family.name}_total" if family.type == "counter" else family.name for family in families
+    )
 
 
 OPERATOR_METRICS = _operator_metrics() | _tap_metrics()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.benches import run_bench
 
 
@@ -27,11 +29,12 @@ def test_the_guard_bench_runs_both_deciders() -> None:
     assert len(re.findall(r"0\.5% leak rate: \d+ false rollbacks in 7200", out)) == len(rollbacks)
 
 
-def test_the_tap_bench_runs_both_timings_through_a_real_tap() -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_the_tap_bench_runs_both_timings_through_a_real_tap(workers: str) -> None:
     out = run_bench(
         "tap.py",
         *("--seconds", "1", "--warmup", "0.2", "--sessions", "1,4", "--rounds", "1"),
-        *("--chunks", "4", "--no-pin"),
+        *("--chunks", "4", "--no-pin", "--tap-workers", workers),
     )
     assert out.count("added by the tap (tap - direct") == 2  # steps and streams
     for sessions in (1, 4):

@@ -185,6 +185,30 @@ def test_the_tap_sits_in_front_of_the_router_unless_turned_off(
         assert [p["targetPort"] for p in service["spec"]["ports"]] == ["api", "metrics"]
 
 
+def test_tap_workers_are_passed_on_and_size_the_default_resources(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    def tap_of(change: dict[str, Any]) -> dict[str, Any]:
+        objs = _render(variant(change), OWNER)
+        router = _by(objs, "Deployment", "dsv4-flash-router")["spec"]["template"]["spec"]
+        return dict(next(c for c in router["containers"] if c["name"] == "tap"))
+
+    one = tap_of({})
+    assert "--workers" not in one["args"]  # the default keeps the pod template it had
+    assert one["resources"]["requests"] == {"cpu": "500m", "memory": "256Mi"}
+    three = tap_of({"guard.tap.workers": 3})
+    assert three["args"][-2:] == ["--workers", "3"]
+    assert three["resources"] == {
+        "requests": {"cpu": "1500m", "memory": "768Mi"},
+        "limits": {"memory": "3Gi"},
+    }
+    sized = {"requests": {"cpu": "2"}, "limits": {"memory": "2Gi"}}
+    assert tap_of({"guard.tap.workers": 3, "guard.tap.resources": sized})["resources"] == sized
+    validation = validate_spec(variant({"guard.tap.workers": 17}))
+    assert not validation.valid
+    assert validation.errors[0].field == "spec.guard.tap.workers"
+
+
 def test_a_new_revision_is_a_new_job(variant: Callable[..., dict[str, Any]]) -> None:
     def job_of(revision: str) -> str:
         change = dict(HUB_WEIGHTS)

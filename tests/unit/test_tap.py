@@ -97,7 +97,8 @@ class Upstream:
         return response
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """`app` served on a free port of 127.0.0.1: its runner and base URL."""
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -112,7 +113,7 @@ async def stack() -> AsyncIterator[tuple[Upstream, Tap, str, str, aiohttp.Client
     app = web.Application()
     app.router.add_post("/v1/chat/completions", upstream.chat)
     app.router.add_get("/other", upstream.other)
-    up_runner, up_url = await _serve(app)
+    up_runner, up_url = await serve_app(app)
     # No timed supervision: a test restarts the classifier with supervise_once().
     tap = Tap(TapConfig(upstream=up_url, deployment="d"), supervise_seconds=3600)
     await tap.start()
@@ -187,7 +188,7 @@ async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) 
 
     await until("four verdicts", counted)
     assert sum(tap.link.counts().verdicts.values()) == 4
-    metrics_runner, metrics_url = await _serve(metrics_app(tap))
+    metrics_runner, metrics_url = await serve_app(metrics_app(tap))
     try:
         async with session.get(f"{metrics_url}/metrics") as response:
             text = (await response.read()).decode()

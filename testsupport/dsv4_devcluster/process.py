@@ -119,18 +119,28 @@ def free_port() -> int:
         return port
 
 
-def spawned_child(pid: int) -> int | None:
-    """The worker process `pid` started with multiprocessing's spawn method, if it has one
-    yet (its resource tracker is another child). Linux: reads /proc."""
-    with open(f"/proc/{pid}/task/{pid}/children") as children:
-        for child in map(int, children.read().split()):
+def spawned_children(pid: int) -> list[int]:
+    """The processes `pid` started with multiprocessing's spawn method, from any of its
+    threads (its resource tracker is another child, left out). Linux: reads /proc."""
+    found = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # that thread has just ended
+            continue
+        for child in map(int, children):
             try:
                 with open(f"/proc/{child}/cmdline", "rb") as cmdline:
                     if b"spawn_main" in cmdline.read():
-                        return child
+                        found.append(child)
             except FileNotFoundError:  # that child has just ended
                 continue
-    return None
+    return found
+
+
+def spawned_child(pid: int) -> int | None:
+    """The first of `spawned_children(pid)`, if it has one yet."""
+    return next(iter(spawned_children(pid)), None)
 
 
 def wait_for(

@@ -9,9 +9,13 @@ from dsv4_operator.render.pod_settings import with_pod_settings
 from dsv4_operator.render.security import container_security, pod_security
 
 
-def tap_default_resources() -> Manifest:
-    """The tap's own work is light: a proxy and one classifier process (bench/tap.py)."""
-    return {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+def tap_default_resources(workers: int = 1) -> Manifest:
+    """The tap's own work is light: per worker, a relay and one classifier process
+    (bench/tap.py)."""
+    return {
+        "requests": {"cpu": f"{500 * workers}m", "memory": f"{256 * workers}Mi"},
+        "limits": {"memory": f"{workers}Gi"},
+    }
 
 
 def tap_enabled(ctx: RenderContext) -> bool:
@@ -35,6 +39,8 @@ def tap_container(ctx: RenderContext) -> Manifest:
             f"0.0.0.0:{TAP_METRICS_PORT}",
             "--deployment",
             ctx.name,
+            # Only when asked for: the default renders the pod template it always has.
+            *(["--workers", str(tap.workers)] if tap.workers > 1 else []),
         ],
         "ports": [
             {"name": "tap", "containerPort": TAP_PORT},
@@ -52,7 +58,7 @@ def tap_container(ctx: RenderContext) -> Manifest:
                 "limits": dict(sorted(tap.resources.limits.items())),
             }
             if tap.resources is not None
-            else tap_default_resources()
+            else tap_default_resources(tap.workers)
         ),
         # Ready when it serves; it forwards to the router, whose own probes gate the pod.
         "readinessProbe": {"tcpSocket": {"port": "tap"}, "periodSeconds": 10},

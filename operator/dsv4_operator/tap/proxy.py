@@ -90,9 +90,9 @@ class Tap:
         self._supervisor = asyncio.create_task(self._supervise())
         self._loop_watch = asyncio.create_task(self._watch_loop())
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
+    async def listen(self, host: str, port: int, reuse_port: bool = False) -> tuple[str, int]:
         """Relay connections accepted on (host, port) to the router; the address bound."""
-        return await self.relay.listen(host, port)
+        return await self.relay.listen(host, port, reuse_port)
 
     async def close(self) -> None:
         for task in (self._supervisor, self._loop_watch):
@@ -138,19 +138,32 @@ def metrics_app(tap: Tap) -> web.Application:
     return app
 
 
-async def run_tap(config: TapConfig, listen: tuple[str, int], metrics: tuple[str, int]) -> None:
-    """Serve until cancelled."""
+async def run_tap(
+    config: TapConfig,
+    listen: tuple[str, int],
+    metrics: tuple[str, int] | str,
+    reuse_port: bool = False,
+    ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve until cancelled; /metrics on (host, port), or on a Unix socket at a path (a
+    worker of `tap.workers`, read by its parent). `ready` is called once both listen."""
     tap = Tap(config)
     await tap.start()
     runner = web.AppRunner(metrics_app(tap))
     try:
         await runner.setup()
-        await web.TCPSite(runner, *metrics).start()
-        await tap.listen(*listen)
+        if isinstance(metrics, str):
+            await web.UnixSite(runner, metrics).start()
+        else:
+            await web.TCPSite(runner, *metrics).start()
+        await tap.listen(*listen, reuse_port=reuse_port)
         # What exists now (modules, the app) lives as long as the process: kept out of the
         # collector's full passes, which otherwise stall the loop for tens of milliseconds.
         gc.freeze()
-        log.info("tap on %s:%d -> %s (metrics on %s:%d)", *listen, config.upstream, *metrics)
+        where = metrics if isinstance(metrics, str) else f"{metrics[0]}:{metrics[1]}"
+        log.info("tap on %s:%d -> %s (metrics on %s)", *listen, config.upstream, where)
+        if ready is not None:
+            ready()
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

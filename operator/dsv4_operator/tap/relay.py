@@ -162,10 +162,13 @@ class Relay:
         self.connections: set[ClientConnection] = set()
         self._server: asyncio.Server | None = None
 
-    async def listen(self, host: str, port: int) -> tuple[str, int]:
-        """Start accepting; the address bound (port 0 picks one)."""
+    async def listen(self, host: str, port: int, reuse_port: bool = False) -> tuple[str, int]:
+        """Start accepting; the address bound (port 0 picks one). `reuse_port`: other relays
+        may listen on the same address, and the kernel spreads connections over them."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConnection(self), host, port)
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self), host, port, reuse_port=reuse_port
+        )
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
 
