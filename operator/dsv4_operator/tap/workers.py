@@ -252,7 +252,8 @@ async def run_pool(
 
     async def serve_metrics(request: web.Request) -> web.Response:
         await asyncio.gather(*(pool.read(slot) for slot in pool.slots))
-        payload = await asyncio.to_thread(generate_latest, registry)
+        # On the loop, not in a thread: the supervisor changes the slots between awaits.
+        payload = generate_latest(registry)
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
