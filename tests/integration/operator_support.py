@@ -122,7 +122,7 @@ class OperatorProcess:
             self.more_passes(2)
             return count() == before
 
-        wait_for("a reconcile pass that writes nothing", quiet, timeout)
+        wait_for("two reconcile passes in a row that write nothing", quiet, timeout)
 
     def series(self, name: str) -> list[dict[str, str]]:
         """The label sets of the samples named `name` the operator exports now."""
