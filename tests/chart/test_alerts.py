@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "DSV4GuardBlind",
     "DSV4GuardNoData",
     "DSV4LeakTapUnreachable",
+    "DSV4LeakTapDropping",
     "DSV4CanaryNotRunning",
     "DSV4OperatorDown",
     "DSV4ReconcileErrors",
