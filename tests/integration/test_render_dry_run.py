@@ -105,3 +105,56 @@ def test_pod_settings_pass_a_server_side_dry_run(dyn: Any, namespace: str) -> No
         _dry_run_apply(dyn, namespace, child)
     pods = [c for c in children if c["kind"] in ("StatefulSet", "Deployment")]
     assert all(c["spec"]["template"]["spec"]["serviceAccountName"] == "dsv4-engines" for c in pods)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"env": [{"name": "T", "valueFrom": {}}]}, "must specify one of"),
+        (
+            {
+                "env": [
+                    {
+                        "name": "T",
+                        "valueFrom": {
+                            "secretKeyRef": {"name": "s", "key": "k"},
+                            "configMapKeyRef": {"name": "c", "key": "k"},
+                        },
+                    }
+                ]
+            },
+            "may not have more than one field specified",
+        ),
+        (
+            {"volumes": [{"name": "v", "emptyDir": {}, "hostPath": {"path": "/x"}}]},
+            "may not specify more than 1 volume type",
+        ),
+    ],
+)
+def test_pod_settings_validate_refuses_are_refused_by_the_api_server_too(
+    dyn: Any, namespace: str, change: dict[str, Any], refusal: str
+) -> None:
+    """The one-of rules `dsv4 validate` adds to the schema's (api/pod.py) are the API
+    server's own: the same settings in a bare Pod are refused by a dry-run create."""
+    import copy
+
+    import yaml
+
+    from tests.unit.conftest import EXAMPLE
+
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    spec = copy.deepcopy(doc["spec"])
+    spec["podTemplate"] = change
+    assert not validate_object({**doc, "spec": spec}).valid
+    container: dict[str, Any] = {"name": "c", "image": "busybox", "env": change.get("env", [])}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "one-of"},
+        "spec": {"containers": [container], "volumes": change.get("volumes", [])},
+    }
+    pods = dyn.resources.get(api_version="v1", kind="Pod")
+    with pytest.raises(Exception) as refused:
+        pods.create(body=pod, namespace=namespace, query_params=[("dryRun", "All")])
+    assert getattr(refused.value, "status", None) == 422, refused.value
+    assert refusal in str(getattr(refused.value, "body", "")), refused.value

@@ -417,6 +417,26 @@ def test_pod_settings_land_in_every_pod_after_what_the_operator_owns(
         ({"env": [{"name": "SGLANG_X", "value": "1"}]}, "use spec.engine.env"),
         ({"env": [{"name": "HF_HOME", "value": "/x"}]}, "use spec.engine.env"),
         ({"env": [{"name": "T"}]}, "exactly one of value and valueFrom"),
+        # What the API server refuses though the schema allows it (found by the dry-run fuzz).
+        ({"env": [{"name": "T", "valueFrom": {}}]}, "valueFrom must set exactly one of"),
+        (
+            {
+                "env": [
+                    {
+                        "name": "T",
+                        "valueFrom": {
+                            "secretKeyRef": {"name": "s", "key": "k"},
+                            "configMapKeyRef": {"name": "c", "key": "k"},
+                        },
+                    }
+                ]
+            },
+            "(it sets configMapKeyRef, secretKeyRef)",
+        ),
+        (
+            {"volumes": [{"name": "v", "emptyDir": {}, "hostPath": {"path": "/x"}}]},
+            "volumes[0] (v): one volume source each, not emptyDir and hostPath",
+        ),
         ({"imagePullSecrets": [{"name": "Bad_Name"}]}, "String should match pattern"),
     ],
 )

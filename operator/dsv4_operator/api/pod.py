@@ -68,7 +68,19 @@ class PodEnvVar(ApiModel):
     def _one_source(self) -> PodEnvVar:
         if (self.value is None) == (self.value_from is None):
             raise ValueError(f"env {self.name}: set exactly one of value and valueFrom")
+        # The schema leaves every source optional; the API server wants exactly one.
+        if self.value_from is not None and len(_set_keys(self.value_from)) != 1:
+            raise ValueError(
+                f"env {self.name}: valueFrom must set exactly one of secretKeyRef, "
+                f"configMapKeyRef, fieldRef, resourceFieldRef or fileKeyRef (it sets "
+                f"{', '.join(_set_keys(self.value_from)) or 'none'})"
+            )
         return self
+
+
+def _set_keys(obj: dict[str, Any], but: tuple[str, ...] = ()) -> list[str]:
+    """The keys of `obj` given a value (null is unset to the API server), except `but`."""
+    return sorted(key for key, value in obj.items() if value is not None and key not in but)
 
 
 class PodSettings(ApiModel):
@@ -173,6 +185,13 @@ class PodSettings(ApiModel):
             if value is not None and (why := kubernetes_error(definition, value)):
                 raise ValueError(
                     f"{field} is not a valid core/v1 {definition.rsplit('.', 1)[-1]}: {why}"
+                )
+        for i, volume in enumerate(self.volumes):
+            # No source is an emptyDir to the API server; two are refused.
+            if len(sources := _set_keys(volume, but=("name",))) > 1:
+                raise ValueError(
+                    f"volumes[{i}] ({volume.get('name')}): one volume source each, not "
+                    f"{' and '.join(sources)}"
                 )
         return self
 
