@@ -15,6 +15,7 @@ from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.kube.client import yaml_safe_json
 from dsv4_operator.render.children import render_spec
 from tests.unit.test_fuzz_cli import from_the_crd, gentle
+from tests.unit.test_render import ONE_OF_CASES
 
 CASES = 100
 BUSY = (429, 504)  # the API server did not answer in time: no verdict, ask again
@@ -108,28 +109,7 @@ def test_pod_settings_pass_a_server_side_dry_run(dyn: Any, namespace: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("change", "refusal"),
-    [
-        ({"env": [{"name": "T", "valueFrom": {}}]}, "must specify one of"),
-        (
-            {
-                "env": [
-                    {
-                        "name": "T",
-                        "valueFrom": {
-                            "secretKeyRef": {"name": "s", "key": "k"},
-                            "configMapKeyRef": {"name": "c", "key": "k"},
-                        },
-                    }
-                ]
-            },
-            "may not have more than one field specified",
-        ),
-        (
-            {"volumes": [{"name": "v", "emptyDir": {}, "hostPath": {"path": "/x"}}]},
-            "may not specify more than 1 volume type",
-        ),
-    ],
+    ("change", "refusal"), [(change, theirs) for change, _, theirs in ONE_OF_CASES]
 )
 def test_pod_settings_validate_refuses_are_refused_by_the_api_server_too(
     dyn: Any, namespace: str, change: dict[str, Any], refusal: str
