@@ -398,21 +398,25 @@ backend upstream
 
 
 def _start_reference(
-    binary: str, port: int, upstream: int, cpus: list[int] | None, config_dir: str
+    binary: str, port: int, upstream: int, cpus: list[int] | None
 ) -> subprocess.Popen[bytes]:
-    """HAProxy relaying to the upstream as the tap does: HTTP mode, one thread, no delay."""
-    config = os.path.join(config_dir, "haproxy.cfg")
-    with open(config, "w") as out:
-        out.write(HAPROXY_CONFIG.format(port=port, upstream=upstream))
-    check = subprocess.run([binary, "-c", "-q", "-f", config], capture_output=True, text=True)
-    if check.returncode:
-        raise RuntimeError(f"{binary} refused its configuration: {check.stderr}")
-    return subprocess.Popen(
-        [binary, "-db", "-f", config],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-    )
+    """HAProxy relaying to the upstream as the tap does: HTTP mode, one thread, no delay;
+    returned once it listens (it has read its configuration by then)."""
+    with tempfile.TemporaryDirectory() as config_dir:
+        config = os.path.join(config_dir, "haproxy.cfg")
+        with open(config, "w") as out:
+            out.write(HAPROXY_CONFIG.format(port=port, upstream=upstream))
+        check = subprocess.run([binary, "-c", "-q", "-f", config], capture_output=True, text=True)
+        if check.returncode:
+            raise RuntimeError(f"{binary} refused its configuration: {check.stderr}")
+        proxy = subprocess.Popen(
+            [binary, "-db", "-f", config],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+        _wait_port(port)
+    return proxy
 
 
 def _wait_port(port: int) -> None:
@@ -488,14 +492,12 @@ def main() -> int:
     if args.tap_workers > 1:
         pids["tap"] += relays
     paths = {"direct": up_url, "tap": tap_url}
-    config_dir = tempfile.TemporaryDirectory()
     reference = None
     if args.reference_proxy:
         ref_port = free_port()
         reference = _start_reference(
-            args.reference_proxy, ref_port, up_port, cpus[1:] if pin else None, config_dir.name
+            args.reference_proxy, ref_port, up_port, cpus[1:] if pin else None
         )
-        _wait_port(ref_port)
         paths["haproxy"] = f"http://127.0.0.1:{ref_port}"
         pids["haproxy"] = [reference.pid]
     meter = CpuMeter(pids | {"classifier": classifiers})
@@ -571,7 +573,6 @@ def main() -> int:
     if reference is not None:
         reference.terminate()
         reference.wait(10)
-    config_dir.cleanup()
     return 0
 
 

@@ -190,6 +190,14 @@ async def _pool_reading(
     """A pool of one slot, read once; its worker is played by an app on the slot's socket that
     answers /metrics with `text`, calling `during(pool)` before it answers."""
     pool = WorkerPool(TapConfig("http://127.0.0.1:9", "d"), ("127.0.0.1", 0), 1, tmp_path)
+    await _read_again(pool, text, during)
+    return pool
+
+
+async def _read_again(
+    pool: WorkerPool, text: str, during: Callable[[WorkerPool], None] = lambda pool: None
+) -> None:
+    """One read of the pool's slot from a worker played by an app on its socket."""
 
     async def metrics(request: web.Request) -> web.Response:
         during(pool)
@@ -204,7 +212,6 @@ async def _pool_reading(
         await pool.read(pool.slots[0])
     finally:
         await runner.cleanup()
-    return pool
 
 
 WORKER_TEXT = """# HELP dsv4_traffic_requests_total Requests.
@@ -228,8 +235,8 @@ dsv4_tap_added_latency_seconds_sum{deployment="d"} 0.005
 
 async def test_the_sums_keep_a_retired_workers_counters_not_its_gauges(tmp_path: Path) -> None:
     pool = await _pool_reading(WORKER_TEXT, tmp_path)
-    slot = pool.slots[0]
-    slot.retired = dict(slot.last)  # a predecessor that counted the same before it died
+    pool.slots[0].retire()  # the worker died, its successor counted the same since
+    await _read_again(pool, WORKER_TEXT)
     summed = {
         sample.name + str(sorted(sample.labels.items())): sample.value
         for metric in pool.summed()
@@ -253,7 +260,7 @@ async def test_a_read_that_ends_after_its_worker_was_retired_is_dropped(tmp_path
     taking the reply too would count them twice."""
 
     def retire(pool: WorkerPool) -> None:
-        pool.slots[0].generation += 1
+        pool.slots[0].retire()
 
     assert (await _pool_reading(WORKER_TEXT, tmp_path)).slots[0].last
     assert (await _pool_reading(WORKER_TEXT, tmp_path, retire)).slots[0].last == {}

@@ -38,8 +38,8 @@ SUPERVISE_SECONDS = 1.0
 START_SECONDS = 60.0
 READ_SECONDS = 5.0
 
-#: (sample name, sorted labels) -> value
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+#: (family name, sample name, sorted labels) -> value
+Samples = dict[tuple[str, str, tuple[tuple[str, str], ...]], float]
 
 
 class WorkerFailed(RuntimeError):
@@ -78,6 +78,14 @@ class _Slot:
     last: Samples = field(default_factory=dict)  # its counters at the last read
     retired: Samples = field(default_factory=dict)  # what its dead predecessors had counted
     generation: int = 0  # worker processes retired from this slot
+
+    def retire(self) -> None:
+        """Its worker died: what it counted stays in the sums (its gauges go with it)."""
+        for key, value in self.last.items():
+            if self.families[key[0]][0] != "gauge":
+                self.retired[key] = self.retired.get(key, 0.0) + value
+        self.last = {}
+        self.generation += 1
 
 
 class WorkerPool:
@@ -134,10 +142,7 @@ class WorkerPool:
                     slot.process.exitcode,
                 )
                 slot.process = None
-                for key, value in slot.last.items():
-                    slot.retired[key] = slot.retired.get(key, 0.0) + value
-                slot.last = {}
-                slot.generation += 1
+                slot.retire()
                 self.restarts += 1
             await asyncio.to_thread(self._spawn, slot)
 
@@ -171,44 +176,27 @@ class WorkerPool:
                 continue  # creation times do not add up
             slot.families[family.name] = (family.type, family.documentation)
             for sample in family.samples:
-                key = (sample.name, tuple(sorted(sample.labels.items())))
+                key = (family.name, sample.name, tuple(sorted(sample.labels.items())))
                 samples[key] = sample.value
         slot.last = samples
 
     def summed(self) -> Iterator[Metric]:
-        """The workers' samples summed by name and labels, dead workers' counts included
-        (gauges only from the living)."""
+        """The workers' samples summed by family, name and labels, dead workers' counts
+        included."""
         families: dict[str, tuple[str, str]] = {}
         totals: dict[str, Samples] = {}
         for slot in self.slots:
             families.update(slot.families)
-        owner: dict[str, str] = {}  # sample name -> family name
-        for name, (kind, _) in families.items():
-            for suffix in _SUFFIXES.get(kind, ("",)):
-                owner[name + suffix] = name
-        for slot in self.slots:
             for source in (slot.last, slot.retired):
-                for (sample, labels), value in source.items():
-                    family = owner.get(sample)
-                    if family is None or (
-                        source is slot.retired and families[family][0] == "gauge"
-                    ):
-                        continue
-                    into = totals.setdefault(family, {})
-                    into[(sample, labels)] = into.get((sample, labels), 0.0) + value
+                for key, value in source.items():
+                    into = totals.setdefault(key[0], {})
+                    into[key] = into.get(key, 0.0) + value
         for name, samples in totals.items():
             kind, documentation = families[name]
             metric = Metric(name, documentation, kind)
-            for (sample, labels), value in samples.items():  # as the workers order them
+            for (_, sample, labels), value in samples.items():  # as the workers order them
                 metric.add_sample(sample, dict(labels), value)
             yield metric
-
-
-_SUFFIXES = {
-    "counter": ("_total",),
-    "histogram": ("_bucket", "_count", "_sum"),
-    "gauge": ("",),
-}
 
 
 class _PoolCollector(Collector):
