@@ -45,12 +45,16 @@ class Document:
         return self.foreign is None and self.validation.valid
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, output: str = "text") -> NoReturn:
+    """Exit 2 with `message` on stderr and, when JSON was asked for, `{"error": {"message"}}`
+    on stdout (a caller parsing stdout gets JSON whatever the input held)."""
     click.echo(f"dsv4: {message}", err=True)
+    if output == "json":
+        _echo_json({"error": {"message": message}})
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _documents(path: str) -> list[Document]:
+def _documents(path: str, output: str = "text") -> list[Document]:
     """Validate every document; exit 2 only when the file itself is unusable.
 
     A document that is not a DSV4Deployment is reported as such (rule `input`) and the others
@@ -59,22 +63,22 @@ def _documents(path: str) -> list[Document]:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text("utf-8")
     except OSError as error:
-        _fail(f"cannot read {path}: {error.strerror or error}")
+        _fail(f"cannot read {path}: {error.strerror or error}", output)
     except UnicodeDecodeError:
-        _fail(f"{path} is not UTF-8 text")
+        _fail(f"{path} is not UTF-8 text", output)
     try:
         docs = load_documents(text)
     except InputError as error:
-        _fail(f"{path}: {error}")
+        _fail(f"{path}: {error}", output)
     if not docs:
-        _fail(f"{path} holds no YAML document")
+        _fail(f"{path} holds no YAML document", output)
     # The same trust policy as an operator configured by these DSV4_* variables.
     try:
         policy = OperatorSettings().trust_policy
     except ValidationError as error:
         first = error.errors()[0]
         name = "DSV4_" + "_".join(str(p) for p in first["loc"]).upper()
-        _fail(f"environment variable {name}: {first['msg']}")
+        _fail(f"environment variable {name}: {first['msg']}", output)
     results = []
     for index, doc in enumerate(docs, start=1):
         meta = doc.get("metadata") if isinstance(doc, dict) else None
@@ -144,7 +148,7 @@ def validate(path: str, output: str) -> None:
     Exit 0 when no error finding remains, 1 when one does, 2 when the file is unreadable or a
     document is not a DSV4Deployment (every document is still reported).
     """
-    docs = _documents(path)
+    docs = _documents(path, output)
     if output == "json":
         _echo_json(
             {
@@ -205,7 +209,7 @@ def _plan_table(name: str, plan: MemoryPlan) -> str:
 @OUTPUT_OPTION
 def plan(path: str, output: str) -> None:
     """Memory plan per role: bytes per token by pool, max total tokens, capacity, over-commit."""
-    docs = _documents(path)
+    docs = _documents(path, output)
     results: list[dict[str, Any]] = []
     for d in docs:
         planned, errors = d.validation.plan, d.validation.errors

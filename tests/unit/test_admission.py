@@ -94,3 +94,53 @@ def test_a_denial_is_logged_at_info_other_errors_unchanged() -> None:
         "admission denied: spec.engine.hicache.enabled: [DSV4-R001] no",
     )
     assert other.levelname == "ERROR"
+
+
+class _Connection:
+    """What aiohttp's StreamReader asks of a connection: flow control, never needed here."""
+
+    def pause_reading(self, **_: Any) -> None: ...
+
+    def resume_reading(self, **_: Any) -> None: ...
+
+
+def _review(body: str) -> Any:
+    """A POST to the webhook, in process: the request object aiohttp's server would hand over."""
+    import asyncio
+
+    from aiohttp.streams import StreamReader
+    from aiohttp.test_utils import make_mocked_request
+
+    payload = StreamReader(_Connection(), 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+    payload.feed_data(body.encode())
+    payload.feed_eof()
+    return make_mocked_request("POST", "/rules", payload=payload)
+
+
+async def test_the_webhook_answers_400_to_an_integer_json_cannot_hold() -> None:
+    import aiohttp.web
+
+    from dsv4_operator.handlers.admission import AdmissionServer
+
+    async def review(data: Any, **_: Any) -> Any:
+        raise AssertionError("the handler never sees a body that could not be read")
+
+    body = '{"request": {"object": {"spec": {"decode": {"replicas": ' + "9" * 5000 + "}}}}}"
+    with pytest.raises(aiohttp.web.HTTPBadRequest) as refused:
+        await AdmissionServer._serve(review, _review(body))
+    assert refused.value.reason.startswith("the AdmissionReview is not JSON this webhook reads")
+    assert "4300 digits" in refused.value.reason and "set_int_max_str_digits" not in (
+        refused.value.reason
+    )
+    with pytest.raises(aiohttp.web.HTTPBadRequest):  # kopf's own answer to broken JSON stays
+        await AdmissionServer._serve(review, _review('{"request": '))
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\x7f", "\ufffe"])
+async def test_control_characters_are_findings_not_crashes(char: str) -> None:
+    # JSON carries any character: the webhook may be handed what YAML would refuse.
+    spec = _spec()
+    spec["engine"]["extraArgs"] = [f"--log-level{char}"]
+    errors, _ = await check(spec, Placement(f"dsv4{char}flash", "llm"))
+    assert any(e.startswith("metadata.name: [schema]") for e in errors), errors
+    assert any(e.startswith("spec.engine.extraArgs") for e in errors), errors

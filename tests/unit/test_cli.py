@@ -129,6 +129,57 @@ def test_hostile_yaml_is_refused_with_a_reason(tmp_path: Path, content: str, rea
         assert reason in result.output and "Traceback" not in result.output
 
 
+def _example_with(old: str, new: str) -> str:
+    text = EXAMPLE.read_text()
+    assert old in text
+    return text.replace(old, new, 1)
+
+
+# Inputs an offline fuzz found crashing the CLI (a traceback, exit 1): PyYAML's reader refusing
+# a character while the loader was built, and CPython refusing a decimal integer of more than
+# 4,300 digits (a hex one parses, and would crash the first message that prints it).
+CRASHERS = {
+    "nul-byte": ("x: 1\x00\n", "U+0000 at line 1, column 5"),
+    "bel-in-name": (_example_with("name: dsv4-flash", "name: dsv4\x07flash"), "U+0007 at line 7"),
+    "escape-char": (_example_with("name: dsv4-flash", "name: dsv4\x1bflash"), "U+001B"),
+    "huge-decimal": (
+        _example_with("replicas: 1", "replicas: " + "9" * 5000),
+        "more than 4300 digits",
+    ),
+    "huge-hex": (_example_with("replicas: 1", "replicas: 0x" + "f" * 4000), "more than 4300"),
+}
+
+
+@pytest.mark.parametrize(("content", "reason"), CRASHERS.values(), ids=CRASHERS)
+@pytest.mark.parametrize("command", ["validate", "plan", "render"])
+def test_control_characters_and_huge_integers_exit_2_with_a_reason(
+    command: str, content: str, reason: str
+) -> None:
+    result = CliRunner().invoke(main, [command, "-f", "-"], input=content)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code == 2, result.output
+    assert reason in result.stderr and "Traceback" not in result.output
+    if command == "render":
+        return  # its output is YAML manifests: nothing on stdout when nothing rendered
+    assert result.stdout == ""
+    code, payload = run_json(command, "-f", "-", stdin=content)  # checks the schema
+    assert code == 2 and reason in payload["error"]["message"]
+
+
+def test_escaped_control_characters_are_schema_findings_not_crashes() -> None:
+    # Inside double quotes YAML may carry any character, escaped: the name check refuses it.
+    content = _example_with("name: dsv4-flash", 'name: "dsv4\\aflash\\0"')
+    code, payload = run_json("validate", "-f", "-", stdin=content)
+    assert code == 1
+    assert payload["documents"][0]["name"] == "dsv4\aflash\0"
+    assert [f["field"] for f in all_findings(payload)] == ["metadata.name"]
+
+
+def test_unreadable_file_exits_2_with_json_when_asked(tmp_path: Path) -> None:
+    code, payload = run_json("plan", "-f", str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read" in payload["error"]["message"]
+
+
 def test_unreadable_file_exits_2(tmp_path: Path) -> None:
     code, out = run("validate", "-f", str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read" in out

@@ -18,7 +18,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.daemon import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.handlers import admission
-from dsv4_operator.handlers.admission import ADMISSION_HANDLER_ID
+from dsv4_operator.handlers.admission import ADMISSION_HANDLER_ID, AdmissionServer
 from dsv4_operator.handlers.leadership import Leadership, cancel
 from dsv4_operator.handlers.queue import WorkQueue
 from dsv4_operator.kube.cache import Listener, WatchCache, Watched
@@ -123,13 +123,13 @@ def _on_change(memo: Any) -> Listener:
     return changed
 
 
-def _webhook_server(op: OperatorSettings) -> kopf.WebhookServer:
+def _webhook_server(op: OperatorSettings) -> AdmissionServer:
     cert_dir = op.webhook_cert_dir
     if cert_dir is None:  # local runs: a self-signed cert for the address the API server dials
         cert_dir = Path(tempfile.mkdtemp(prefix="dsv4-webhook-"))
         self_signed(cert_dir, [op.webhook_url_host or "localhost", "127.0.0.1"])
     crt, key = cert_dir / "tls.crt", cert_dir / "tls.key"
-    return kopf.WebhookServer(
+    return AdmissionServer(
         addr=op.listen_host,
         port=op.webhook_port,
         host=op.webhook_url_host,
