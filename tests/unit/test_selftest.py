@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
-from pathlib import Path
 
-from click.testing import CliRunner
-
-from dsv4_operator.cli import main
 from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.kube.errors import KubeError, error_for
 from dsv4_operator.selftest import (
@@ -20,8 +15,6 @@ from dsv4_operator.selftest import (
     spec_document,
 )
 from dsv4_operator.settings import OperatorSettings
-
-from .contract import assert_contract
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
 IMAGE = "registry.example.com/dsv4-engine:0.5.16-p3"
@@ -87,28 +80,3 @@ def test_admission_judgements_tell_a_broken_webhook_from_a_refusing_one() -> Non
     assert judge_unsafe(UNREACHABLE).reason == "WebhookCallFailed"
     schema_refusal = KubeError(422, "Invalid", "spec.engine.indexKDtype: Unsupported value")
     assert judge_unsafe(schema_refusal).reason == "RefusedElsewhere"
-
-
-def test_an_unreachable_api_server_is_a_failed_check_in_the_json_contract(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    args = ["selftest", "--namespace", "ops", "--deployment", "op", "--lease", "op"]
-    args += ["--target-namespace", "work", "--kubeconfig", str(kubeconfig), "-o", "json"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 1, result.output
-    payload = json.loads(result.stdout)
-    assert_contract("selftest", payload)
-    assert payload["passed"] is False
-    assert [c["name"] for c in payload["checks"]] == ["apiServer"]
-    assert payload["checks"][0]["reason"] == "Unreachable"

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -168,27 +167,17 @@ async def test_the_canary_reads_a_stream_whose_content_has_unicode_line_separato
             {"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]  # fmt: skip
 
-    async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
+    async def chunks() -> AsyncIterator[bytes]:
         for event in events:  # pydantic's model_dump_json leaves U+2028 and U+0085 raw
-            await response.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        return response
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        async with httpx.AsyncClient() as client:
-            outcome = await send(
-                client, f"http://127.0.0.1:{port}/v1/chat/completions", {"stream": True}, 10, True
-            )
-    finally:
-        await runner.cleanup()
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"Content-Type": "text/event-stream"}, content=chunks())
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(reply)) as client:
+        outcome = await send(
+            client, "http://router.test/v1/chat/completions", {"stream": True}, 10, True
+        )
     assert outcome.status == 200 and outcome.body is not None
     assert outcome.body["choices"][0]["message"]["content"] == content

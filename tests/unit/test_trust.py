@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import http.server
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -171,35 +169,6 @@ def test_queries_use_the_operators_prometheus(variant: Variant) -> None:
     assert effective_prometheus_url(spec, TrustPolicy()) is None
 
 
-class _Replies(http.server.BaseHTTPRequestHandler):
-    status, body = 200, b""
-
-    def do_GET(self) -> None:
-        self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def replying_server() -> Iterator[Callable[[int, bytes], str]]:
-    """A real HTTP server on 127.0.0.1 that answers every GET with the status and body set."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Replies)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-
-    def reply(status: int, body: bytes) -> str:
-        _Replies.status, _Replies.body = status, body
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield reply
-    server.shutdown()
-    server.server_close()
-
-
 SECRET = b"s3cr3t-token-from-the-reply"
 
 
@@ -214,12 +183,15 @@ SECRET = b"s3cr3t-token-from-the-reply"
     ],
 )
 async def test_prometheus_errors_never_quote_the_reply(
-    status: int, body: bytes, message: str, replying_server: Callable[[int, bytes], str]
+    status: int, body: bytes, message: str
 ) -> None:
-    url = replying_server(status, body)
-    async with httpx.AsyncClient() as client:
+    def reply(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/api/v1/query"
+        return httpx.Response(status, content=body, headers={"Content-Type": "application/json"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(reply)) as client:
         with pytest.raises(PrometheusError) as error:
-            await instant_value(client, url, "sum(x)")
+            await instant_value(client, "http://prometheus.test", "sum(x)")
     assert message in str(error.value)
     assert SECRET.decode() not in str(error.value)
 

@@ -23,8 +23,8 @@ from dsv4_operator.cli import main
 from dsv4_operator.guard.taps import parse_counts
 from dsv4_operator.tap.proxy import TapConfig
 from dsv4_operator.tap.workers import WorkerPool
+from tests.integration.test_tap import TOOLS, Upstream, serve_app
 from tests.polling import exited, until
-from tests.unit.test_tap import TOOLS, Upstream, serve_app
 
 pytestmark = pytest.mark.asyncio
 

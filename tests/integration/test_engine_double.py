@@ -1,0 +1,250 @@
+"""The engine test double as a process: the operator's rendered argv/env start it, and it
+serves SGLang-like endpoints (chat with DSML tool calls, /health, /metrics) with faults as
+seeded. Its configuration and corruption curve, in process: tests/unit/test_engine_double.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dsv4_operator.probe.canary import CANARY_TOOLS
+from dsv4_operator.probe.dsml import VerdictKind, assemble_stream, classify
+from tests.engine_double import shapes
+from tests.engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
+from tests.engine_double.examples import (
+    BF16_HICACHE,
+    ROLE,
+    Doc,
+    conversation,
+    corrupted,
+    rendered,
+)
+from tests.engine_double.process import DoubleFailedToStart, DoubleProcess
+
+# --- the server -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bf16_hicache() -> Iterator[DoubleProcess]:
+    args, env = rendered(BF16_HICACHE)
+    env["DSV4_DOUBLE_LATENCY_MS"] = "5"
+    with DoubleProcess(args, env) as double:
+        yield double
+
+
+def chat(url: str, messages: list[Doc], **extra: Any) -> httpx.Response:
+    body = {"model": "deepseek-v4-flash", "messages": messages, "tools": CANARY_TOOLS, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
+
+
+USER = [{"role": "user", "content": "Check the weather in Oslo, then search the docs."}]
+
+
+def test_chat_answers_with_a_structured_tool_call(bf16_hicache: DoubleProcess) -> None:
+    reply = chat(bf16_hicache.url, USER)
+    assert reply.status_code == 200
+    body = reply.json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["reasoning_content"]  # --reasoning-parser is rendered
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] in shapes.tool_names(CANARY_TOOLS)
+    json.loads(call["function"]["arguments"])
+    assert classify(body, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
+
+
+def test_after_a_tool_result_it_calls_again_and_streams(bf16_hicache: DoubleProcess) -> None:
+    first = chat(bf16_hicache.url, USER).json()["choices"][0]["message"]
+    call = first["tool_calls"][0]
+    messages = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": first["tool_calls"]},
+        {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature_c": 3}'},
+    ]
+    again = chat(bf16_hicache.url, messages).json()
+    assert again["choices"][0]["finish_reason"] == "tool_calls"
+    streamed = chat(bf16_hicache.url, messages, stream=True)
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+    assembled = assemble_stream(streamed.text)
+    # Same conversation, same answer: draws depend on the seed and the conversation only.
+    assert (
+        assembled["choices"][0]["message"]["tool_calls"]
+        == again["choices"][0]["message"]["tool_calls"]
+    )
+    assert classify(assembled, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
+
+
+def test_plain_answers_and_bad_requests(bf16_hicache: DoubleProcess) -> None:
+    prose = chat(bf16_hicache.url, USER, tool_choice="none").json()["choices"][0]
+    assert prose["finish_reason"] == "stop" and prose["message"]["tool_calls"] is None
+    assert prose["message"]["content"]
+    bad = httpx.post(f"{bf16_hicache.url}/v1/chat/completions", content=b"{", timeout=10)
+    assert bad.status_code == 400 and bad.json()["object"] == "error"
+
+
+def _leakyconversation() -> Doc:
+    """The first canary-like conversation the fixture's config corrupts at load 60."""
+    config = parse_config(*rendered(BF16_HICACHE))
+    assert config.faults == (HICACHE_RACE,), config.faults
+    # p = 4.55% per response at 60: the first hit is a handful of conversations in (and the
+    # same one every time); 1000 bounds the search should the curve ever drop to 0.
+    return next(b for b in map(conversation, range(1000)) if corrupted(config, b, 60))
+
+
+def test_the_declared_load_header_decides_not_the_overlap(bf16_hicache: DoubleProcess) -> None:
+    body = _leakyconversation()
+    url = f"{bf16_hicache.url}/v1/chat/completions"
+
+    def post(load: int | None) -> httpx.Response:
+        headers = {LOAD_HEADER: str(load)} if load is not None else {}
+        return httpx.post(url, json=body, headers=headers, timeout=10)
+
+    def kind(reply: httpx.Response) -> VerdictKind:
+        return classify(reply.json(), tools=CANARY_TOOLS, must_call=True).kind
+
+    light, heavy, undeclared = post(1), post(60), post(None)
+    assert kind(light) is VerdictKind.OK and light.headers[LOAD_HEADER] == "1"
+    assert kind(heavy) is not VerdictKind.OK and heavy.headers[LOAD_HEADER] == "60"
+    # The fixture declares no load: the default is 1, so the same conversation is clean.
+    assert kind(undeclared) is VerdictKind.OK and undeclared.headers[LOAD_HEADER] == "1"
+    cap = parse_config(*rendered(BF16_HICACHE)).max_running_requests
+    assert cap is not None and post(1000).headers[LOAD_HEADER] == str(cap)  # capped
+
+    async def burst(load: int, n: int) -> list[Doc]:
+        async with httpx.AsyncClient(timeout=30, headers={LOAD_HEADER: str(load)}) as client:
+            replies = await asyncio.gather(*(client.post(url, json=body) for _ in range(n)))
+        return [r.json() for r in replies]
+
+    # 40 at once (the server really runs 40) at a declared load of 1: still clean, and every
+    # reply is the same; one at a time at 60: corrupted every time, the same way.
+    crowd = [r["choices"] for r in asyncio.run(burst(1, 40))]
+    assert crowd == [light.json()["choices"]] * 40
+    alone = [asyncio.run(burst(60, 1))[0]["choices"] for _ in range(3)]
+    assert alone == [heavy.json()["choices"]] * 3
+    for bad in ("0", "many", "observed"):
+        refused = httpx.post(url, json=body, headers={LOAD_HEADER: bad}, timeout=10)
+        assert refused.status_code == 400 and LOAD_HEADER in refused.json()["message"]
+
+
+def test_models_health_and_server_info(bf16_hicache: DoubleProcess) -> None:
+    url = bf16_hicache.url
+    models = httpx.get(f"{url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["deepseek-v4-flash"]
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/health_generate").status_code == 200
+    info = httpx.get(f"{url}/get_server_info").json()
+    assert info["engine_double"] is True
+    assert info["disaggregation_mode"] == ROLE and info["tp_size"] == 4
+    assert info["index_k_dtype"] == "bf16" and info["faults"] == [HICACHE_RACE]
+    assert info["load"] == 1 and info["observe_load"] is False
+    assert info["host"] == "127.0.0.1"  # the appended override won over the rendered 0.0.0.0
+    assert "a test double standing in for SGLang" in bf16_hicache.log
+    assert "load=1 (declared" in bf16_hicache.log
+
+
+REQUIRED_METRICS = {
+    "sglang:num_running_reqs",
+    "sglang:token_usage",
+    "sglang:num_requests",
+    "sglang:generation_tokens",
+    "sglang:cuda_graph_passes",
+    "sglang:num_retracted_requests",
+    "sglang:num_transfer_failed_reqs",
+    "sglang:num_bootstrap_failed_reqs",
+    "sglang:time_to_first_token_seconds",
+}
+
+
+def _samples(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert set(families) >= REQUIRED_METRICS, REQUIRED_METRICS - set(families)
+    assert families["sglang:time_to_first_token_seconds"].type == "histogram"
+    samples: dict[str, float] = {}
+    for family in families.values():
+        for sample in family.samples:
+            mode = sample.labels.get("mode")
+            samples[sample.name + (f"[{mode}]" if mode else "")] = sample.value
+    return samples
+
+
+def test_metrics_have_real_sglang_names_and_count_requests(bf16_hicache: DoubleProcess) -> None:
+    before = _samples(bf16_hicache.url)
+    for _ in range(3):
+        assert chat(bf16_hicache.url, USER).status_code == 200
+    after = _samples(bf16_hicache.url)
+    assert after["sglang:num_requests_total"] == before["sglang:num_requests_total"] + 3
+    assert after["sglang:generation_tokens_total"] > before["sglang:generation_tokens_total"]
+    assert after["sglang:time_to_first_token_seconds_count"] == (
+        before["sglang:time_to_first_token_seconds_count"] + 3
+    )
+    graph = "sglang:cuda_graph_passes_total[decode_cuda_graph]"
+    assert after[graph] > before[graph]
+    assert after["sglang:num_running_reqs"] == 0.0
+    assert after["sglang:max_total_num_tokens"] > 1_000_000  # the plan's --max-total-tokens
+
+
+def test_metrics_are_off_without_enable_metrics() -> None:
+    with DoubleProcess(["--served-model-name", "m"], {}) as double:
+        assert httpx.get(f"{double.url}/metrics").status_code == 404
+
+
+def test_health_is_503_while_starting() -> None:
+    # An hour: the test is over long before, however slowly the machine runs.
+    with DoubleProcess(["--served-model-name", "m"], {"DSV4_DOUBLE_STARTUP_S": "3600"}) as double:
+        assert httpx.get(f"{double.url}/health").status_code == 503
+        assert httpx.get(f"{double.url}/health_generate").status_code == 503
+
+
+def test_a_prompt_longer_than_the_context_is_refused() -> None:
+    with DoubleProcess(["--context-length", "10"], {}) as double:
+        reply = chat(double.url, USER)
+        assert reply.status_code == 400
+        assert "longer than the model's context length (10 tokens)" in reply.json()["message"]
+
+
+# --- OOM ------------------------------------------------------------------------------------
+
+OOM_LINES = (
+    "Scheduler hit an exception: Traceback",
+    "Received sigquit from a child process. It usually means the child failed.",
+)
+
+
+def test_cuda_oom_after_n_requests_kills_the_server() -> None:
+    args, env = rendered({})
+    env["DSV4_DOUBLE_OOM_AFTER"] = "2"
+    double = DoubleProcess(args, env).start()
+    try:
+        assert chat(double.url, USER).status_code == 200
+        assert chat(double.url, USER).status_code == 200
+        with pytest.raises(httpx.TransportError):
+            chat(double.url, USER)
+        assert double.wait(10) == -9  # kill_process_tree: SIGKILL (137 in a container)
+    finally:
+        double.stop()
+    assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate" in double.log
+    for line in OOM_LINES:
+        assert line in double.log
+
+
+def test_oom_at_startup_never_listens() -> None:
+    with pytest.raises(DoubleFailedToStart) as failed:
+        DoubleProcess([], {"DSV4_DOUBLE_OOM_AFTER": "0"}).start()
+    assert "torch.OutOfMemoryError: CUDA out of memory" in failed.value.log
+    with pytest.raises(DoubleFailedToStart) as pool:
+        DoubleProcess(["--mem-fraction-static", "0.91"], {"DSV4_DOUBLE_OOM_KIND": "pool"}).start()
+    assert (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.91"
+    ) in pool.value.log
+    assert all(line in pool.value.log for line in OOM_LINES)
