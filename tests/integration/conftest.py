@@ -8,7 +8,10 @@ found nor built the fixture fails the tests: it never skips them.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,80 @@ CRD_PATH = REPO_ROOT / "crds" / "dsv4.io_dsv4deployments.yaml"
 EXAMPLE_PATH = REPO_ROOT / "examples" / "dsv4.yaml"
 
 _STARTUP_KEY = pytest.StashKey[float]()
+
+
+def _ip(namespace: str | None) -> list[str]:
+    return ["ip", "-n", namespace] if namespace else ["ip"]
+
+
+def host_addresses(namespace: str | None = None) -> dict[str, set[str]]:
+    """Interface name -> its addresses (`ip -j addr`), in the harness's network namespace
+    (or the one named)."""
+    done = subprocess.run(
+        [*_ip(namespace), "-j", "addr"], capture_output=True, text=True, check=True
+    )
+    return {
+        link["ifname"]: {a["local"] for a in link.get("addr_info", [])}
+        for link in json.loads(done.stdout)
+    }
+
+
+_ADDED = re.compile(r"^\d+: (?P<link>\S+)\s+inet6? (?P<address>\S+)")
+
+
+class AddressWatch:
+    """The host's address events (`ip -o monitor address`) since the run began, on the
+    interfaces it had then: an address added and removed again within a test is seen too."""
+
+    def __init__(self, namespace: str | None = None) -> None:
+        self.before = host_addresses(namespace)
+        self.added: list[tuple[str, str]] = []
+        self._proc = subprocess.Popen(
+            [*_ip(namespace), "-o", "monitor", "address"], stdout=subprocess.PIPE, text=True
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            match = _ADDED.match(line)  # "Deleted ..." lines do not match
+            if match and match["link"] in self.before:
+                self.added.append((match["link"], match["address"]))
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def _address_watch() -> Iterator[AddressWatch]:
+    watch = AddressWatch()
+    yield watch
+    watch.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_address_on_a_host_interface(_address_watch: AddressWatch) -> Iterator[None]:
+    """A test sends traffic only to loopback or into network namespaces it made itself
+    (dsv4_devcluster.netns): one that adds an address to an interface the host had when the
+    run began (lo, eth0), even for a moment, fails with the address named."""
+    seen = len(_address_watch.added)
+    yield
+    now = host_addresses()
+    left = {
+        (name, address)
+        for name, addresses in now.items()
+        if name in _address_watch.before
+        for address in addresses - _address_watch.before[name]
+    }
+    added = sorted(set(_address_watch.added[seen:]) | left)
+    if added:
+        pytest.fail(
+            f"this test added addresses to host interfaces: {added}; give a pod its address "
+            "in a network namespace of its own (dsv4_devcluster.netns.PodNetwork)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -47,8 +47,17 @@ def rtx_pool(control_plane: Any, prefix: str, count: int, pool: str = POOL) -> l
 class OperatorProcess:
     """`dsv4 run` as a subprocess watching one namespace; logs go to a file."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, **env: str) -> None:
-        self.kubeconfig, self.namespace = kubeconfig, namespace
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_dir: Path,
+        *,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        **env: str,
+    ) -> None:
+        """`wrap` turns the argv into the one to run (a pod's network namespace, say)."""
+        self.kubeconfig, self.namespace, self.wrap = kubeconfig, namespace, wrap
         self.metrics_port = int(env.get("DSV4_METRICS_PORT") or free_port())
         self.log_path = log_dir / f"operator-{namespace}-{time.monotonic_ns()}.log"
         self.env = {
@@ -66,8 +75,9 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         log = self.log_path.open("ab")
+        argv = [sys.executable, "-m", "dsv4_operator.cli", "run"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dsv4_operator.cli", "run"],
+            self.wrap(argv) if self.wrap else argv,
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

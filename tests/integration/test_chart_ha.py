@@ -4,8 +4,9 @@ installation from one with a broken webhook.
 
 The pods the chart creates are real objects on kwok nodes, but their processes run here: each
 replica is `dsv4 run` with its pod's own environment (the chart's env, fieldRefs resolved),
-the chart ServiceAccount's token and the chart's certificate, bound to a routable address on
-`lo` that is reported as the pod's IP. `dsv4_devcluster.prober` plays the kubelet's readiness
+the chart ServiceAccount's token and the chart's certificate, in a network namespace of its
+own (`dsv4_devcluster.netns`) whose address is reported as the pod's IP; no host interface
+gets an address. `dsv4_devcluster.prober` plays the kubelet's readiness
 probe from the pod spec; the controller-manager's endpoint controllers and the API server
 (`--enable-aggregator-routing`, no kube-proxy here) route webhook calls as on a cluster. The
 `helm test` pod is run the same way: its args, as `dsv4`, with its ServiceAccount's token.
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import os
-import secrets
 import subprocess
 import sys
 import threading
@@ -32,7 +32,8 @@ from kubernetes.client.exceptions import ApiException
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION, report_pod_exited
-from dsv4_devcluster.prober import ReadinessProber, local_address, report_pod_started
+from dsv4_devcluster.netns import Pod, PodNetwork
+from dsv4_devcluster.prober import ReadinessProber, report_pod_started
 
 from ..chart.support import tool
 from .helm_support import Helm
@@ -49,11 +50,6 @@ pytestmark = pytest.mark.integration
 POOL = "chart-ha"
 RELEASE = "ha"
 FULLNAME = f"{RELEASE}-dsv4-operator"
-# RFC 2544's benchmarking range, never a real peer; a /24 of its own per run, so that two
-# runs on one machine (a local run beside CI) never share an address.
-_NET = f"198.18.{secrets.randbelow(254) + 1}"
-POD_IPS = (f"{_NET}.2", f"{_NET}.3")
-TEST_POD_IP = f"{_NET}.9"
 LEASE_SECONDS = 6
 UNSAFE = {"engine.indexKDtype": "bf16", "engine.hicache": {"enabled": True}}
 
@@ -83,13 +79,15 @@ class Replica:
     """One operator pod of the chart, its process run here at the pod's IP."""
 
     def __init__(
-        self, pod: dict[str, Any], ip: str, kubeconfig: Path, certs: Path, logs: Path
+        self, pod: dict[str, Any], network: Pod, kubeconfig: Path, certs: Path, logs: Path
     ) -> None:
-        self.name, self.ip = pod["metadata"]["name"], ip
+        self.name, self.ip, self.network = pod["metadata"]["name"], network.ip, network
         env = _pod_env(pod, "operator")
         assert env["DSV4_WEBHOOK_CERT_DIR"] == "/etc/dsv4-operator/webhook-tls"
-        env.update(DSV4_WEBHOOK_CERT_DIR=str(certs), DSV4_LISTEN_HOST=ip)
-        self.process = OperatorProcess(kubeconfig, env["DSV4_NAMESPACES"], logs, **env)
+        env.update(DSV4_WEBHOOK_CERT_DIR=str(certs), DSV4_LISTEN_HOST=network.ip)
+        self.process = OperatorProcess(
+            kubeconfig, env["DSV4_NAMESPACES"], logs, wrap=network.command, **env
+        )
 
     def start(self) -> Replica:
         self.process.start()
@@ -128,8 +126,11 @@ class HelmTestPod:
     """Plays the kubelet for the `helm test` pod: runs its args as `dsv4` with a token of its
     ServiceAccount and reports the exit code as the pod's phase."""
 
-    def __init__(self, control_plane: ControlPlane, dyn: Any, namespace: str, tmp: Path) -> None:
+    def __init__(
+        self, control_plane: ControlPlane, dyn: Any, namespace: str, tmp: Path, network: Pod
+    ) -> None:
         self.cp, self.dyn, self.namespace, self.tmp = control_plane, dyn, namespace, tmp
+        self.network = network
         self.output = ""
 
     def run_once(self) -> None:
@@ -145,14 +146,14 @@ class HelmTestPod:
             return pod if fresh and pod["spec"].get("nodeName") else None
 
         pod = wait_for("the helm test pod to be scheduled", scheduled, timeout=120)
-        report_pod_started(self.dyn, self.namespace, name, TEST_POD_IP)
+        report_pod_started(self.dyn, self.namespace, name, self.network.ip)
         (container,) = pod["spec"]["containers"]
         kubeconfig = service_account_kubeconfig(
             self.cp, self.namespace, pod["spec"]["serviceAccountName"], self.tmp / "test.kubecfg"
         )
         # The image's entry point is `dsv4` (Dockerfile ENTRYPOINT); the args are the chart's.
         proc = subprocess.run(
-            [sys.executable, "-m", "dsv4_operator.cli", *container["args"]],
+            self.network.command([sys.executable, "-m", "dsv4_operator.cli", *container["args"]]),
             env={**os.environ, "KUBECONFIG": str(kubeconfig)},
             capture_output=True,
             text=True,
@@ -198,8 +199,12 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
     custom = k8s.CustomObjectsApi(control_plane.api_client())
     with ExitStack() as stack:
         stack.callback(helm.uninstall, RELEASE, namespace)
-        for ip in POD_IPS:
-            stack.enter_context(local_address(ip))
+        network = stack.enter_context(PodNetwork())
+        api_port = int(control_plane.server_url.rsplit(":", 1)[1])
+        pod_networks = [network.pod(), network.pod(), network.pod()]  # two replicas, helm test
+        for pod_network in pod_networks:
+            pod_network.relay_loopback(api_port)  # the API server, as a pod reaches it
+        pod_ips = sorted(p.ip for p in pod_networks[:2])
         secret = core.read_namespaced_secret(f"{FULLNAME}-webhook-tls", namespace).data
         certs = tmp_path / "webhook-tls"
         certs.mkdir()
@@ -214,23 +219,24 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
         )
         prober = stack.enter_context(ReadinessProber(dyn, namespace))
         replicas = []
-        for pod, ip in zip(sorted(pods, key=lambda p: p["metadata"]["name"]), POD_IPS, strict=True):
-            report_pod_started(dyn, namespace, pod["metadata"]["name"], ip)
-            replica = Replica(pod, ip, kubeconfig, certs, tmp_path).start()
+        in_order = sorted(pods, key=lambda p: p["metadata"]["name"])
+        for pod, pod_network in zip(in_order, pod_networks[:2], strict=True):
+            report_pod_started(dyn, namespace, pod["metadata"]["name"], pod_network.ip)
+            replica = Replica(pod, pod_network, kubeconfig, certs, tmp_path).start()
             stack.callback(replica.process.stop)
             replicas.append(replica)
-            prober.add(replica.name, ip)
+            prober.add(replica.name, pod_network.ip)
         webhook_service = f"{FULLNAME}-webhook"
         wait_for(
             "both replicas behind the webhook Service",
-            lambda: _ready_endpoints(dyn, namespace, webhook_service) == sorted(POD_IPS),
+            lambda: _ready_endpoints(dyn, namespace, webhook_service) == pod_ips,
             timeout=60,
         )
         leader = wait_for(
             "a leader", lambda: next((r for r in replicas if r.leading()), None), timeout=60
         )
         (standby,) = [r for r in replicas if r is not leader]
-        tests = HelmTestPod(control_plane, dyn, namespace, tmp_path)
+        tests = HelmTestPod(control_plane, dyn, namespace, tmp_path, pod_networks[2])
 
         # 1. helm test on a working installation.
         code, output = tests.helm_test(helm)
@@ -272,12 +278,12 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
             timeout=120,
         )
         report_pod_started(dyn, namespace, new["metadata"]["name"], standby.ip)
-        standby = Replica(new, standby.ip, kubeconfig, certs, tmp_path).start()
+        standby = Replica(new, standby.network, kubeconfig, certs, tmp_path).start()
         stack.callback(standby.process.stop)
         prober.add(standby.name, standby.ip)
         wait_for(
             "the replacement behind the webhook Service",
-            lambda: _ready_endpoints(dyn, namespace, webhook_service) == sorted(POD_IPS),
+            lambda: _ready_endpoints(dyn, namespace, webhook_service) == pod_ips,
             timeout=60,
         )
 

@@ -4,9 +4,9 @@ kwok makes a pod Running at a made-up IP, where nothing answers. A test that run
 process itself (the operator with its chart's settings, say) and wants the cluster to route to
 it, as the API server does to a webhook Service, uses this module instead:
 
-1. :func:`local_address` puts a routable address on ``lo`` for the pod (EndpointSlices refuse
-   loopback addresses, so ``127.0.0.x`` will not do; this needs ``CAP_NET_ADMIN``, which the
-   sandbox's root has), and the process binds it.
+1. :class:`~dsv4_devcluster.netns.PodNetwork` gives the pod a routable address in a network
+   namespace of its own (EndpointSlices refuse loopback addresses, so ``127.0.0.x`` will not
+   do), and the process runs there and binds it.
 2. :func:`report_pod_started` writes what a kubelet writes once the containers started: phase
    Running, that pod IP, each container running and not yet ready. The pod must carry
    :data:`~dsv4_devcluster.kubelet.MANUAL_STATUS_ANNOTATION` from its creation (chart
@@ -20,13 +20,10 @@ it, as the API server does to a webhook Service, uses this module instead:
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,24 +32,6 @@ from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION, MERGE_PATCH
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@contextmanager
-def local_address(ip: str) -> Iterator[str]:
-    """Add ``ip/32`` to ``lo`` for the duration; a clear error when the sandbox refuses it."""
-    add = subprocess.run(
-        ["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, text=True, check=False
-    )
-    if add.returncode != 0 and "File exists" not in add.stderr:
-        raise RuntimeError(
-            f"cannot add the pod address {ip} to lo (`ip addr add` needs CAP_NET_ADMIN and "
-            f"iproute2): {add.stderr.strip()}"
-        )
-    try:
-        yield ip
-    finally:
-        if add.returncode == 0:  # only what this call added: the address may be shared
-            subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
 
 
 def report_pod_started(dyn: Any, namespace: str, name: str, ip: str) -> dict[str, Any]:

@@ -1,0 +1,74 @@
+"""The suite's own rule on traffic, checked: the watch that fails a test which puts an address
+on a host interface sees one added and removed at once, and a pod network leaves none."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+import urllib.request
+
+from dsv4_devcluster import wait_for
+from dsv4_devcluster.netns import PodNetwork, namespaces
+
+from .conftest import AddressWatch, host_addresses
+
+
+def test_an_address_added_to_lo_for_a_moment_is_seen() -> None:
+    # The same watch as the suite's, on a namespace of this test's own: its `lo` stands for
+    # the host's (the suite's watch would rightly fail a test that touched the real one).
+    with PodNetwork() as network:
+        pod = network.pod()
+        watch = AddressWatch(pod.namespace)
+        try:
+            ip = ["ip", "-n", pod.namespace, "addr"]
+            for verb in ("add", "del"):
+                subprocess.run([*ip, verb, "198.19.255.254/32", "dev", "lo"], check=True)
+            wait_for(
+                "the watch to see the address",
+                lambda: ("lo", "198.19.255.254/32") in watch.added,
+                timeout=10,
+            )
+        finally:
+            watch.stop()
+
+
+def test_a_pod_network_reaches_the_hosts_loopback_and_is_reached_and_leaves_nothing() -> None:
+    before = host_addresses()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    with PodNetwork() as network:
+        pod = network.pod()
+        pod.relay_loopback(port)
+        inside = (
+            "import http.server, urllib.request, urllib.error\n"
+            "try:\n"
+            f"    urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=10)\n"
+            "except urllib.error.HTTPError as e:\n"
+            "    assert e.code == 501  # the host's server answered through the relay\n"
+            f"s = http.server.HTTPServer(('{pod.ip}', 8080),"
+            " http.server.SimpleHTTPRequestHandler)\n"
+            "s.handle_request()\n"
+        )
+        child = subprocess.Popen(pod.command([sys.executable, "-c", inside]))
+        try:
+
+            def answered() -> bool:
+                try:
+                    with urllib.request.urlopen(f"http://{pod.ip}:8080/", timeout=2) as reply:
+                        return bool(reply.status == 200)
+                except OSError:
+                    return False
+
+            wait_for("the pod's server at its address", answered, timeout=30)
+            assert child.wait(timeout=30) == 0
+        finally:
+            child.kill()
+        assert pod.namespace in namespaces()
+        assert pod.ip not in {a for addresses in host_addresses().values() for a in addresses}
+    server.shutdown()
+    assert pod.namespace not in namespaces()
+    after = host_addresses()
+    assert after == before, (before, after)
