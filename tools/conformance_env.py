@@ -11,23 +11,27 @@ memory arithmetic against the real release:
   * sglang.srt.configs.deepseek_v4 / model_config
   * sglang_router.launch_router  (parse_router_args / RouterArgs)
 
-Recipe: `pip install --no-deps` of an exact, pinned package list (sglang and
-sglang-router without their dependency trees, PyPI's torch plus the CUDA runtime
-wheels its shared libraries link against, and only the pure-Python/CPU
-packages the imports above actually load). No GPU kernels packages
-(flashinfer, sgl-kernel, deep-gemm, ...) are installed.
+Recipe: an exact, pinned package list per release (sglang and sglang-router without
+their dependency trees, PyPI's torch plus the CUDA runtime wheels its shared libraries link
+against, and only the pure-Python/CPU packages the imports above actually load), locked with
+every wheel's hash in tools/conformance-locks/<version>.txt and installed with `uv pip install
+--no-deps --require-hashes` (uv pinned in pyproject's test extras). No GPU kernels packages
+(flashinfer, sgl-kernel, deep-gemm, ...) are installed. uv keeps one cache of wheels
+(~/.cache/dsv4-operator/uv, or $UV_CACHE_DIR) and links a wheel both releases pin (most of
+the CUDA runtime, the pure-Python list) into both environments instead of copying it.
 
 Usage:
     python3 tools/conformance_env.py 0.5.23            # prints the venv's python
-    python3 tools/conformance_env.py 0.5.16 --router 0.3.2
     python3 tools/conformance_env.py --list            # known releases
     python3 tools/conformance_env.py 0.5.23 --requirements   # print the pin list
+    python3 tools/conformance_env.py 0.5.23 --lock     # rewrite its lock from the pin list
 
-The venv lives at ~/.cache/dsv4-operator/sglang/<version>/venv (override the
-root with --cache-root or $DSV4_CONFORMANCE_CACHE). It is reused when its marker
-file matches the requirement list; otherwise it is rebuilt. A lock file makes
-concurrent invocations safe. Standard library only. Packages come from the
-package index pip is configured with (PyPI by default); no other host is used.
+The venv lives at ~/.cache/dsv4-operator/sglang/<version>/venv (override the root with
+--cache-root or $DSV4_CONFORMANCE_CACHE). It is reused when its marker file matches the
+lock; otherwise it is rebuilt, and says how long that took. A lock file makes concurrent
+invocations safe. Standard library only (uv is found beside this interpreter, in the
+repository's .venv, on PATH, or given as --uv / $DSV4_UV). Packages come from PyPI; no other
+host is used.
 """
 
 from __future__ import annotations
@@ -215,23 +219,127 @@ SMOKE_IMPORTS = [
 ]
 
 MARKER = ".dsv4-conformance.json"
+HERE = os.path.dirname(os.path.abspath(__file__))
+LOCK_DIR = os.path.join(HERE, "conformance-locks")
+UV_VERSION = "0.13.8"  # pyproject.toml's test extras pin the same
+# The platform the sglang wheels are published for (manylinux_2_34, x86_64; glibc >= 2.34).
+LOCK_PLATFORM = "x86_64-manylinux_2_34"
 
 
-def requirement_list(version: str, router: str | None) -> list[str]:
+def requirement_list(version: str) -> list[str]:
     rel = RELEASES[version]
-    reqs = list(rel["requirements"])
-    reqs.append("sglang-router==%s" % (router or rel["router"]))
-    return reqs
+    return [*rel["requirements"], f"sglang-router=={rel['router']}"]
 
 
-def marker_payload(version: str, reqs: list[str], py: tuple[int, int]) -> dict:
-    digest = hashlib.sha256("\n".join(sorted(reqs)).encode()).hexdigest()
+def lock_path(version: str) -> str:
+    return os.path.join(LOCK_DIR, f"{version}.txt")
+
+
+def normalised(pin: str) -> str:
+    """`Name_x==13.0.3.0` -> `name-x==13.0.3`: PEP 503 names, PEP 440's trailing zeros."""
+    name, _, version = pin.partition("==")
+    parts = version.split(".")
+    while len(parts) > 1 and parts[-1] == "0":
+        parts.pop()
+    return f"{name.strip().lower().replace('_', '-')}=={'.'.join(parts)}"
+
+
+def locked_pins(lock_text: str) -> list[str]:
+    """The `name==version` lines of a lock (its hash lines dropped), normalised."""
+    pins = []
+    for line in lock_text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "--")):
+            pins.append(normalised(line.rstrip("\\ ")))
+    return sorted(pins)
+
+
+def read_lock(version: str) -> str:
+    """The release's lock, refused when it no longer pins exactly the release's list."""
+    try:
+        with open(lock_path(version)) as fh:
+            text = fh.read()
+    except OSError as error:
+        raise SystemExit(
+            f"conformance_env: no lock for sglang {version} ({error.strerror}): run "
+            f"python3 tools/conformance_env.py {version} --lock"
+        ) from error
+    want = sorted(normalised(r) for r in requirement_list(version))
+    if locked_pins(text) != want:
+        raise SystemExit(
+            f"conformance_env: {lock_path(version)} does not pin RELEASES[{version!r}] exactly: "
+            f"run python3 tools/conformance_env.py {version} --lock"
+        )
+    return text
+
+
+def marker_payload(version: str, lock_text: str, py: tuple[int, int]) -> dict:
     return {
         "sglang": version,
         "python": f"{py[0]}.{py[1]}",
-        "requirements_sha256": digest,
+        "lock_sha256": hashlib.sha256(lock_text.encode()).hexdigest(),
         "smoke_imports": SMOKE_IMPORTS,
     }
+
+
+def find_uv(explicit: str | None) -> str:
+    """uv: --uv / $DSV4_UV, else beside this interpreter, the repository's .venv, PATH."""
+    candidates = [
+        explicit or os.environ.get("DSV4_UV"),
+        os.path.join(os.path.dirname(sys.executable), "uv"),
+        os.path.join(os.path.dirname(HERE), ".venv", "bin", "uv"),
+        shutil.which("uv"),
+    ]
+    for cand in candidates:
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise SystemExit(
+        f"conformance_env: uv not found; `make install` puts uv=={UV_VERSION} into .venv "
+        f"(or: pip install uv=={UV_VERSION}, or pass --uv)"
+    )
+
+
+def uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault(
+        "UV_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "dsv4-operator", "uv")
+    )
+    # Only the configured index: a stray local wheel directory must not satisfy a pin.
+    env.pop("PIP_FIND_LINKS", None)
+    env.pop("UV_FIND_LINKS", None)
+    return env
+
+
+def write_lock(version: str, uv: str) -> str:
+    """Resolve the release's pins (no dependencies: the list is complete) with every wheel's
+    hash into its lock file."""
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    source = os.path.join(LOCK_DIR, f".{version}.in")
+    with open(source, "w") as fh:
+        fh.write("\n".join(requirement_list(version)) + "\n")
+    py = RELEASES[version]["python"]
+    try:
+        subprocess.run(
+            [
+                uv, "pip", "compile", "--quiet", "--no-deps", "--generate-hashes",
+                "--no-header", "--no-annotate", "--only-binary", ":all:",
+                "--python-version", f"{py[0]}.{py[1]}", "--python-platform", LOCK_PLATFORM,
+                "--output-file", lock_path(version), source,
+            ],
+            check=True,
+            env=uv_env(),
+        )  # fmt: skip
+    finally:
+        os.remove(source)
+    with open(lock_path(version)) as fh:
+        text = fh.read()
+    header = (
+        f"# sglang {version}: RELEASES[{version!r}] in tools/conformance_env.py, locked with\n"
+        f"# every wheel's hash by `python3 tools/conformance_env.py {version} --lock`.\n"
+    )
+    with open(lock_path(version), "w") as fh:
+        fh.write(header + text)
+    return lock_path(version)
 
 
 def find_python(want: tuple[int, int], explicit: str | None) -> str:
@@ -306,61 +414,45 @@ def smoke(py: str) -> None:
         raise SystemExit(f"conformance_env: smoke import failed in {py}:\n{r.stderr[-4000:]}")
 
 
-def build(venv: str, base_python: str, reqs: list[str]) -> None:
+def build(venv: str, base_python: str, version: str, uv: str) -> None:
     if os.path.exists(venv):
         shutil.rmtree(venv)
     os.makedirs(os.path.dirname(venv), exist_ok=True)
-    subprocess.run([base_python, "-m", "venv", venv], check=True)
-    req_file = os.path.join(venv, "conformance-requirements.txt")
-    with open(req_file, "w") as fh:
-        fh.write("\n".join(reqs) + "\n")
+    env = uv_env()
+    subprocess.run([uv, "venv", "--quiet", "--python", base_python, venv], check=True, env=env)
     cmd = [
-        venv_python(venv),
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--no-input",
-        "--disable-pip-version-check",
-        "--only-binary",
-        ":all:",
-        "-r",
-        req_file,
-    ]
-    env = dict(os.environ)
-    # Only the configured index: a stray local wheel directory must not satisfy a pin.
-    env.pop("PIP_FIND_LINKS", None)
+        uv, "pip", "install", "--python", venv_python(venv), "--no-deps", "--require-hashes",
+        "--only-binary", ":all:", "-r", lock_path(version),
+    ]  # fmt: skip
     subprocess.run(cmd, check=True, env=env, stdout=sys.stderr)
 
 
-def ensure(
-    version: str, router: str | None, cache_root: str, python: str | None, force: bool
-) -> str:
+def ensure(version: str, cache_root: str, python: str | None, uv: str | None, force: bool) -> str:
     rel = RELEASES[version]
-    reqs = requirement_list(version, router)
-    want = marker_payload(version, reqs, rel["python"])
+    lock_text = read_lock(version)
+    want = marker_payload(version, lock_text, rel["python"])
     venv = os.path.join(cache_root, version, "venv")
     with locked(os.path.join(cache_root, version, ".lock")):
         if not force and read_marker(venv) == want and os.path.exists(venv_python(venv)):
             return venv_python(venv)
         base = find_python(rel["python"], python)
-        log(f"building {venv} (sglang {version}, {len(reqs)} pinned packages)")
+        uv_path = find_uv(uv)
+        log(f"building {venv} (sglang {version}, {len(locked_pins(lock_text))} locked packages)")
         t0 = time.monotonic()
         marker = os.path.join(venv, MARKER)
         if os.path.exists(marker):
             os.remove(marker)
-        build(venv, base, reqs)
+        build(venv, base, version, uv_path)
         smoke(venv_python(venv))
         with open(marker, "w") as fh:
             json.dump(want, fh, indent=1)
-        log("ready in %.0fs" % (time.monotonic() - t0))
+        log(f"sglang {version} ready in {time.monotonic() - t0:.0f} s")
     return venv_python(venv)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("version", nargs="?", help="sglang release, e.g. 0.5.23")
-    ap.add_argument("--router", help="sglang-router version (default: per release)")
     ap.add_argument(
         "--cache-root",
         default=os.environ.get(
@@ -369,9 +461,11 @@ def main(argv=None) -> int:
         ),
     )
     ap.add_argument("--python", help="base interpreter (must match the release's Python)")
+    ap.add_argument("--uv", help=f"the uv executable (uv=={UV_VERSION})")
     ap.add_argument("--force", action="store_true", help="rebuild even if the marker matches")
     ap.add_argument("--list", action="store_true", help="print known releases")
     ap.add_argument("--requirements", action="store_true", help="print the pin list and exit")
+    ap.add_argument("--lock", action="store_true", help="rewrite the release's lock and exit")
     ap.add_argument(
         "--check",
         action="store_true",
@@ -386,19 +480,20 @@ def main(argv=None) -> int:
     if args.version not in RELEASES:
         ap.error("unknown release {} (known: {})".format(args.version, ", ".join(sorted(RELEASES))))
     if args.requirements:
-        print("\n".join(requirement_list(args.version, args.router)))
+        print("\n".join(requirement_list(args.version)))
+        return 0
+    if args.lock:
+        print(write_lock(args.version, find_uv(args.uv)))
         return 0
     if args.check:
         rel = RELEASES[args.version]
         venv = os.path.join(args.cache_root, args.version, "venv")
-        want = marker_payload(
-            args.version, requirement_list(args.version, args.router), rel["python"]
-        )
+        want = marker_payload(args.version, read_lock(args.version), rel["python"])
         if read_marker(venv) == want and os.path.exists(venv_python(venv)):
             print(venv_python(venv))
             return 0
         return 1
-    print(ensure(args.version, args.router, args.cache_root, args.python, args.force))
+    print(ensure(args.version, args.cache_root, args.python, args.uv, args.force))
     return 0
 
 
