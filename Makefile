@@ -2,12 +2,19 @@
 # Both install what they need into .venv first: the operator (operator/, the product) and the
 # test support beside it (testsupport/: the dev control plane and the `dsv4-demo` command, never
 # in the operator's wheel or image); `make test` also builds or reuses the Kubernetes test
-# binaries (see docs/devcluster.md).
+# binaries (see docs/devcluster.md) and prints where the time went (tools/suite.py).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# tools/suite.py sets DSV4_REPORTS: each pytest stage writes its JUnit XML there.
+REPORT = $(if $(DSV4_REPORTS),--junitxml=$(DSV4_REPORTS)/$(1).xml)
+# The unit tier on both cores (pytest-xdist); the integration tier on three workers, each with
+# its own control plane (its tests mostly wait on the API server and the operator's clocks).
+UNIT_WORKERS ?= 2
+INTEGRATION_WORKERS ?= 3
 
-.PHONY: demo test install lint k8s-binaries tools conformance-envs unit unit-newest bench
+.PHONY: demo test install install-newest lint k8s-binaries tools conformance-envs unit \
+	unit-newest test-chart test-conformance test-integration nightly bench
 
 $(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,14 +42,15 @@ tools: install
 	$(BIN)/python tools/devtools.py
 
 # A CPU-only environment per supported SGLang release, with that release's own wheels, for
-# tests/conformance (first run: minutes and ~6 GB each; reused after). See tools/conformance_env.py.
+# tests/conformance (first run: a few minutes, ~6 GB shared between them; reused after),
+# installed by uv from tools/conformance-locks/. See tools/conformance_env.py.
 conformance-envs: install
 	for v in $$($(BIN)/python -c 'from dsv4_operator.engine.releases import supported_versions as s; print(*s())'); do \
-		$(PYTHON) tools/conformance_env.py $$v > /dev/null || exit 1; \
+		$(BIN)/python tools/conformance_env.py $$v > /dev/null || exit 1; \
 	done
 
 unit: install
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest tests/unit -n $(UNIT_WORKERS) $(call REPORT,unit)
 
 # The newest supported Python (pyproject: >=3.11; lint and types run on 3.11, the lowest): the
 # unit tier in a venv of its own. A missing interpreter fails; it is never skipped.
@@ -54,12 +62,29 @@ $(NEWEST_VENV)/.installed: pyproject.toml testsupport/pyproject.toml
 	$(NEWEST_VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]' -e ./testsupport
 	touch $@
 
-unit-newest: $(NEWEST_VENV)/.installed
-	$(NEWEST_VENV)/bin/python -m pytest tests/unit -p no:cacheprovider
+install-newest: $(NEWEST_VENV)/.installed
 
-# pytest exits 5 when it collected nothing; make treats any non-zero exit as failure.
-test: install lint k8s-binaries tools conformance-envs unit-newest
-	$(BIN)/python -m pytest
+unit-newest: install-newest
+	$(NEWEST_VENV)/bin/python -m pytest tests/unit -n $(UNIT_WORKERS) -p no:cacheprovider \
+		$(call REPORT,unit-3.13)
+
+test-chart: tools
+	$(BIN)/python -m pytest tests/chart $(call REPORT,chart)
+
+test-conformance: conformance-envs
+	$(BIN)/python -m pytest tests/conformance $(call REPORT,conformance)
+
+test-integration: install tools k8s-binaries
+	$(BIN)/python -m pytest tests/integration -n $(INTEGRATION_WORKERS) $(call REPORT,integration)
+
+# Every stage above, downloads and builds beside the tests, then a table of where the time went.
+# pytest exits 5 when it collected nothing; the suite treats any non-zero exit as failure.
+test:
+	$(PYTHON) tools/suite.py
+
+# The nightly-sized runs (many more hypothesis cases, the soak at full length): hours, not CI.
+nightly: install tools k8s-binaries
+	$(BIN)/python -m pytest -m nightly tests $(call REPORT,nightly)
 
 bench: install k8s-binaries
 	$(BIN)/python bench/apply_to_children.py

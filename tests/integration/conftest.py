@@ -197,6 +197,18 @@ def _discoverable(dyn: Any, api_version: str, kind: str) -> bool:
     return True
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `long` first, the longest (`seconds`, as measured on 2 cores) first of all
+    (a stable sort: the rest keep their order), so that under pytest-xdist they start at once
+    on workers of their own instead of ending the run late."""
+
+    def seconds(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("long")
+        return float(marker.kwargs.get("seconds", 60)) if marker else 0.0
+
+    items.sort(key=seconds, reverse=True)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     seconds = config.stash.get(_STARTUP_KEY, None)
     if seconds is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.benches import run_bench
 
 FIGURE = r"(\d+\.\d+)"
@@ -21,6 +23,7 @@ def test_the_apply_bench_times_each_run_to_children_and_ready() -> None:
     assert re.search(rf"apply -> phase Ready \(kwok pods\): median {FIGURE}s", out), out
 
 
+@pytest.mark.long(seconds=60)
 def test_the_scale_bench_finds_an_idle_operator_resyncing_without_a_write() -> None:
     out = run_bench("scale.py", "--sizes", "2", "--idle", "4", "--resync", "1")
     # | N | children: operator vs plain | CPU idle | RSS | calls idle | writes idle | ...

@@ -129,6 +129,7 @@ async def test_the_cache_follows_the_api_and_a_new_list_drops_what_went_away(
         await vault.close()
 
 
+@pytest.mark.long(seconds=40)
 async def test_a_genuine_410_gone_relists_and_misses_no_change(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

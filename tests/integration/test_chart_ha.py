@@ -175,6 +175,7 @@ class HelmTestPod:
         return result.returncode, self.output
 
 
+@pytest.mark.long(seconds=60)
 def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_test_tells(
     control_plane: ControlPlane,
     dyn: Any,

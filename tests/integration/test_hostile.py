@@ -98,6 +98,7 @@ def _decode_command(cluster: Cluster, name: str) -> list[str]:
     return list(sts["spec"]["template"]["spec"]["containers"][0]["command"])
 
 
+@pytest.mark.long(seconds=45)
 def test_a_hostile_object_cannot_starve_the_operator(
     control_plane: ControlPlane,
     dyn: Any,

@@ -64,6 +64,7 @@ def _our_counts(operator: OperatorProcess) -> dict[str, float]:
     }
 
 
+@pytest.mark.long(seconds=80)
 def test_an_idle_minute_with_20_deployments_makes_no_list_and_no_write(
     quiet_plane: ControlPlane, world: tuple[Cluster, OperatorProcess]
 ) -> None:

@@ -153,6 +153,7 @@ def _spec(namespace: str, ports: dict[str, int], canary_interval: str, **changes
     return example(namespace, **{"guard": guard, **changes})
 
 
+@pytest.mark.long(seconds=55)
 def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_could(
     cluster: Cluster,
     operator: OperatorProcess,
