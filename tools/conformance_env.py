@@ -206,6 +206,9 @@ RELEASES = {
             "tokenizers==0.22.2",
             "transformers==5.12.1",
             "xgrammar==0.2.1",
+            # torch 2.11's cpp_extension (imported by sglang 0.5.16) imports setuptools; a
+            # venv made by Python 3.11's own venv module carries this one, uv's carries none.
+            "setuptools==65.5.0",
         ],
     },
 }

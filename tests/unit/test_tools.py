@@ -75,3 +75,17 @@ def test_the_slowest_tests_come_from_every_stages_junit_xml(tmp_path: Path) -> N
         (2.0, "unit", "tests.unit.test_a::test_y"),
         (0.5, "unit", "tests.unit.test_a::test_x"),
     ]
+
+
+def test_a_test_stage_waits_for_the_machine_and_is_dropped_only_when_a_need_failed() -> None:
+    runner = suite.Runner(suite.selected(["unit", "lint"]), make="make")
+    venv, lint, unit = (runner.by_name[n] for n in ("venv", "lint", "unit"))
+    assert runner._ready(unit) is None  # venv not done yet
+    venv.returncode = 0
+    assert runner._ready(venv.__class__("io", "io", kind="io")) is True
+    runner.testing = True  # lint holds the machine
+    assert runner._ready(unit) is None and not unit.skipped
+    runner.testing = False
+    assert runner._ready(unit) is True
+    venv.returncode = 2
+    assert runner._ready(lint) is False and lint.skipped == "needs venv, which did not pass"
