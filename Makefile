@@ -71,8 +71,9 @@ unit-newest: install-newest
 test-chart: tools
 	$(BIN)/python -m pytest tests/chart $(call REPORT,chart)
 
+# Each test starts its release's Python (torch and sglang imported anew): two at a time.
 test-conformance: conformance-envs
-	$(BIN)/python -m pytest tests/conformance $(call REPORT,conformance)
+	$(BIN)/python -m pytest tests/conformance -n $(UNIT_WORKERS) $(call REPORT,conformance)
 
 test-integration: install tools k8s-binaries
 	$(BIN)/python -m pytest tests/integration -n $(INTEGRATION_WORKERS) $(call REPORT,integration)

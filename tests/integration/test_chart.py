@@ -212,7 +212,7 @@ def _prove_rbac(
     ).start()
     try:
         _lifecycle(Cluster(dyn, work), op)
-        time.sleep(3)  # a few resyncs after the delete, still authorized
+        op.more_passes(2)  # resyncs after the delete, still authorized
         op.alive_or_raise()
     finally:
         op.stop()
