@@ -8,10 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # tools/suite.py sets DSV4_REPORTS: each pytest stage writes its JUnit XML there.
 REPORT = $(if $(DSV4_REPORTS),--junitxml=$(DSV4_REPORTS)/$(1).xml)
-# The unit tier on both cores (pytest-xdist); the integration tier on three workers, each with
+# The unit tier on both cores (pytest-xdist); the integration tier on four workers, each with
 # its own control plane (its tests mostly wait on the API server and the operator's clocks).
 UNIT_WORKERS ?= 2
-INTEGRATION_WORKERS ?= 3
+INTEGRATION_WORKERS ?= 4
 
 .PHONY: demo test install install-newest lint k8s-binaries tools conformance-envs unit \
 	unit-newest test-chart test-conformance test-integration nightly bench
