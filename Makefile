@@ -13,7 +13,7 @@ REPORT = $(if $(DSV4_REPORTS),--junitxml=$(DSV4_REPORTS)/$(1).xml)
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 4
 
-.PHONY: demo test install install-newest lint k8s-binaries tools conformance-envs unit \
+.PHONY: demo test install install-newest lint ruff types k8s-binaries tools conformance-envs unit \
 	unit-newest test-chart test-conformance test-integration nightly bench
 
 $(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
@@ -28,9 +28,13 @@ demo: install k8s-binaries
 	$(BIN)/dsv4 plan -f examples/dsv4.yaml
 	$(BIN)/dsv4-demo
 
-lint: install
+lint: ruff types
+
+ruff: install
 	$(BIN)/ruff check operator testsupport tests tools bench
 	$(BIN)/ruff format --check operator testsupport tests tools bench
+
+types: install
 	$(BIN)/mypy
 
 k8s-binaries:

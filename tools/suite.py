@@ -64,12 +64,13 @@ class Stage:
 
 def stages() -> list[Stage]:
     return [
-        Stage("venv", "install", kind="io", what="`.venv` (pip install -e '.[test]')"),
-        Stage("venv-newest", "install-newest", kind="io", what="`.venv-newest` (Python 3.13)"),
+        Stage("venv", "install", kind="io", what=".venv: pip install -e '.[test]'"),
+        Stage("venv-newest", "install-newest", kind="io", what=".venv-newest: Python 3.13"),
         Stage("tools", "tools", ("venv",), "io", "helm, kubectl, promtool, hadolint"),
         Stage("conformance-envs", "conformance-envs", ("venv",), "io", "one env per release"),
         Stage("k8s-binaries", "k8s-binaries", kind="background", what="tools/build-k8s.sh"),
-        Stage("lint", "lint", ("venv",), what="ruff check, ruff format --check, mypy"),
+        Stage("lint", "ruff", ("venv",), what="ruff check, ruff format --check"),
+        Stage("types", "types", ("venv",), what="mypy --strict"),
         Stage("unit", "unit", ("venv",), what="tests/unit on Python 3.11"),
         Stage("unit-3.13", "unit-newest", ("venv-newest",), what="tests/unit on Python 3.13"),
         Stage("chart", "test-chart", ("venv", "tools"), what="tests/chart"),
