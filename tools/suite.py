@@ -3,11 +3,12 @@
 the end where the time went (each stage's wall time, the 15 slowest tests) and what failed.
 
 Stages are Makefile targets (the Makefile stays the one place that says how each is run).
-Downloads and the Go build run beside the test stages: the Go build at the lowest CPU
-priority (nice 19), so that on a fresh machine it takes only the CPU the tests leave idle,
-and the test stages run one at a time, each with the machine to itself as far as it can use
-it. A failed stage does not stop the others that do not need it; the exit code is 0 only when
-every stage passed. Standard library only: it runs before any virtualenv exists.
+Downloads and the Go build run beside the test stages at a lower CPU priority (installs at
+nice 10, the Go build at nice 19), so that on a fresh machine they take the CPU the tests
+leave idle, and the test stages run one at a time, each with the machine to itself as far
+as it can use it. A failed stage does not stop the others that do not need it; the exit code
+is 0 only when every stage passed. Standard library only: it runs before any virtualenv
+exists.
 
     python3 tools/suite.py                 # what `make test` runs
     python3 tools/suite.py unit lint       # only these stages and what they need
@@ -37,8 +38,8 @@ class Stage:
     name: str
     target: str  # the Makefile target
     needs: tuple[str, ...] = ()
-    # "test": one at a time, in the order listed; "io": downloads, beside anything;
-    # "background": CPU-heavy builds at nice 19, beside anything.
+    # "test": one at a time, in the order listed; "io": downloads and installs, beside
+    # anything at nice 10; "background": CPU-heavy builds, beside anything at nice 19.
     kind: str = "test"
     what: str = ""
     started: float | None = None
@@ -142,8 +143,9 @@ class Runner:
     def _run_stage(self, stage: Stage) -> None:
         self.say(f"[suite] {stage.name}: started at {self._clock(stage.started)} ({stage.what})")
         argv = [self.make, "--no-print-directory", stage.target]
-        if stage.kind == "background":
-            argv = ["nice", "-n", "19", *argv]
+        niceness = {"io": 10, "background": 19}.get(stage.kind)
+        if niceness is not None:  # the test stages' timings stay their own
+            argv = ["nice", "-n", str(niceness), *argv]
         env = dict(os.environ, DSV4_REPORTS=str(REPORTS), PYTHONUNBUFFERED="1")
         log_path = REPORTS / f"{stage.name}.log"
         try:

@@ -576,12 +576,53 @@ def test_admission_webhook_refuses_unsafe_specs(
             check=True,
         )
         assert "Warning: spec.engine.maxRunningRequests: [DSV4-R006]" in applied.stderr
+        _hostile_input_at_the_webhook(control_plane, cluster, configs, webhook)
     finally:
         webhook.stop()
         print(f"--- webhook operator log ---\n{webhook.log_tail()}")
         for config in configs.get().to_dict()["items"]:
             if config["metadata"]["name"] == "dsv4.io.validation":
                 configs.delete(name="dsv4.io.validation")
+
+
+def _hostile_input_at_the_webhook(
+    control_plane: ControlPlane, cluster: Cluster, configs: Any, webhook: OperatorProcess
+) -> None:
+    """What crashed the CLI, at the door: a 5,000-digit integer and a control character in
+    a name, through `kubectl` (the API server's answer) and posted to the webhook itself (the
+    AdmissionReview a broken or hostile client could send): clear refusals, no crash."""
+    import base64
+    import ssl
+
+    import httpx
+
+    huge = yaml.safe_dump(example(cluster.namespace, name="huge")).replace(
+        "replicas: 1", "replicas: " + "9" * 5000, 1
+    )
+    kubectl = [str(tool("kubectl")), "--kubeconfig", str(control_plane.kubeconfig_path)]
+    for text in (huge, yaml.safe_dump(example(cluster.namespace, name="bel\x07name"))):
+        applied = subprocess.run(
+            [*kubectl, "apply", "--server-side", "--field-manager", "tests", "-f", "-"],
+            input=text, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert applied.returncode != 0 and "Traceback" not in applied.stderr, applied.stderr
+        print(f"kubectl apply of hostile input: {applied.stderr.strip()[:300]}")
+    (config,) = [c for c in configs.get().to_dict()["items"] if c["metadata"]["name"] == (
+        "dsv4.io.validation")]  # fmt: skip
+    client_config = config["webhooks"][0]["clientConfig"]
+    context = ssl.create_default_context(
+        cadata=base64.b64decode(client_config["caBundle"]).decode()
+    )
+    body = '{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": '
+    body += '{"uid": "u", "object": {"spec": {"decode": {"replicas": ' + "9" * 5000 + "}}}}}"
+    reply = httpx.post(
+        client_config["url"], content=body, verify=context, timeout=30,
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    assert reply.status_code == 400, reply.text
+    assert "4300 digits" in reply.reason_phrase, reply.reason_phrase
+    webhook.alive_or_raise()
+    assert "Traceback" not in webhook.log_tail(200)
 
 
 REPLICA_POLICY = "at most 2 replicas per StatefulSet in this namespace"
