@@ -20,14 +20,84 @@ from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
 from dsv4_operator.engine.releases import versions_text
 from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
-from dsv4_operator.probe.cli import probe_command
+from dsv4_operator.probe.cli import EXIT_LEAKING, probe_command
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.selftest import selftest_command
 from dsv4_operator.settings import OperatorSettings
-from dsv4_operator.yaml_input import InputError, load_documents
+from dsv4_operator.yaml_input import (
+    MAX_ALIASES,
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_INTEGER_DIGITS,
+    InputError,
+    load_documents,
+)
 
 EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_CHECK_FAILED = 1  # `dsv4 selftest`: a check of the installation failed
 INPUT_RULE = "input"  # the finding of a document that is not a DSV4Deployment
+
+_UNUSABLE_FILE = (
+    "FILE unreadable, not UTF-8 or not YAML (a control character such as NUL, a syntax error), "
+    f"larger than {MAX_BYTES // 2**20} MiB, nested deeper than {MAX_DEPTH} levels, with more "
+    f"than {MAX_ALIASES} aliases (an alias bomb) or an integer of more than "
+    f"{MAX_INTEGER_DIGITS:,} digits"
+)
+#: What each command's exit codes mean: other tools call `dsv4`, so they are a contract.
+#: docs/cli.md's table is generated from this (tools/gen_docs.py). `dsv4 run` has none: it
+#: serves until it is stopped.
+EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
+    "validate": (
+        (EXIT_OK, "no error finding"),
+        (
+            EXIT_FINDINGS,
+            "an error finding (schema errors are findings with rule `schema` and the field path)",
+        ),
+        (
+            EXIT_BAD_INPUT,
+            f"{_UNUSABLE_FILE}; or a document that is not a `dsv4.io/v1alpha1` "
+            "`DSV4Deployment` (the other documents are still reported; the worst document "
+            "decides)",
+        ),
+    ),
+    "plan": (
+        (EXIT_OK, "every document planned"),
+        (
+            EXIT_FINDINGS,
+            "a document cannot be planned (schema or profile errors); the others are still planned",
+        ),
+        (EXIT_BAD_INPUT, "as for `validate`"),
+    ),
+    "render": (
+        (EXIT_OK, "every child manifest written"),
+        (EXIT_FINDINGS, "a spec is invalid (nothing rendered)"),
+        (
+            EXIT_BAD_INPUT,
+            f"{_UNUSABLE_FILE}; or a document that is not a DSV4Deployment (nothing rendered)",
+        ),
+    ),
+    "crd": ((EXIT_OK, "the CRD written"),),
+    "rules": ((EXIT_OK, "the catalogue written"),),
+    "probe": (
+        (EXIT_OK, "no endpoint's leak rate is significantly above the threshold"),
+        (EXIT_LEAKING, "an endpoint's leak rate is significantly above the threshold"),
+        (
+            EXIT_BAD_INPUT,
+            "a bad URL or option, the canary could not run, or no response could be classified",
+        ),
+    ),
+    "selftest": (
+        (EXIT_OK, "every check passed"),
+        (EXIT_CHECK_FAILED, "a check failed (each is printed with a reason)"),
+    ),
+    "tap": (
+        (
+            EXIT_BAD_INPUT,
+            "a bad `--upstream`, `--listen` or `--metrics`, or a worker that cannot start "
+            "(otherwise the tap serves until it is stopped)",
+        ),
+    ),
+}
 
 
 @dataclass
