@@ -21,14 +21,26 @@ def test_an_address_added_to_lo_for_a_moment_is_seen() -> None:
     with PodNetwork() as network:
         pod = network.pod()
         watch = AddressWatch(pod.namespace)
-        try:
-            ip = ["ip", "-n", pod.namespace, "addr"]
+        ip = ["ip", "-n", pod.namespace, "addr"]
+
+        def flash(address: str) -> None:
             for verb in ("add", "del"):
-                subprocess.run([*ip, verb, "198.19.255.254/32", "dev", "lo"], check=True)
+                subprocess.run([*ip, verb, address, "dev", "lo"], check=True)
+
+        try:
+            # `ip monitor` says nothing when it has subscribed: flash another address until
+            # the watch reports one (on a busy machine the monitor starts late), so the
+            # flash below is the one under test, not a race with the monitor's start.
+            def subscribed() -> bool:
+                flash("198.19.255.253/32")
+                return ("lo", "198.19.255.253/32") in watch.added
+
+            wait_for("the watch to subscribe", subscribed, timeout=60)
+            flash("198.19.255.254/32")
             wait_for(
                 "the watch to see the address",
                 lambda: ("lo", "198.19.255.254/32") in watch.added,
-                timeout=10,
+                timeout=60,
             )
         finally:
             watch.stop()
