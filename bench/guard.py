@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable
 
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.policy import Evidence, Outcome, evaluate
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from dsv4_operator.api.spec import ROLES, Role
+from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
 from dsv4_operator.engine.planner import MemoryPlan
 from dsv4_operator.engine.validation import validate_spec

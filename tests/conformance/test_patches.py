@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsv4_operator.api.spec import ROLES
+from dsv4_operator.api.roles import ROLES
 
 from .conftest import MODEL_DIR, REPO, ask, release_python
 from .matrix import EAGLE, EXAMPLES, cases_from

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dsv4_operator.api.spec import ROLES
+from dsv4_operator.api.roles import ROLES
 from dsv4_operator.engine.releases import FORK_ENV
 
 from .conftest import MODEL_DIR, REPO, run_in_release

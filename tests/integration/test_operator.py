@@ -26,7 +26,7 @@ from dsv4_devcluster import (
     wait_for,
     wait_pod_running,
 )
-from dsv4_operator.api.spec import TAP_METRICS_PORT
+from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.reconcile.world import statefulset_rolled
 from tests.chart.support import tool
 

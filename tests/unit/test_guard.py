@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.observations import PROMETHEUS, Observations, Snapshot
 from dsv4_operator.guard.oom import oom_events
 from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
 from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, pod_tap_url, samples_and_leaks

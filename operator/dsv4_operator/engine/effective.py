@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from dsv4_operator.api.spec import DSV4DeploymentSpec, Role
+from dsv4_operator.api.roles import Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.releases import Option, ParserCatalog, release
 
 T = TypeVar("T")

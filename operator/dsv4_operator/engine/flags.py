@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.api.spec import (
-    ENGINE_PORT,
-    ROUTER_METRICS_PORT,
-    Capability,
-    DSV4DeploymentSpec,
-    Role,
-)
+from dsv4_operator.api.engine import Capability
+from dsv4_operator.api.limits import ENGINE_PORT, ROUTER_METRICS_PORT
+from dsv4_operator.api.roles import Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.planner import MemoryPlan
 

@@ -11,7 +11,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from dsv4_operator.api.spec import ROLES, Capability, DSV4DeploymentSpec, Role
+from dsv4_operator.api.engine import Capability
+from dsv4_operator.api.roles import ROLES, Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import EffectiveRole, effective_role
 from dsv4_operator.engine.pools import (
     STATE_DTYPE_BYTES,

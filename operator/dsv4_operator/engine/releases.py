@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from dsv4_operator.api.spec import Capability, Role
+from dsv4_operator.api.engine import Capability
+from dsv4_operator.api.roles import Role
 
 
 class PoolArithmetic(StrEnum):

@@ -10,7 +10,9 @@ import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dsv4_operator.api.spec import ROLES, Capability, DSV4DeploymentSpec, Role
+from dsv4_operator.api.engine import Capability
+from dsv4_operator.api.roles import ROLES, Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Severity
 from dsv4_operator.engine.effective import EffectiveRole, effective_role, gpus_needed, parse_args
 from dsv4_operator.engine.ownership import (

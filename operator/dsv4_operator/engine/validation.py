@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from dsv4_operator.api.cel import broken_spec_rules
-from dsv4_operator.api.spec import DSV4DeploymentSpec, SafetyPolicy
+from dsv4_operator.api.policy import SafetyPolicy
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Finding
 from dsv4_operator.engine.ownership import TRANSFER_FORMAT_SPEC_FIELDS
 from dsv4_operator.engine.planner import MemoryPlan, PlanningError, plan, resolve_profiles

@@ -31,7 +31,8 @@ import httpx
 
 from dsv4_operator import metrics
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import TAP_METRICS_PORT, DSV4DeploymentSpec
+from dsv4_operator.api.limits import TAP_METRICS_PORT
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
 from dsv4_operator.guard.observations import CANARY, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.prometheus import PrometheusError, instant_value

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
 from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Snapshot

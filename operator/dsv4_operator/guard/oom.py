@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from dsv4_operator.api.spec import ROLES
+from dsv4_operator.api.roles import ROLES
 from dsv4_operator.names import REVISION_LABEL, ROLE_LABEL, parse_time
 
 # docs/engine-notes.md: how memory failures show up

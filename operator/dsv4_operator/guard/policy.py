@@ -16,7 +16,7 @@ from datetime import timedelta
 from enum import StrEnum
 
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
 from dsv4_operator.stats import wilson_interval
 

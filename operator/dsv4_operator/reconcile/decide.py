@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
+from dsv4_operator.api.roles import ROLES
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardOutcome

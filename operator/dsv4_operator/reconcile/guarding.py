@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
+from dsv4_operator.api.roles import ROLES
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.decision import GuardInput, GuardOutcome, decide_guard
 from dsv4_operator.names import CLEAR_QUARANTINE_ANNOTATION, revision_name
 from dsv4_operator.reconcile.world import World

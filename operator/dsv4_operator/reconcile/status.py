@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec
+from dsv4_operator.api.roles import ROLES
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import (
     Condition,
     ConditionType,

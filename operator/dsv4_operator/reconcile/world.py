@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
+from dsv4_operator.api.roles import ROLES, Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.observations import Snapshot

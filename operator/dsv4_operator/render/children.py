@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from dsv4_operator.api.spec import ROLES, DSV4DeploymentSpec, Role
+from dsv4_operator.api.roles import ROLES, Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.names import (
     DEFAULT_OPERATOR_IMAGE,
     DEPLOYMENT_LABEL,

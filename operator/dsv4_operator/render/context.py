@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dsv4_operator.api.spec import ENGINE_PORT, ROLES, DSV4DeploymentSpec, Role
+from dsv4_operator.api.limits import ENGINE_PORT
+from dsv4_operator.api.roles import ROLES, Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role, gpus_needed
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
 from dsv4_operator.engine.planner import MemoryPlan, plan

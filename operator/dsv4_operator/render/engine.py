@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dsv4_operator.api.spec import ENGINE_PORT, Role
+from dsv4_operator.api.limits import ENGINE_PORT
+from dsv4_operator.api.roles import Role
 from dsv4_operator.engine.flags import MODEL_MOUNT
 from dsv4_operator.names import (
     FORMAT_LABEL,

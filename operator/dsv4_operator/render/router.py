@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4_operator.api.spec import ROUTER_METRICS_PORT, TAP_METRICS_PORT, TAP_PORT
+from dsv4_operator.api.limits import ROUTER_METRICS_PORT, TAP_METRICS_PORT, TAP_PORT
 from dsv4_operator.names import FORMAT_LABEL, ROUTER, TARGET_PAIR_ANNOTATION
 from dsv4_operator.render.context import Manifest, RenderContext, router_command
 from dsv4_operator.render.pod_settings import with_pod_settings

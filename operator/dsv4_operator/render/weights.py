@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 
-from dsv4_operator.api.spec import HuggingFaceSource
+from dsv4_operator.api.model import HuggingFaceSource
 from dsv4_operator.engine.flags import MODEL_MOUNT
 from dsv4_operator.names import weights_claim_name, weights_job_name
 from dsv4_operator.render.context import Manifest, RenderContext

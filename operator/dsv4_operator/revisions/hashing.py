@@ -6,7 +6,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from dsv4_operator.api.spec import DSV4DeploymentSpec, Role
+from dsv4_operator.api.roles import Role
+from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.flags import Launch
 from dsv4_operator.engine.ownership import TRANSFER_FORMAT_ENV, TRANSFER_FORMAT_FLAGS

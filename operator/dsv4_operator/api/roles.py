@@ -1,0 +1,174 @@
+"""Where and how many engines run: GPU, roles and their overrides, router, transfer, workload."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from dsv4_operator.api.base import ApiModel
+from dsv4_operator.api.engine import EnvVar
+from dsv4_operator.api.kube_types import LabelKey, LabelValue, ResourceName, Toleration
+from dsv4_operator.api.limits import (
+    MAX_ARG_LENGTH,
+    MAX_CONTEXT_TOKENS,
+    MAX_GPUS_PER_NODE,
+    MAX_LIST_ITEMS,
+    MAX_ROLE_REPLICAS,
+    MAX_ROUTER_REPLICAS,
+    Quantity,
+)
+from dsv4_operator.api.pod import PodSettings
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+class GpuSpec(ApiModel):
+    """The GPU product the engine pods run on."""
+
+    product: LabelValue = Field(
+        default="NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+        description="Node label nvidia.com/gpu.product; also selects the built-in GPU profile.",
+    )
+    memory_gib: float | None = Field(
+        default=None,
+        alias="memoryGiB",
+        gt=0,
+        le=4096,
+        description="Override of the profile's GPU memory.",
+    )
+    per_node: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_GPUS_PER_NODE,
+        description="GPUs per node; a role replica never spans nodes.",
+    )
+
+
+class Resources(ApiModel):
+    """Extra container resources (cpu, memory); GPUs come from the parallelism."""
+
+    requests: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=16, description="Resource requests."
+    )
+    limits: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=16, description="Resource limits."
+    )
+
+
+class RoleOverrides(ApiModel):
+    """Role-safe settings one role may change; transfer-format settings cannot differ."""
+
+    overlap: OverlapOverride | None = Field(
+        default=None, description="Overlap scheduler for this role."
+    )
+    cuda_graph_max_bs: int | None = Field(
+        default=None, ge=1, le=4096, description="--cuda-graph-max-bs."
+    )
+    max_running_requests: int | None = Field(
+        default=None, ge=1, le=1 << 16, description="--max-running-requests."
+    )
+    mem_fraction_static: float | None = Field(
+        default=None, gt=0.0, lt=1.0, description="--mem-fraction-static."
+    )
+    extra_args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        description="Appended to engine.extraArgs.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_LIST_ITEMS,
+        description="Added to engine.env (wins on name).",
+    )
+
+
+class OverlapOverride(ApiModel):
+    """Per-role overlap scheduler switch (multi-stream overlap is engine-wide)."""
+
+    scheduler: bool | None = Field(default=None, description="Overlap scheduler for this role.")
+
+
+RoleOverrides.model_rebuild()
+
+
+class RoleSpec(ApiModel):
+    """One engine role (prefill or decode)."""
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_ROLE_REPLICAS,
+        description="Engine replicas of this role (with scaling External: the planner's "
+        "assumption only).",
+    )
+    scaling: Literal["Operator", "External"] = Field(
+        default="Operator",
+        description="Who owns the StatefulSet's replicas: Operator sets them from `replicas`; "
+        "External leaves them to an autoscaler (HPA, KEDA) and never writes them.",
+    )
+    tensor_parallel: int = Field(
+        default=4, ge=1, le=MAX_GPUS_PER_NODE, description="--tp-size; GPUs per replica."
+    )
+    overrides: RoleOverrides = Field(
+        default_factory=RoleOverrides,
+        description="Role-safe settings that differ from spec.engine.",
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=32, description="Added to the GPU product selector."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Pod tolerations."
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="cpu/memory for the engine."
+    )
+    pod_template: PodSettings | None = Field(
+        default=None,
+        description="Pod settings of this role on top of spec.podTemplate (a field set here "
+        "replaces that field there; labels and annotations merge).",
+    )
+
+
+class RouterSpec(ApiModel):
+    """sglang router / sgl-model-gateway in PD mode."""
+
+    replicas: int = Field(default=1, ge=0, le=MAX_ROUTER_REPLICAS, description="Router replicas.")
+    policy: Literal["random", "round_robin", "power_of_two", "cache_aware"] = Field(
+        default="cache_aware", description="--policy."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port (OpenAI API).")
+    image: str | None = Field(
+        default=None, max_length=512, description="Router image; defaults to spec.engine.image."
+    )
+    pod_template: PodSettings | None = Field(
+        default=None, description="Pod settings of the router on top of spec.podTemplate."
+    )
+
+
+class TransferSpec(ApiModel):
+    """KV transfer between prefill and decode."""
+
+    backend: Literal["mooncake", "nixl", "mooncake_tcp", "mori", "ascend"] = Field(
+        default="mooncake", description="--disaggregation-transfer-backend."
+    )
+    ib_devices: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="--disaggregation-ib-device (mlx5_0, a list, or per-GPU JSON).",
+    )
+    bootstrap_port: int = Field(
+        default=8998, ge=1, le=65535, description="--disaggregation-bootstrap-port on prefill."
+    )
+
+
+class WorkloadSpec(ApiModel):
+    """The capacity target the planner checks the KV pool against."""
+
+    concurrent_sessions: int = Field(
+        default=60, ge=1, le=1_000_000, description="Concurrent multi-turn sessions."
+    )
+    context_tokens: int = Field(
+        default=80000, ge=1, le=MAX_CONTEXT_TOKENS, description="Context tokens per session."
+    )
