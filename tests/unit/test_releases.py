@@ -15,6 +15,7 @@ from dsv4_operator.engine.ownership import (
     TRANSFER_FORMAT_FLAGS,
 )
 from dsv4_operator.engine.releases import FORK_ENV, releases, supported_versions
+from dsv4_operator.engine.rules import memory
 
 # huggingface_hub variables (where the weights are, no network), not engine variables.
 OPERATOR_ONLY_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
@@ -29,8 +30,8 @@ def _all_env() -> set[str]:
 
 
 def _named_in_rules(pattern: str) -> set[str]:
-    source = Path(rules.__file__).read_text()
-    return set(re.findall(pattern, source))
+    sources = [p.read_text() for p in sorted(Path(rules.__file__).parent.glob("*.py"))]
+    return {name for source in sources for name in re.findall(pattern, source)}
 
 
 def test_supported_releases() -> None:
@@ -44,7 +45,7 @@ def test_supported_releases() -> None:
 @pytest.mark.parametrize(
     "flag",
     sorted(
-        {*OWNED_FLAGS, *TRANSFER_FORMAT_FLAGS, *rules._UNMODELLED_FLAGS}
+        {*OWNED_FLAGS, *TRANSFER_FORMAT_FLAGS, *memory._UNMODELLED_FLAGS}
         | _named_in_rules(r'"(--[a-z0-9-]+)"')
     ),
 )
@@ -56,7 +57,7 @@ def test_every_flag_the_operator_names_exists_in_a_release(flag: str) -> None:
     "name",
     sorted(
         (
-            {*OWNED_ENV, *TRANSFER_FORMAT_ENV, *rules._UNMODELLED_ENV}
+            {*OWNED_ENV, *TRANSFER_FORMAT_ENV, *memory._UNMODELLED_ENV}
             | _named_in_rules(r"(SGLANG_[A-Z0-9_]+)")
         )
         - OPERATOR_ONLY_ENV

@@ -1,0 +1,152 @@
+"""Memory rules: GPUs per replica, the memory plan, workload capacity and pool arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dsv4_operator.api.engine import Capability
+from dsv4_operator.engine.effective import gpus_needed
+from dsv4_operator.engine.planner import GIB
+from dsv4_operator.engine.rules.catalogue import NOTES, Hit, RuleContext, rule
+
+
+@rule(
+    "DSV4-R007",
+    "GPUs requested differ from what the parallelism needs",
+    "error",
+    reference=f"{NOTES}#one-replica-one-node",
+    reads=(
+        "<role>.tensorParallel",
+        "<role>.resources",
+        "gpu.perNode",
+        "extraArgs --dp-size/--pp-size/--enable-dp-attention",
+    ),
+    ack=False,
+)
+def gpus_differ_from_parallelism(ctx: RuleContext) -> Iterator[Hit]:
+    per_node = ctx.spec.gpu.per_node
+    for role, eff in ctx.roles.items():
+        needed = gpus_needed(eff)
+        if needed > per_node:
+            yield Hit(
+                f"spec.{role}.tensorParallel",
+                f"{role} needs {needed} GPUs per replica but a node has {per_node} "
+                "(spec.gpu.perNode); a replica cannot span nodes. Lower the parallelism.",
+            )
+        resources = ctx.spec.role(role).resources
+        for kind, amounts in (("limits", resources.limits), ("requests", resources.requests)):
+            asked = amounts.get("nvidia.com/gpu")
+            if asked is not None and str(asked) != str(needed):
+                yield Hit(
+                    f"spec.{role}.resources.{kind}",
+                    f"{role} asks for nvidia.com/gpu {asked} but its parallelism needs {needed}; "
+                    "remove nvidia.com/gpu from resources (the operator requests what the "
+                    "parallelism needs).",
+                )
+
+
+@rule(
+    "DSV4-R008",
+    "memory plan does not fit",
+    "error",
+    reference=f"{NOTES}#pool-arithmetic",
+    reads=("model", "gpu", "<role>.tensorParallel", "engine.memFractionStatic"),
+    ack=False,
+)
+def plan_does_not_fit(ctx: RuleContext) -> Iterator[Hit]:
+    for role, plan in ctx.plan.roles.items():
+        if not plan.fits:
+            yield Hit(
+                f"spec.{role}.tensorParallel",
+                f"{role} does not fit: {plan.weights_bytes / GIB:.1f} GiB weights per rank + "
+                f"{plan.reserve_bytes / GIB:.1f} GiB reserve exceed memFractionStatic x GPU = "
+                f"{plan.static_budget_bytes / GIB:.1f} GiB, leaving no KV pool. Raise "
+                "tensorParallel, use a smaller checkpoint or a larger GPU.",
+            )
+
+
+@rule(
+    "DSV4-R009",
+    "workload needs more KV tokens than the plan provides",
+    "warning",
+    reference=f"{NOTES}#capacity",
+    reads=("workload", "decode.replicas", "engine"),
+)
+def workload_exceeds_capacity(ctx: RuleContext) -> Iterator[Hit]:
+    plan = ctx.plan.roles["decode"]
+    wanted = ctx.spec.workload.concurrent_sessions
+    if plan.fits and plan.sessions_capacity < wanted:
+        yield Hit(
+            "spec.workload.concurrentSessions",
+            f"decode holds {plan.sessions_capacity} sessions of "
+            f"{ctx.spec.workload.context_tokens} tokens ({plan.max_total_tokens} tokens per "
+            f"rank x {plan.replicas} replicas) but the workload wants {wanted}: expect "
+            "retraction churn (sglang:num_retracted_requests_total). Add decode replicas or "
+            "lower contextTokens.",
+        )
+
+
+@rule(
+    "DSV4-R010",
+    "non-fp8 index-K on an image without poolSizingFix",
+    "warning",
+    reference=f"{NOTES}#pool-sizing-fix",
+    reads=("engine.indexKDtype", "engine.capabilities"),
+    fixed_by=Capability.POOL_SIZING_FIX,
+)
+def index_k_sized_as_fp8(ctx: RuleContext) -> Iterator[Hit]:
+    if ctx.has(Capability.POOL_SIZING_FIX):
+        return
+    worst = max(p.unpatched_overcommit_bytes for p in ctx.plan.roles.values())
+    if worst > 0:
+        plan = ctx.plan.roles["decode"]
+        yield Hit(
+            "spec.engine.indexKDtype",
+            f"indexKDtype {ctx.spec.engine.index_k_dtype} on an image without poolSizingFix: "
+            f"SGLang {ctx.release.version}'s configurator sizes index-K at 132 B/token and "
+            f"under-reserves {plan.bytes_per_full_token - plan.engine_bytes_per_full_token:.0f} "
+            f"B per full token, {worst / 1e9:.2f} GB per rank. The operator pins "
+            f"--max-total-tokens to {plan.max_total_tokens} to compensate.",
+        )
+
+
+# Passthrough settings that change the pool arithmetic in ways the planner does not model.
+_UNMODELLED_FLAGS = {
+    "--enable-hisparse": "HiSparse shrinks the device C4 pool",
+    "--enable-encoder-swa-bounded-replay": "encoder replay moves the SWA pool into request windows",
+}
+_UNMODELLED_ENV = {
+    "SGLANG_DSV4_KV_LAYOUT": "v4",
+    "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "auto",
+    "SGLANG_OPT_USE_ONLINE_COMPRESS": "",
+}
+
+
+@rule(
+    "DSV4-R020",
+    "passthrough changes the pool arithmetic the planner does not model",
+    "error",
+    reference=f"{NOTES}#pool-arithmetic",
+    reads=("engine.extraArgs", "engine.env", "<role>.overrides"),
+)
+def pool_arithmetic_not_modelled(ctx: RuleContext) -> Iterator[Hit]:
+    if ctx.profiles.model.family != "dsv4":
+        return
+    for role, eff in ctx.roles.items():
+        for flag, why in _UNMODELLED_FLAGS.items():
+            if flag in eff.flags:
+                yield Hit(
+                    "spec.engine.extraArgs",
+                    f"{flag} on {role}: {why}, which the operator's memory plan does not model, "
+                    "so the pinned --max-total-tokens would be wrong. Remove it, or acknowledge "
+                    "this rule and check the engine's `DSV4 pool sizes` log line yourself.",
+                )
+        for name, default in _UNMODELLED_ENV.items():
+            value = eff.env_map.get(name)
+            if value is not None and value.strip().lower() not in (default, "", "0", "false"):
+                yield Hit(
+                    "spec.engine.env",
+                    f"{name}={value} on {role} changes the KV pool layout or state sizing, which "
+                    "the operator's memory plan does not model. Remove it, or acknowledge this "
+                    "rule and check the engine's `DSV4 pool sizes` log line yourself.",
+                )

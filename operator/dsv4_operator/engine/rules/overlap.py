@@ -1,0 +1,52 @@
+"""Overlap and concurrency rules: the overlap scheduler under PD, batches beyond the CUDA graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from dsv4_operator.engine.rules.catalogue import NOTES, Hit, RuleContext, rule
+
+
+@rule(
+    "DSV4-R005",
+    "overlap scheduler with PD disaggregation",
+    "warning",
+    reference="sglang #27938, #28039, #32209",
+    reads=("engine.overlap.scheduler", "<role>.overrides.overlap"),
+)
+def overlap_scheduler_with_pd(ctx: RuleContext) -> Iterator[Hit]:
+    for role, eff in ctx.roles.items():
+        if eff.overlap_scheduler:
+            overlap = ctx.spec.role(role).overrides.overlap
+            field = (
+                f"spec.{role}.overrides.overlap.scheduler"
+                if overlap is not None and overlap.scheduler is not None
+                else "spec.engine.overlap.scheduler"
+            )
+            yield Hit(
+                field,
+                f"overlap scheduler on for {role} with PD disaggregation: PD decode with overlap "
+                "has deadlocked (watchdog kill) with DP attention and speculative decoding "
+                "(sglang #27938, #28039, #32209). Keep overlap.scheduler false unless you have "
+                "load-tested this combination.",
+            )
+
+
+@rule(
+    "DSV4-R006",
+    "maxRunningRequests above cudaGraphMaxBs (eager fallback)",
+    "warning",
+    reference=f"{NOTES}#eager-decode-fallback",
+    reads=("engine.maxRunningRequests", "engine.cudaGraphMaxBs", "decode.overrides"),
+)
+def running_requests_above_graph_size(ctx: RuleContext) -> Iterator[Hit]:
+    eff = ctx.roles["decode"]  # the decode graph size is what bounds eager fallback
+    if eff.max_running_requests > eff.cuda_graph_max_bs:
+        flag = ctx.release.cuda_graph_max_bs_flag.get("decode", "--cuda-graph-max-bs")
+        yield Hit(
+            "spec.engine.maxRunningRequests",
+            f"decode maxRunningRequests {eff.max_running_requests} > cudaGraphMaxBs "
+            f"{eff.cuda_graph_max_bs} ({flag}): batches above the captured size run the slow "
+            'eager path (sglang:cuda_graph_passes_total{mode="decode_none"}). Raise '
+            "cudaGraphMaxBs or lower maxRunningRequests.",
+        )
