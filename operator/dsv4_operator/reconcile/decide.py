@@ -40,7 +40,7 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
-from dsv4_operator.reconcile.status import Progress, build_status
+from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
 from dsv4_operator.reconcile.world import Pair, World, deployment_rolled, labels_of, name_of
 from dsv4_operator.render.children import (
@@ -304,8 +304,8 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     validation = world.validation
     if not validation.valid or validation.spec is None:
         _invalid(actions, validation)
-        actions.decision.status = build_status(
-            world, validation, None, None, _invalid_message(validation)
+        actions.decision.status = invalid_spec_status(
+            world, validation, _invalid_message(validation)
         )
         return actions.decision
     spec = validation.spec
@@ -330,7 +330,7 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     keep = {p.revision(r) or "" for p in world.pairs().values() for r in ROLES}
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
-    decision.status = build_status(world, validation, target, progress, None, guard, weights)
+    decision.status = rollout_status(world, validation, target, progress, guard, weights)
     _monitoring_event(actions, decision.status)
     decision.requeue_after = _bake_wake(world, spec, guard)
     return decision

@@ -146,132 +146,135 @@ def monitoring_condition(world: World, spec: DSV4DeploymentSpec) -> Condition:
     return _condition(world, "MonitoringReady", True, "Applied", "ServiceMonitor applied")
 
 
-def build_status(
-    world: World,
-    validation: Validation,
-    ctx: RenderContext | None,
-    progress: Progress | None,
-    invalid_message: str | None,
-    view: GuardOutcome | None = None,
-    weights: WeightsState | None = None,
-) -> DSV4DeploymentStatus:
-    """The whole status object."""
-    previous = world.status
-    roles, ready, missing = _roles(world)
-    warnings = len(validation.findings) - len(validation.errors)
-    conditions: list[Condition] = []
-    phase: Phase
-    if invalid_message is not None or ctx is None or progress is None:
-        has_rule = any(f.rule.startswith("DSV4-") for f in validation.errors)
-        conditions.append(
-            _condition(
-                world,
-                "Validated",
-                False,
-                "RuleViolation" if has_rule else "SchemaInvalid",
-                invalid_message or "invalid",
-            )
+def _ready_condition(world: World, missing: list[str], weights: WeightsState | None) -> Condition:
+    """Ready: every role and the router are; else what is not (the weights, while they load)."""
+    if not missing:
+        return _condition(
+            world, "Ready", True, "AllReplicasReady", "all roles and the router are ready"
         )
-        conditions.append(
+    if weights is not None and not weights.ready:
+        return _condition(world, "Ready", False, "WeightsNotReady", weights.message)
+    return _condition(world, "Ready", False, "ReplicasNotReady", "; ".join(missing))
+
+
+def _degraded_condition(
+    world: World, unavailable: list[str], no_known_good: str | None = None
+) -> Condition:
+    """Degraded: quarantined with nothing to fall back to, or replicas unavailable once settled."""
+    if no_known_good:
+        return _condition(world, "Degraded", True, "NoKnownGood", no_known_good)
+    if unavailable:
+        return _condition(world, "Degraded", True, "ReplicasUnavailable", "; ".join(unavailable))
+    return _condition(world, "Degraded", False, "AsExpected", "")
+
+
+def _guard_conditions(world: World, guard: GuardOutcome) -> list[Condition]:
+    """RolledBack and GuardBlind, from what the guard decided this pass."""
+    back = guard.rolled_back
+    rolled_back = _condition(
+        world,
+        "RolledBack",
+        back is not None,
+        back.reason if back else "NotRolledBack",
+        f"serving last known good {guard.last_known_good}; revision {back.hash} is "
+        f"quarantined: {back.message}"
+        if back
+        else "",
+    )
+    blind = _condition(
+        world,
+        "GuardBlind",
+        guard.blind,
+        "SourceErrors" if guard.blind else "Seeing",
+        (guard.guard.last_message or "") if guard.blind and guard.guard else "",
+    )
+    return [rolled_back, blind]
+
+
+def _rollout_phase(progress: Progress, ready: bool, guard: GuardOutcome) -> Phase:
+    """Ready once settled and ready, unless rolled back or with no known good to serve."""
+    if not progress.complete:
+        return "Progressing"
+    if not ready:
+        return "Degraded"
+    if guard.rolled_back is not None:
+        return "RolledBack"
+    return "Degraded" if guard.no_known_good else "Ready"
+
+
+def _running_revision(world: World, roles: RolesStatus) -> str | None:
+    """The revision both roles run, else the one recorded before (mid-rollout, or none yet)."""
+    revisions = {roles.prefill.revision, roles.decode.revision}
+    if len(revisions) == 1 and None not in revisions:
+        return next(iter(revisions))
+    return world.status.current_revision
+
+
+def invalid_spec_status(world: World, validation: Validation, message: str) -> DSV4DeploymentStatus:
+    """The status while the spec is invalid: nothing rolls out; the plan and the guard's memory
+    carry over from the previous status."""
+    previous = world.status
+    roles, _, missing = _roles(world)
+    has_rule = any(f.rule.startswith("DSV4-") for f in validation.errors)
+    return DSV4DeploymentStatus(
+        phase="Invalid",
+        observed_generation=world.generation,
+        current_revision=_running_revision(world, roles),
+        conditions=[
+            _condition(
+                world, "Validated", False, "RuleViolation" if has_rule else "SchemaInvalid", message
+            ),
             _condition(
                 world, "Progressing", False, "SpecInvalid", "no rollout while the spec is invalid"
-            )
-        )
-        phase = "Invalid"
-    else:
-        conditions.append(
-            _condition(
-                world, "Validated", True, "Valid", f"no error findings ({warnings} warnings)"
-            )
-        )
-        conditions.append(
-            _condition(
-                world, "Progressing", not progress.complete, progress.reason, progress.message
-            )
-        )
-        phase = "Progressing" if not progress.complete else ("Ready" if ready else "Degraded")
-    settled = invalid_message is None and progress is not None and progress.complete
-    waiting_for_weights = weights is not None and not weights.ready and not ready
-    conditions.append(
-        _condition(
-            world,
-            "Ready",
-            ready,
-            "AllReplicasReady"
-            if ready
-            else ("WeightsNotReady" if waiting_for_weights else "ReplicasNotReady"),
-            "all roles and the router are ready"
-            if ready
-            else "; ".join([weights.message] if weights and waiting_for_weights else missing),
-        )
+            ),
+            _ready_condition(world, missing, None),
+            _degraded_condition(world, []),
+        ],
+        findings=list(validation.findings),
+        plan=previous.plan,
+        roles=roles,
+        last_known_good_revision=previous.last_known_good_revision,
+        quarantine=list(previous.quarantine),
+        guard=previous.guard,
     )
-    if view is not None and view.no_known_good:
-        conditions.append(_condition(world, "Degraded", True, "NoKnownGood", view.no_known_good))
-    else:
-        conditions.append(
-            _condition(
-                world,
-                "Degraded",
-                settled and not ready,
-                "ReplicasUnavailable" if settled and not ready else "AsExpected",
-                "; ".join(missing) if settled and not ready else "",
-            )
-        )
-    if view is not None:
-        back = view.rolled_back
-        conditions.append(
-            _condition(
-                world,
-                "RolledBack",
-                back is not None,
-                back.reason if back else "NotRolledBack",
-                f"serving last known good {view.last_known_good}; revision {back.hash} is "
-                f"quarantined: {back.message}"
-                if back
-                else "",
-            )
-        )
-        conditions.append(
-            _condition(
-                world,
-                "GuardBlind",
-                view.blind,
-                "SourceErrors" if view.blind else "Seeing",
-                (view.guard.last_message or "") if view.blind and view.guard else "",
-            )
-        )
-        if phase == "Ready" and back is not None:
-            phase = "RolledBack"
-        if view.no_known_good and phase == "Ready":
-            phase = "Degraded"
-    if ctx is not None:
-        conditions.append(monitoring_condition(world, ctx.spec))
+
+
+def rollout_status(
+    world: World,
+    validation: Validation,
+    ctx: RenderContext,
+    progress: Progress,
+    guard: GuardOutcome,
+    weights: WeightsState | None,
+) -> DSV4DeploymentStatus:
+    """The status of a valid spec's rollout to `ctx`: progress, readiness, the guard's verdicts
+    and memory, monitoring and (when the operator fetches them) the weights."""
+    roles, ready, missing = _roles(world)
+    warnings = len(validation.findings) - len(validation.errors)
+    conditions = [
+        _condition(world, "Validated", True, "Valid", f"no error findings ({warnings} warnings)"),
+        _condition(world, "Progressing", not progress.complete, progress.reason, progress.message),
+        _ready_condition(world, missing, weights),
+        _degraded_condition(world, missing if progress.complete else [], guard.no_known_good),
+        *_guard_conditions(world, guard),
+        monitoring_condition(world, ctx.spec),
+    ]
     if weights is not None:
         conditions.append(
             _condition(world, "WeightsReady", weights.ready, weights.reason, weights.message)
         )
-    revisions = {roles.prefill.revision, roles.decode.revision}
-    current: str | None
-    if settled and ctx is not None:
-        current = ctx.revision
-    elif len(revisions) == 1 and None not in revisions:
-        current = next(iter(revisions))
-    else:
-        current = previous.current_revision
     return DSV4DeploymentStatus(
-        phase=phase,
+        phase=_rollout_phase(progress, ready, guard),
         observed_generation=world.generation,
-        current_revision=current,
+        current_revision=ctx.revision if progress.complete else _running_revision(world, roles),
         conditions=conditions,
         findings=list(validation.findings),
-        plan=_plan(ctx) if ctx is not None else previous.plan,
+        plan=_plan(ctx),
         roles=roles,
-        # The guard's durable memory: what it decided now, else what it decided before.
-        last_known_good_revision=(
-            view.last_known_good if view is not None else previous.last_known_good_revision
-        ),
-        quarantine=list(view.quarantine if view is not None else previous.quarantine),
-        guard=view.guard if view is not None else previous.guard,
+        # The guard's durable memory, as it decided it this pass.
+        last_known_good_revision=guard.last_known_good,
+        quarantine=list(guard.quarantine),
+        guard=guard.guard,
     )
 
 
