@@ -1,8 +1,8 @@
 """`dsv4 selftest`, what `helm test` runs: the operator is up and leads, its webhook admits a
 sound spec and refuses an unsafe one (server-side dry runs: nothing is stored).
 
-Facts are gathered first, then a chain of pure judgements each returns a `Check` with a
-reason and a message; the command prints them and exits 1 when any failed.
+Facts are gathered first, then a chain of pure judgements each returns an `InstallationCheck`
+with a reason and a message; the command prints them and exits 1 when any failed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ UNSAFE_RULE = "DSV4-R001"
 
 
 @dataclass(frozen=True)
-class Check:
+class InstallationCheck:
     """One judgement: `reason` is CamelCase (`Admitted`, `WebhookCallFailed`, ...)."""
 
     name: str
@@ -62,57 +62,65 @@ def spec_document(name: str, namespace: str, image: str, unsafe: bool = False) -
     }
 
 
-def judge_deployment(name: str, obj: Obj | None) -> Check:
+def judge_deployment(name: str, obj: Obj | None) -> InstallationCheck:
     if obj is None:
-        return Check("operator", False, "OperatorMissing", f"Deployment {name} not found")
+        return InstallationCheck(
+            "operator", False, "OperatorMissing", f"Deployment {name} not found"
+        )
     available = int((obj.get("status") or {}).get("availableReplicas") or 0)
     wanted = int((obj.get("spec") or {}).get("replicas") or 0)
     if available < 1:
-        return Check(
+        return InstallationCheck(
             "operator", False, "OperatorUnavailable", f"Deployment {name}: 0 of {wanted} available"
         )
-    return Check(
+    return InstallationCheck(
         "operator", True, "Available", f"Deployment {name}: {available}/{wanted} available"
     )
 
 
-def judge_lease(name: str, obj: Obj | None, now: dt.datetime) -> Check:
+def judge_lease(name: str, obj: Obj | None, now: dt.datetime) -> InstallationCheck:
     """A leader holds the Lease and renewed it within its duration."""
     if obj is None:
-        return Check("leader", False, "NoLease", f"Lease {name} not found: no replica ever led")
+        return InstallationCheck(
+            "leader", False, "NoLease", f"Lease {name} not found: no replica ever led"
+        )
     spec = obj.get("spec") or {}
     holder, renewed = spec.get("holderIdentity"), spec.get("renewTime")
     duration = float(spec.get("leaseDurationSeconds") or 0)
     if not holder or not renewed:
-        return Check("leader", False, "NoLeader", f"Lease {name} is held by no replica")
+        return InstallationCheck("leader", False, "NoLeader", f"Lease {name} is held by no replica")
     age = (now - dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))).total_seconds()
     if age > duration:
-        return Check(
+        return InstallationCheck(
             "leader",
             False,
             "LeaseExpired",
             f"Lease {name}: {holder} last renewed {age:.0f}s ago (duration {duration:g}s)",
         )
-    return Check("leader", True, "Leading", f"{holder} leads (renewed {age:.0f}s ago)")
+    return InstallationCheck("leader", True, "Leading", f"{holder} leads (renewed {age:.0f}s ago)")
 
 
 def _webhook_failed(error: KubeError) -> bool:
     return "failed calling webhook" in error.message
 
 
-def judge_sound(error: KubeError | None) -> Check:
+def judge_sound(error: KubeError | None) -> InstallationCheck:
     if error is None:
-        return Check("admitsSound", True, "Admitted", "a sound spec is admitted (dry run)")
+        return InstallationCheck(
+            "admitsSound", True, "Admitted", "a sound spec is admitted (dry run)"
+        )
     if _webhook_failed(error):
-        return Check("admitsSound", False, "WebhookCallFailed", error.message)
+        return InstallationCheck("admitsSound", False, "WebhookCallFailed", error.message)
     if isinstance(error, Forbidden):  # the test's own RBAC, not the webhook
-        return Check("admitsSound", False, "Forbidden", error.message)
-    return Check("admitsSound", False, "SoundRefused", f"{error.status} {error.message}")
+        return InstallationCheck("admitsSound", False, "Forbidden", error.message)
+    return InstallationCheck(
+        "admitsSound", False, "SoundRefused", f"{error.status} {error.message}"
+    )
 
 
-def judge_unsafe(error: KubeError | None) -> Check:
+def judge_unsafe(error: KubeError | None) -> InstallationCheck:
     if error is None:
-        return Check(
+        return InstallationCheck(
             "refusesUnsafe",
             False,
             "UnsafeAdmitted",
@@ -120,10 +128,12 @@ def judge_unsafe(error: KubeError | None) -> Check:
             "ignored (webhook.enabled, failurePolicy, namespaceSelector)",
         )
     if UNSAFE_RULE in error.message:
-        return Check("refusesUnsafe", True, "Refused", f"refused by the rules ({UNSAFE_RULE})")
+        return InstallationCheck(
+            "refusesUnsafe", True, "Refused", f"refused by the rules ({UNSAFE_RULE})"
+        )
     if _webhook_failed(error):
-        return Check("refusesUnsafe", False, "WebhookCallFailed", error.message)
-    return Check(
+        return InstallationCheck("refusesUnsafe", False, "WebhookCallFailed", error.message)
+    return InstallationCheck(
         "refusesUnsafe", False, "RefusedElsewhere", f"refused, not by the rules: {error.message}"
     )
 
@@ -144,7 +154,7 @@ async def run_checks(
     target: str,
     image: str,
     now: dt.datetime | None = None,
-) -> list[Check]:
+) -> list[InstallationCheck]:
     """Gather the facts (reads and dry runs), then judge them."""
     checks = [judge_deployment(deployment, await client.get(DEPLOYMENT, namespace, deployment))]
     if lease:
@@ -163,7 +173,7 @@ def _api_reason(error: KubeError) -> str:
     return "Forbidden" if isinstance(error, Forbidden) else "ApiError"
 
 
-async def _checks(kubeconfig: str | None, **kwargs: Any) -> list[Check]:
+async def _checks(kubeconfig: str | None, **kwargs: Any) -> list[InstallationCheck]:
     client = KubeClient.from_environment(kubeconfig, field_manager="dsv4-selftest")
     try:
         return await run_checks(client, **kwargs)
@@ -210,7 +220,7 @@ def selftest_command(
             )
         )
     except KubeError as error:  # the reads themselves failed (RBAC, API server down)
-        checks = [Check("apiServer", False, _api_reason(error), str(error))]
+        checks = [InstallationCheck("apiServer", False, _api_reason(error), str(error))]
     passed = all(c.ok for c in checks)
     if output == "json":
         payload = {"passed": passed, "checks": [asdict(c) for c in checks]}

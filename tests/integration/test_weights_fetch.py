@@ -129,12 +129,14 @@ def test_a_volume_too_small_is_refused_before_downloading(hub: StandInHub, tmp_p
     request = FetchRequest(REPO_ID, "main", tmp_path / "hub", endpoint=hub.endpoint)
     from huggingface_hub import HfApi
 
-    from dsv4_operator.weights.fetch import Plan, PlannedFile, check_room
+    from dsv4_operator.weights.fetch import PlannedFile, WeightsPlan, check_room
 
     plan = make_plan(HfApi(endpoint=hub.endpoint), request)
     assert plan.commit == repo.commit
     assert plan.total_bytes == sum(len(d) for d in repo.files.values())
-    huge = Plan(plan.commit, (*plan.files, PlannedFile("shard.safetensors", free + 1, "x", None)))
+    huge = WeightsPlan(
+        plan.commit, (*plan.files, PlannedFile("shard.safetensors", free + 1, "x", None))
+    )
     with pytest.raises(FetchError) as err:
         check_room(request, huge, present=0)
     assert err.value.reason is FailureReason.DISK_FULL

@@ -63,7 +63,8 @@ class GuardVerdict:
     rollback_reason: RollbackReason | None = None
 
 
-GuardCheck = Callable[[Evidence, GuardSpec], GuardVerdict | None]
+# One link of the chain: a verdict on the window's evidence, or None to pass it on.
+EvidenceCheck = Callable[[Evidence, GuardSpec], GuardVerdict | None]
 
 
 def leak_bounds(evidence: Evidence, guard: GuardSpec) -> tuple[float, float]:
@@ -183,7 +184,7 @@ def _no_data_after_bake(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | 
     )
 
 
-CHECKS: tuple[GuardCheck, ...] = (
+CHECKS: tuple[EvidenceCheck, ...] = (
     _oom,
     _source_error,
     _prometheus,

@@ -77,7 +77,9 @@ class PlannedFile:
 
 
 @dataclass(frozen=True)
-class Plan:
+class WeightsPlan:
+    """The Hub's file list of one commit: what to download and verify, known up front."""
+
     commit: str
     files: tuple[PlannedFile, ...]
 
@@ -128,7 +130,7 @@ def classify(exc: BaseException, request: FetchRequest) -> FetchError:
     return FetchError(FailureReason.HUB_UNAVAILABLE, f"{type(exc).__name__}: {exc}".splitlines()[0])
 
 
-def make_plan(api: HfApi, request: FetchRequest) -> Plan:
+def make_plan(api: HfApi, request: FetchRequest) -> WeightsPlan:
     """The commit the revision names and its files, as the Hub lists them."""
     info = api.model_info(request.repo, revision=request.revision)
     if info.sha is None:
@@ -143,14 +145,14 @@ def make_plan(api: HfApi, request: FetchRequest) -> Plan:
         for item in api.list_repo_tree(request.repo, recursive=True, revision=info.sha)
         if isinstance(item, RepoFile)
     )
-    return Plan(commit=info.sha, files=files)
+    return WeightsPlan(commit=info.sha, files=files)
 
 
 def storage_folder(request: FetchRequest) -> Path:
     return request.cache_dir / repo_folder_name(repo_id=request.repo, repo_type="model")
 
 
-def on_disk(request: FetchRequest, plan: Plan) -> tuple[int, int]:
+def on_disk(request: FetchRequest, plan: WeightsPlan) -> tuple[int, int]:
     """(files complete, bytes present): complete blobs plus the partial files' bytes."""
     blobs = storage_folder(request) / "blobs"
     files_done = bytes_done = 0
@@ -166,7 +168,7 @@ def on_disk(request: FetchRequest, plan: Plan) -> tuple[int, int]:
     return files_done, bytes_done
 
 
-def check_room(request: FetchRequest, plan: Plan, present: int) -> None:
+def check_room(request: FetchRequest, plan: WeightsPlan, present: int) -> None:
     """Refuse up front when the volume cannot hold what is left to download."""
     request.cache_dir.mkdir(parents=True, exist_ok=True)
     needed = plan.total_bytes - present
@@ -180,7 +182,7 @@ def check_room(request: FetchRequest, plan: Plan, present: int) -> None:
         )
 
 
-def download_blobs(request: FetchRequest, plan: Plan, workers: int = 8) -> None:
+def download_blobs(request: FetchRequest, plan: WeightsPlan, workers: int = 8) -> None:
     """Each missing blob, appended to its partial file from where that stops, then renamed."""
     blobs = storage_folder(request) / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
@@ -225,7 +227,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify_snapshot(snapshot: Path, plan: Plan, verify: Verify) -> None:
+def verify_snapshot(snapshot: Path, plan: WeightsPlan, verify: Verify) -> None:
     """Every planned file is there with its size; LFS files hash to their sha256 if asked."""
     for item in plan.files:
         path = snapshot / item.path

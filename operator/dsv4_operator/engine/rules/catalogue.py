@@ -56,7 +56,8 @@ class RuleContext:
             yield f"spec.{role}.overrides", tuple(o.extra_args), [e.name for e in o.env]
 
 
-CheckFn = Callable[[RuleContext], Iterator[Hit]]
+# A rule's check: a Hit wherever the rule's condition holds.
+RuleCheck = Callable[[RuleContext], Iterator[Hit]]
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Rule:
     fixed_by: Capability | None
     reads: tuple[str, ...]
     releases: tuple[str, ...]
-    check: CheckFn
+    check: RuleCheck
 
     def applies_to(self, version: str) -> bool:
         return version in self.releases
@@ -103,10 +104,10 @@ def rule(
     ack: bool = True,
     fixed_by: Capability | None = None,
     releases: tuple[str, ...] | None = None,
-) -> Callable[[CheckFn], CheckFn]:
+) -> Callable[[RuleCheck], RuleCheck]:
     """Register the decorated check in the catalogue (kept in id order)."""
 
-    def register(check: CheckFn) -> CheckFn:
+    def register(check: RuleCheck) -> RuleCheck:
         entry = Rule(
             id=id,
             title=title,
