@@ -132,8 +132,10 @@ def test_validate_exits_with_the_documented_code(path: Path, meaning: str) -> No
 def test_selftest_exits_with_the_documented_code(
     monkeypatch: pytest.MonkeyPatch, passed: bool
 ) -> None:
-    async def checks(kubeconfig: str | None, **kwargs: object) -> list[selftest.Check]:
-        return [selftest.Check("operator", passed, "Available" if passed else "Missing", "")]
+    async def checks(kubeconfig: str | None, **kwargs: object) -> list[selftest.InstallationCheck]:
+        return [
+            selftest.InstallationCheck("operator", passed, "Available" if passed else "Missing", "")
+        ]
 
     monkeypatch.setattr(selftest, "_checks", checks)
     args = ["selftest", "--namespace", "n", "--deployment", "d", "--target-namespace", "t"]
