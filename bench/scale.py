@@ -48,7 +48,6 @@ sys.path.insert(0, str(REPO))
 from tests.integration.operator_support import OperatorProcess, example  # noqa: E402
 
 from dsv4_devcluster import ControlPlane  # noqa: E402
-from dsv4_operator.handlers.registration import WATCHED  # noqa: E402
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration  # noqa: E402
 from dsv4_operator.kube.resources import (  # noqa: E402
     DEPLOYMENT,
@@ -57,6 +56,7 @@ from dsv4_operator.kube.resources import (  # noqa: E402
     STATEFULSET,
     Resource,
 )
+from dsv4_operator.runtime.watched import WATCHED  # noqa: E402
 
 CHILDREN_PER_DEPLOYMENT = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PDBs
 CHILD_KINDS = (STATEFULSET, DEPLOYMENT, SERVICE, PDB)

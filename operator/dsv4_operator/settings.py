@@ -13,8 +13,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsv4_operator.api.base import DURATION_PATTERN
-from dsv4_operator.kube.lease import Timing
 from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE, GROUP, OPERATOR
+from dsv4_operator.runtime.lease import Timing
 from dsv4_operator.trust import TrustPolicy, split_list
 
 

@@ -16,10 +16,11 @@ from kopf._cogs.structs import credentials
 
 from dsv4_devcluster import ControlPlane
 from dsv4_operator import metrics
-from dsv4_operator.kube.cache import WatchCache, Watched
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import SERVICE, Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from dsv4_operator.runtime.cache import WatchCache, Watched
+from dsv4_operator.runtime.metered import count_list, count_watch_error
 from tests.polling import until
 
 SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
@@ -69,7 +70,14 @@ def _cache(namespace: str, changes: list[Change], **watching: Any) -> WatchCache
         meta = obj["metadata"]
         changes.append((meta["name"], meta.get("resourceVersion", ""), deleted))
 
-    return WatchCache(settings, [Watched(SERVICE, label_selector=SELECTOR)], [namespace], listener)
+    return WatchCache(
+        settings,
+        [Watched(SERVICE, label_selector=SELECTOR)],
+        [namespace],
+        listener,
+        on_list=count_list,  # the operator's wiring (runtime/wiring.py)
+        on_watch_error=count_watch_error,
+    )
 
 
 def _watch_errors() -> float:

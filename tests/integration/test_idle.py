@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_operator.handlers.registration import WATCHED
+from dsv4_operator.runtime.watched import WATCHED
 from tests.integration.conftest import CRD_PATH
 from tests.integration.operator_support import Cluster, OperatorProcess, example
 

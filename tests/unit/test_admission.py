@@ -10,8 +10,8 @@ import yaml
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.handlers.admission import check
-from dsv4_operator.handlers.registration import AdmissionDenials
 from dsv4_operator.kube.errors import Forbidden
+from dsv4_operator.runtime.logs import AdmissionDenials
 from dsv4_operator.trust import Placement
 
 from .conftest import EXAMPLE
@@ -120,7 +120,7 @@ def _review(body: str) -> Any:
 async def test_the_webhook_answers_400_to_an_integer_json_cannot_hold() -> None:
     import aiohttp.web
 
-    from dsv4_operator.handlers.admission import AdmissionServer
+    from dsv4_operator.runtime.webhook import AdmissionServer
 
     async def review(data: Any, **_: Any) -> Any:
         raise AssertionError("the handler never sees a body that could not be read")

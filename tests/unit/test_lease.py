@@ -1,10 +1,10 @@
-"""Leader election's takeover rule (kube/lease.py), on the injected monotonic clock."""
+"""Leader election's takeover rule (runtime/lease.py), on the injected monotonic clock."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dsv4_operator.kube.lease import Observed, _record, may_take
+from dsv4_operator.runtime.lease import Observed, _record, may_take
 
 
 def lease(holder: str, renew: str = "2026-12-01T00:00:00.000000Z", transitions: int = 0) -> Any:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dsv4_operator.handlers.queue import WorkQueue
+from dsv4_operator.runtime.queue import WorkQueue
 
 # The loop's clock is virtual (looptime): sleeps and timers advance it instantly and exactly,
 # so the counts below do not depend on how busy the machine is.

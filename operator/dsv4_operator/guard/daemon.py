@@ -42,7 +42,7 @@ from dsv4_operator.guard.taps import (
     pod_tap_url,
     samples_and_leaks,
 )
-from dsv4_operator.kube.cache import Reader
+from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import DSV4, POD
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER, router_url
 from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind

@@ -1,1 +1,1 @@
-"""kopf registration and admission: thin handlers that hand work to the reconcile services."""
+"""The kopf adapter: registration (startup, cleanup, login) and the admission handler."""

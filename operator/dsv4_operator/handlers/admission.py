@@ -7,7 +7,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp.web
 import kopf
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
@@ -15,29 +14,11 @@ from dsv4_operator.api.status import Finding
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.names import GROUP, PLURAL, VERSION
+from dsv4_operator.runtime.webhook import ADMISSION_HANDLER_ID
 from dsv4_operator.trust import Placement, TrustPolicy
 
-# kopf serves the handler at /<id>; the chart's ValidatingWebhookConfiguration points there.
-ADMISSION_HANDLER_ID = "rules"
 # (name, namespace, spec) -> the children the API server refuses, "<Kind> <name>: <why>".
 DryRun = Callable[[str, str, DSV4DeploymentSpec], Awaitable[list[str]]]
-
-
-class AdmissionServer(kopf.WebhookServer):
-    """kopf's webhook server, answering 400 with the reason to a body Python's JSON reader
-    refuses with a ValueError that is not a JSONDecodeError (an integer of more than 4,300
-    digits), where kopf's answers 500 and logs a traceback. Handlers' own errors never get
-    here: kopf turns them into the review's verdict."""
-
-    @staticmethod
-    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        try:
-            return await kopf.WebhookServer._serve(fn, request)
-        except ValueError as error:
-            why = str(error).split(";")[0]  # CPython's advice on its own limit is not the user's
-            raise aiohttp.web.HTTPBadRequest(
-                reason=f"the AdmissionReview is not JSON this webhook reads: {why}"
-            ) from error
 
 
 async def check(

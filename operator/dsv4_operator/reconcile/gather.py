@@ -11,7 +11,7 @@ from datetime import datetime
 from dsv4_operator.api.status import parse_status
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.kube.cache import Reader
+from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,

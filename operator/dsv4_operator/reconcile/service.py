@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.kube.cache import Reader, WatchCache
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, refused
+from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reconcile.act import act
@@ -48,7 +48,7 @@ class Reconciler:
         settings: ReconcileSettings,
         clock: Clock = utc_now,
         observations: Observations | None = None,
-        cache: WatchCache | None = None,
+        cache: CachedReader | None = None,
     ) -> None:
         self.client = client
         self.cache = cache

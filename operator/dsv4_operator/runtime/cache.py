@@ -1,16 +1,6 @@
 """A watch-backed cache of every object a reconcile reads, fed by kopf's watch streams.
 
-Why kopf's streams (`kopf._cogs.clients.watching.continuous_watch`, kopf pinned in
-pyproject.toml): they are the maintained list+watch the operator already runs on: chunked
-LIST, then WATCH from the list's resourceVersion with bookmarks (so the version stays fresh
-while nothing changes), resumption from the last seen version after a disconnect, a new
-LIST after `410 Gone`, server-side label selectors, and kopf's login/re-login. kopf's
-public indexes (`@kopf.index`) sit on the same streams but never learn of an object deleted
-while a watch was down: after a 410 kopf re-lists without dropping what the new list lacks.
-One call of `continuous_watch` is one list+watch session, so this module can apply a
-client-go informer's "replace" rule at the list's end (`Bookmark.LISTED`): whatever the
-new list lacks is gone. tests/integration/test_cache.py pins that contract on a real API
-server, so a kopf upgrade that changes it fails there.
+kopf's streams and why they are used: runtime/kopf_streams.py.
 
 Children and pods are watched with a server-side selector (`managed-by=dsv4-operator`),
 never every pod in the cluster. Reads are served from memory (callers must not mutate what
@@ -26,40 +16,34 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import kopf
-from kopf._cogs.clients import errors as kopf_errors
-from kopf._cogs.clients import watching
-from kopf._cogs.structs import references
 
-from dsv4_operator import metrics
+from dsv4_operator.kube.reader import Obj
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL
+from dsv4_operator.runtime.kopf_streams import (
+    APINotFoundError,
+    Bookmark,
+    NamespaceName,
+    continuous_watch,
+    kopf_resource,
+    select_by_label,
+    streaming_block,
+)
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 Objs = list[Obj]  # (the class below has a method named `list`)
 Key = tuple[str, str]  # (namespace, name)
 # What changed: the kind, the object (its last state when deleted), whether it was deleted.
 Listener = Callable[[Resource, Obj, bool], None]
 # Whether a kind's API is served (ServiceMonitor needs the prometheus-operator CRDs).
 Discover = Callable[[Resource], Awaitable[bool]]
+# Told of each LIST session a kind's stream starts, and of each failed stream (metrics).
+Count = Callable[[Resource], None]
 
 ERROR_BACKOFF_MAX = 60.0
 ABSENT_RECHECK_SECONDS = 300.0
-
-
-class Reader(Protocol):
-    """Reads as the reconcile needs them: the cache serves them, `KubeClient` too (no cache)."""
-
-    async def get(self, res: Resource, namespace: str | None, name: str) -> Obj | None: ...
-
-    async def list(
-        self, res: Resource, namespace: str | None, labels: Mapping[str, str] | None = None
-    ) -> list[Obj]: ...
-
-    async def serves(self, res: Resource) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -69,18 +53,6 @@ class Watched:
     resource: Resource
     label_selector: str | None = None  # applied by the API server
     optional: bool = False  # its API may be missing; then it is empty and checked again later
-
-
-def _kopf_resource(res: Resource) -> references.Resource:
-    group, _, version = res.api_version.rpartition("/")
-    return references.Resource(group, version, res.plural, kind=res.kind, namespaced=True)
-
-
-def _same_kind(kres: references.Resource) -> Callable[[references.Resource], bool]:
-    def same(other: references.Resource) -> bool:
-        return other.group == kres.group and other.plural == kres.plural
-
-    return same
 
 
 def _key(obj: Obj) -> Key:
@@ -161,17 +133,19 @@ class WatchCache:
         namespaces: Sequence[str] | None,
         listener: Listener | None = None,
         discover: Discover | None = None,
+        on_list: Count | None = None,
+        on_watch_error: Count | None = None,
     ) -> None:
         self.settings = settings
         self.watched = list(watched)
         self.namespaces: list[str | None] = list(namespaces) if namespaces else [None]
         self.listener = listener
         self.discover = discover
+        self.on_list, self.on_watch_error = on_list, on_watch_error
         self._stores: dict[Resource, _Store] = {w.resource: _Store() for w in self.watched}
         for w in self.watched:
             if w.label_selector:
-                selector = references.Selector(_same_kind(_kopf_resource(w.resource)))
-                settings.watching.label_selectors[selector] = w.label_selector
+                select_by_label(settings, w.resource, w.label_selector)
         self._absent: set[Resource] = set()
         self._pending = {(w.resource, ns) for w in self.watched for ns in self.namespaces}
         self._synced = asyncio.Event()
@@ -271,14 +245,15 @@ class WatchCache:
                 await asyncio.sleep(self.settings.watching.reconnect_backoff)
             except asyncio.CancelledError:
                 raise
-            except kopf_errors.APINotFoundError:
+            except APINotFoundError:
                 self._absent.add(w.resource)  # the kind went away (CRD deleted)
                 self._listed(w.resource, ns)
                 await asyncio.sleep(ABSENT_RECHECK_SECONDS)
             except Exception as error:  # one broken stream must not stop the others
                 failures += 1
                 delay = min(2.0**failures, ERROR_BACKOFF_MAX)
-                metrics.WATCH_ERRORS.labels(w.resource.plural).inc()
+                if self.on_watch_error is not None:
+                    self.on_watch_error(w.resource)
                 log.warning(
                     "watch of %s %s failed (%s: %s); again in %.0fs",
                     w.resource.plural,
@@ -292,24 +267,25 @@ class WatchCache:
     async def _session(self, w: Watched, ns: str | None) -> None:
         """One list, then watch until the stream ends; the list's end replaces the store."""
         res = w.resource
-        kres = _kopf_resource(res)
-        namespace = references.NamespaceName(ns) if ns is not None else None
+        kres = kopf_resource(res)
+        namespace = NamespaceName(ns) if ns is not None else None
         listed: set[Key] = set()
         self.lists += 1
-        metrics.WATCH_LISTS.labels(res.plural).inc()
-        async with watching.streaming_block(resource=kres, namespace=namespace) as waiter:
-            stream = watching.continuous_watch(
+        if self.on_list is not None:
+            self.on_list(res)
+        async with streaming_block(resource=kres, namespace=namespace) as waiter:
+            stream = continuous_watch(
                 settings=self.settings,
                 resource=kres,
                 namespace=namespace,
                 operator_pause_waiter=waiter,
             )
             async for event in stream:
-                if event is watching.Bookmark.LISTED:
+                if event is Bookmark.LISTED:
                     self._replace(res, ns, listed)
                     self._listed(res, ns)
                     continue
-                if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
+                if isinstance(event, Bookmark) or event.get("type") == "BOOKMARK":
                     continue
                 obj = _trim(dict(event["object"]), res)
                 if event.get("type") is None:  # part of the list
