@@ -1,5 +1,6 @@
 """The controller runtime's wiring: `build_operator` makes one fully wired Operator from the
-settings without I/O, and kube/ (the REST client) reaches metrics only through callbacks."""
+settings without I/O, kube/ (the REST client) reaches metrics only through callbacks, and
+kopf's private modules are imported in one file."""
 
 from __future__ import annotations
 
@@ -129,3 +130,14 @@ def test_kube_never_imports_metrics() -> None:
     for path in files:
         imported = _imported_modules(path)
         assert "dsv4_operator.metrics" not in imported, f"{path.name} imports metrics.py"
+
+
+def test_kopf_private_modules_are_imported_in_one_file() -> None:
+    """kopf's private streams are a pinned dependency with a reason; one file holds them."""
+    product = REPO / "operator" / "dsv4_operator"
+    importers = sorted(
+        str(path.relative_to(product))
+        for path in product.rglob("*.py")
+        if any(m.startswith("kopf._cogs") for m in _imported_modules(path))
+    )
+    assert importers == ["runtime/kopf_streams.py"]
