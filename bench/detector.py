@@ -1,10 +1,10 @@
 """Benchmark: DSML detector throughput and the degenerate heuristic's false-positive rate.
 
-Throughput: classifications per second of `dsml.classify` on a mixed corpus (half well-formed
-tool calls, half every leak shape of the engine double in turn), and of SSE assembly plus
-classification on the same responses streamed. Also checks every verdict against the expected
-one. Then MB/s and classifications/s on long assistant messages, 2-20 KB of prose each, half
-with a tool call whose argument carries half of it (the size the tap classifies in
+Throughput: classifications per second of `leak.classifier.classify_response` on a mixed corpus
+(half well-formed tool calls, half every leak shape of the engine double in turn), and of SSE
+assembly plus classification on the same responses streamed. Also checks every verdict against
+the expected one. Then MB/s and classifications/s on long assistant messages, 2-20 KB of prose
+each, half with a tool call whose argument carries half of it (the size the tap classifies in
 production; the target is >= 20 MB/s and >= 2,000 classifications/s per core), and again with
 typographic quotes and dashes (non-ASCII text takes slower paths). MB are the UTF-8 bytes of
 the response JSON. False positives: the share of normal-prose texts (written paragraphs, the
@@ -30,13 +30,11 @@ sys.path.insert(0, str(REPO))
 from tests.engine_double import shapes  # noqa: E402
 from tests.engine_double.corpus import mixed_responses, normal_prose  # noqa: E402
 
-from dsv4_operator.probe.canary import CANARY_TOOLS  # noqa: E402
-from dsv4_operator.probe.dsml import (  # noqa: E402
-    assemble_stream,
-    classify,
-    degenerate_reason,
-    find_markup,
-)
+from dsv4_operator.canary.scenario import CANARY_TOOLS  # noqa: E402
+from dsv4_operator.leak.classifier import classify_response  # noqa: E402
+from dsv4_operator.leak.degenerate import degenerate_reason  # noqa: E402
+from dsv4_operator.leak.markup import find_markup  # noqa: E402
+from dsv4_operator.leak.sse import assemble_stream  # noqa: E402
 
 
 def main() -> int:
@@ -49,13 +47,14 @@ def main() -> int:
     wrong = [
         (s.shape, s.expected, v.kind.value)
         for s in samples
-        if (v := classify(s.response, tools=s.tools, must_call=True)).kind.value != s.expected
+        if (v := classify_response(s.response, tools=s.tools, must_call=True)).kind.value
+        != s.expected
     ]
     rates = []
     for _ in range(args.repeat):
         began = time.perf_counter()
         for s in samples:
-            classify(s.response, tools=s.tools, must_call=True)
+            classify_response(s.response, tools=s.tools, must_call=True)
         rates.append(len(samples) / (time.perf_counter() - began))
     rng = random.Random(2)
     streams = [
@@ -64,7 +63,7 @@ def main() -> int:
     ]
     began = time.perf_counter()
     for text, s in zip(streams, samples, strict=False):
-        classify(assemble_stream(text), tools=s.tools, must_call=True)
+        classify_response(assemble_stream(text), tools=s.tools, must_call=True)
     stream_rate = len(streams) / (time.perf_counter() - began)
 
     prose = normal_prose()
@@ -129,13 +128,15 @@ def _long_messages(prose: list[str], repeat: int) -> tuple[float, float]:
             ]
         responses.append({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
     size_mb = sum(len(json.dumps(r, ensure_ascii=False).encode()) for r in responses) / 1e6
-    verdicts = {classify(r, tools=CANARY_TOOLS, must_call=False).kind.value for r in responses}
+    verdicts = {
+        classify_response(r, tools=CANARY_TOOLS, must_call=False).kind.value for r in responses
+    }
     assert verdicts == {"ok"}, verdicts  # normal prose: nothing to flag
     rates = []
     for _ in range(repeat):
         began = time.perf_counter()
         for r in responses:
-            classify(r, tools=CANARY_TOOLS, must_call=False)
+            classify_response(r, tools=CANARY_TOOLS, must_call=False)
         rates.append(time.perf_counter() - began)
     elapsed = statistics.median(rates)
     return len(responses) / elapsed, size_mb / elapsed

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.probe.canary import CANARY_TOOLS
+from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.render.children import render_spec
 from tests.engine_double.config import DoubleConfig
 from tests.engine_double.process import launch_from_statefulset

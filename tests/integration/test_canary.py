@@ -18,18 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 from dsv4_devcluster.process import free_port
+from dsv4_operator.canary.harness import run_canary
+from dsv4_operator.canary.report import CanaryReport
+from dsv4_operator.canary.scenario import fake_result, first_messages, session_steps
+from dsv4_operator.canary.transport import MAX_ATTEMPTS, EndpointUnreachable, discover_model
 from dsv4_operator.cli import main
-from dsv4_operator.probe.canary import (
-    MAX_ATTEMPTS,
-    CanaryReport,
-    EndpointUnreachable,
-    discover_model,
-    fake_result,
-    first_messages,
-    run_canary,
-    session_steps,
-)
-from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
+from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from tests.engine_double.config import LOAD_HEADER, corruption_probability, parse_config
 from tests.engine_double.expectations import leak_band
 from tests.engine_double.process import DoubleProcess

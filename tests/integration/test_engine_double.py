@@ -14,8 +14,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_operator.probe.canary import CANARY_TOOLS
-from dsv4_operator.probe.dsml import VerdictKind, assemble_stream, classify
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.leak.classifier import classify_response
+from dsv4_operator.leak.sse import assemble_stream
+from dsv4_operator.leak.verdict import VerdictKind
 from tests.engine_double import shapes
 from tests.engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
 from tests.engine_double.examples import (
@@ -58,7 +60,7 @@ def test_chat_answers_with_a_structured_tool_call(bf16_hicache: DoubleProcess) -
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["name"] in shapes.tool_names(CANARY_TOOLS)
     json.loads(call["function"]["arguments"])
-    assert classify(body, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
+    assert classify_response(body, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
 
 
 def test_after_a_tool_result_it_calls_again_and_streams(bf16_hicache: DoubleProcess) -> None:
@@ -80,7 +82,7 @@ def test_after_a_tool_result_it_calls_again_and_streams(bf16_hicache: DoubleProc
         assembled["choices"][0]["message"]["tool_calls"]
         == again["choices"][0]["message"]["tool_calls"]
     )
-    assert classify(assembled, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
+    assert classify_response(assembled, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
 
 
 def test_plain_answers_and_bad_requests(bf16_hicache: DoubleProcess) -> None:
@@ -109,7 +111,7 @@ def test_the_declared_load_header_decides_not_the_overlap(bf16_hicache: DoublePr
         return httpx.post(url, json=body, headers=headers, timeout=10)
 
     def kind(reply: httpx.Response) -> VerdictKind:
-        return classify(reply.json(), tools=CANARY_TOOLS, must_call=True).kind
+        return classify_response(reply.json(), tools=CANARY_TOOLS, must_call=True).kind
 
     light, heavy, undeclared = post(1), post(60), post(None)
     assert kind(light) is VerdictKind.OK and light.headers[LOAD_HEADER] == "1"

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from dsv4_devcluster.process import free_port, spawned_child
-from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig, metrics_app
 from dsv4_operator.tap.worker import PIPE_SIZE, ClassifierLink, Worker
 from tests.polling import exited, until

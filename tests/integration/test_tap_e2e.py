@@ -28,7 +28,7 @@ import pytest
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_operator.probe.scenario import CANARY_TOOLS
+from dsv4_operator.canary.scenario import CANARY_TOOLS
 
 from .guard_support import EngineKubelet, wait_good_revision_served
 from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool

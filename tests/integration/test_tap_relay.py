@@ -15,7 +15,7 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig
 from dsv4_operator.tap.relay import ClientConnection
 from tests.polling import until

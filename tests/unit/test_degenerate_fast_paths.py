@@ -18,8 +18,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4_operator.probe import degenerate
-from dsv4_operator.probe.markup import find_markup
+from dsv4_operator.leak import degenerate
+from dsv4_operator.leak.markup import find_markup
 
 SEGMENT = re.compile(r"[^\n.!?。！？]+[.!?。！？]*")
 LETTER = re.compile(r"[^\W\d_]")

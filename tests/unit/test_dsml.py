@@ -10,19 +10,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dsv4_operator.probe.canary import CANARY_TOOLS
-from dsv4_operator.probe.dsml import (
-    SNIPPET_CHARS,
-    IncompleteStream,
-    InvalidToolSchema,
-    StreamError,
-    Verdict,
-    VerdictKind,
-    assemble_stream,
-    classify,
-    degenerate_reason,
-    find_markup,
-)
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.leak.classifier import InvalidToolSchema, classify_response
+from dsv4_operator.leak.degenerate import degenerate_reason
+from dsv4_operator.leak.markup import find_markup
+from dsv4_operator.leak.sse import IncompleteStream, StreamError, assemble_stream
+from dsv4_operator.leak.verdict import SNIPPET_CHARS, Verdict, VerdictKind
 from tests.engine_double import shapes
 from tests.engine_double.corpus import PARAGRAPHS, mixed_responses, normal_prose
 
@@ -288,7 +281,7 @@ def degenerate_outputs(draw: st.DrawFn) -> tuple[Json, list[Json], str]:
 
 
 def classify_all(resp: Json, tools: list[Json], must_call: bool = True) -> Verdict:
-    verdict = classify(resp, tools=tools, must_call=must_call)
+    verdict = classify_response(resp, tools=tools, must_call=must_call)
     assert len(verdict.snippet) <= SNIPPET_CHARS
     assert verdict.reason
     return verdict
@@ -387,7 +380,7 @@ def test_a_streamed_response_assembles_to_the_same_message_and_verdict(
         assert (rebuilt["message"].get(key) or None) == (original["message"].get(key) or None)
     assert rebuilt["message"]["tool_calls"] == (original["message"]["tool_calls"] or None)
     assert assembled["usage"] == resp["usage"]
-    assert classify(assembled, tools=tools, must_call=True) == classify(
+    assert classify_response(assembled, tools=tools, must_call=True) == classify_response(
         resp, tools=tools, must_call=True
     )
 
@@ -434,7 +427,7 @@ def test_raw_sse_with_parallel_calls_comments_and_multiline_data() -> None:
             },
         },
     ]
-    assert classify(assembled, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
+    assert classify_response(assembled, tools=CANARY_TOOLS, must_call=True).kind is VerdictKind.OK
 
 
 def test_stream_errors() -> None:
@@ -444,7 +437,7 @@ def test_stream_errors() -> None:
     with pytest.raises(StreamError):
         assemble_stream('data: {"choices": [\n\ndata: [DONE]\n\n')
     error = assemble_stream('data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n')
-    verdict = classify(error, tools=CANARY_TOOLS, must_call=True)
+    verdict = classify_response(error, tools=CANARY_TOOLS, must_call=True)
     assert verdict.kind is VerdictKind.ERROR and "boom" in verdict.snippet
 
 
@@ -453,7 +446,7 @@ def test_stream_errors() -> None:
 
 def test_non_completions_are_errors_not_leaks() -> None:
     for body in ({"object": "error", "message": "bad"}, {"choices": []}, {"choices": [{}]}):
-        verdict = classify(body, tools=CANARY_TOOLS, must_call=True)
+        verdict = classify_response(body, tools=CANARY_TOOLS, must_call=True)
         assert verdict.kind is VerdictKind.ERROR and not verdict.leak
 
 
@@ -463,7 +456,7 @@ def test_markup_inside_arguments_is_a_leak() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call_obj("get_weather", arguments)]},
         "tool_calls",
     )
-    verdict = classify(resp, tools=CANARY_TOOLS, must_call=True)
+    verdict = classify_response(resp, tools=CANARY_TOOLS, must_call=True)
     assert verdict.kind is VerdictKind.LEAKED_MARKUP and "arguments" in verdict.reason
 
 
@@ -474,7 +467,7 @@ def test_think_tags_count_only_in_content() -> None:
 
 def test_long_snippets_are_cut_to_200_chars() -> None:
     text = "x" * 500 + shapes.dsml_block([("get_weather", {"location": "Oslo" * 100})])
-    verdict = classify(
+    verdict = classify_response(
         response({"role": "assistant", "content": text, "tool_calls": None}, "stop"),
         tools=CANARY_TOOLS,
         must_call=True,
@@ -486,7 +479,7 @@ def test_long_snippets_are_cut_to_200_chars() -> None:
 def test_a_broken_tool_definition_is_a_caller_error() -> None:
     bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]
     with pytest.raises(InvalidToolSchema, match="'f'"):
-        classify(
+        classify_response(
             response({"role": "assistant", "content": "hi"}, "stop"), tools=bad, must_call=False
         )
 
@@ -494,7 +487,7 @@ def test_a_broken_tool_definition_is_a_caller_error() -> None:
 def test_the_input_is_not_modified() -> None:
     sample = mixed_responses(2, 7, CANARY_TOOLS)[1]
     before = copy.deepcopy(sample.response)
-    classify(sample.response, tools=sample.tools, must_call=True)
+    classify_response(sample.response, tools=sample.tools, must_call=True)
     assert sample.response == before
 
 
@@ -506,7 +499,7 @@ def test_no_false_positive_on_the_written_paragraphs() -> None:
         assert degenerate_reason(paragraph) is None, paragraph
         assert find_markup(paragraph) is None, paragraph
         resp = response({"role": "assistant", "content": paragraph, "tool_calls": None}, "stop")
-        assert classify(resp, tools=CANARY_TOOLS, must_call=False).kind is VerdictKind.OK
+        assert classify_response(resp, tools=CANARY_TOOLS, must_call=False).kind is VerdictKind.OK
 
 
 def test_degenerate_false_positive_rate_on_normal_prose() -> None:
@@ -524,7 +517,7 @@ def test_the_garbage_class_is_exactly_the_unicode_categories() -> None:
     U+FFFD, or category Cc (not tab, newline, CR) or Co, for every code point."""
     import unicodedata
 
-    from dsv4_operator.probe.degenerate import _GARBAGE
+    from dsv4_operator.leak.degenerate import _GARBAGE
 
     differ = [
         hex(cp)

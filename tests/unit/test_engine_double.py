@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from dsv4_operator.probe.canary import CANARY_TOOLS
-from dsv4_operator.probe.dsml import classify
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.leak.classifier import classify_response
 from tests.engine_double import shapes
 from tests.engine_double.config import (
     HICACHE_RACE,
@@ -169,5 +169,5 @@ def test_each_leak_shape_gets_its_expected_verdict(shape: shapes.Shape) -> None:
         call = shapes.make_call(CANARY_TOOLS, rng.choice(shapes.tool_names(CANARY_TOOLS)), rng)
         message, finish = shapes.corrupted(shape, CANARY_TOOLS, call, rng)
         body = shapes.completion(message, finish, model="m", rng=rng)
-        verdict = classify(body, tools=CANARY_TOOLS, must_call=True)
+        verdict = classify_response(body, tools=CANARY_TOOLS, must_call=True)
         assert verdict.kind.value == shapes.EXPECTED_KIND[shape], (shape, seed, verdict)

@@ -13,8 +13,8 @@ from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.observations import PROMETHEUS, Observations, Snapshot
 from dsv4_operator.guard.oom import oom_events
 from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
+from dsv4_operator.leak.stats import wilson_interval
 from dsv4_operator.reconcile.decide import decide
-from dsv4_operator.stats import wilson_interval
 
 from .test_decide import NOW, _as_live, _world
 

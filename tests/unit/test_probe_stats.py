@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_operator.stats import (
+from dsv4_operator.leak.stats import (
     compare_proportions,
     fisher_exact,
     percentile,

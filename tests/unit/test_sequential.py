@@ -12,7 +12,7 @@ import random
 import pytest
 
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
-from dsv4_operator.stats import wilson_interval
+from dsv4_operator.leak.stats import wilson_interval
 
 
 def _monitor(

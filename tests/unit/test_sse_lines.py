@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4_operator.probe import sse
-from dsv4_operator.probe.canary import CANARY_TOOLS
-from dsv4_operator.probe.sse import IncompleteStream, StreamError, assemble_stream
-from dsv4_operator.probe.transport import send
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.canary.transport import send
+from dsv4_operator.leak import sse
+from dsv4_operator.leak.sse import IncompleteStream, StreamError, assemble_stream
 from tests.engine_double import shapes
 from tests.engine_double.corpus import mixed_responses
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
-from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, pod_tap_url, samples_and_leaks
+from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, samples_and_leaks
+from dsv4_operator.signals.taps import pod_tap_url
 
 TAP_METRICS = """\
 # HELP dsv4_traffic_responses_total Tool-calling responses.

@@ -13,13 +13,13 @@ from dsv4_operator.api.crd import NAME_RULES, openapi_schema
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.ownership import OWNED_ENV, TRANSFER_FORMAT_SPEC_FIELDS
 from dsv4_operator.engine.validation import validate_object, validate_spec
-from dsv4_operator.guard.prometheus import PrometheusError, instant_value
 from dsv4_operator.names import (
     MAX_DEPLOYMENT_NAME_LENGTH,
     NAME_PATTERN,
     STATEFULSET_NAME_LIMIT,
     longest_child_name,
 )
+from dsv4_operator.signals.prometheus import PrometheusError, instant_value
 from dsv4_operator.trust import (
     Placement,
     TrustPolicy,

@@ -1,1 +1,1 @@
-"""The guard: signals (I/O), policy (pure), and the evidence that drives rollback."""
+"""The guard's pure decision: policy, sequential test, OOM reading, tap-counter arithmetic."""

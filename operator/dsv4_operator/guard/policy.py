@@ -18,7 +18,7 @@ from enum import StrEnum
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
-from dsv4_operator.stats import wilson_interval
+from dsv4_operator.leak.stats import wilson_interval
 
 
 class Outcome(StrEnum):

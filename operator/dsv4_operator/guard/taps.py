@@ -1,10 +1,10 @@
-"""Reading the leak taps: their /metrics counters turned into new classified responses.
+"""The leak taps' counters (pure): their /metrics text turned into new classified responses.
 
 A tap counts `dsv4_traffic_responses_total{verdict}` since it started. The guard scrapes each
-tap every `spec.guard.tap.interval` and keeps, per tap URL, the last counts: the difference
-is what the taps saw since. The first scrape of a URL only sets its baseline (what came
-before may belong to an earlier revision); a counter that went down is a restarted tap, whose
-new count is all new. Which revision served those responses is the caller's to say.
+tap (signals/taps.py) every `spec.guard.tap.interval` and keeps, per tap URL, the last counts:
+the difference is what the taps saw since. The first scrape of a URL only sets its baseline
+(what came before may belong to an earlier revision); a counter that went down is a restarted
+tap, whose new count is all new. Which revision served those responses is the caller's to say.
 """
 
 from __future__ import annotations
@@ -13,15 +13,9 @@ from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_operator.probe.verdict import LEAK_KINDS, VerdictKind
+from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 
 RESPONSES = "dsv4_traffic_responses"  # the family name (the parser drops `_total`)
-
-
-def pod_tap_url(pod_ip: str, port: int) -> str:
-    """The /metrics URL of the tap in the pod at `pod_ip` (an IPv6 address in brackets)."""
-    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
-    return f"http://{host}:{port}/metrics"
 
 
 def parse_counts(text: str) -> dict[str, float]:

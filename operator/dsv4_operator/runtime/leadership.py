@@ -10,11 +10,11 @@ import os
 import signal
 
 from dsv4_operator import metrics
-from dsv4_operator.guard.daemon import GuardSupervisor
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.runtime.cache import WatchCache
 from dsv4_operator.runtime.lease import LeaderElector
 from dsv4_operator.runtime.queue import WorkQueue
+from dsv4_operator.signals.supervisor import GuardSupervisor
 
 log = logging.getLogger(__name__)
 

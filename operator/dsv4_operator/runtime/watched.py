@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dsv4_operator.guard.daemon import GuardSupervisor
+from dsv4_operator.signals.supervisor import GuardSupervisor
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden
 from dsv4_operator.kube.resources import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import kopf
 
 from dsv4_operator import metrics
-from dsv4_operator.guard.daemon import GuardSupervisor
+from dsv4_operator.signals.supervisor import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.reconcile.actions import ReconcileSettings

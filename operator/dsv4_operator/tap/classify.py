@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dsv4_operator.probe.classifier import InvalidToolSchema, classify
-from dsv4_operator.probe.sse import StreamError, assemble_stream
-from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.leak.classifier import InvalidToolSchema, classify_response
+from dsv4_operator.leak.sse import StreamError, assemble_stream
+from dsv4_operator.leak.verdict import VerdictKind
 
 #: What the proxy looks for in a request body before it keeps a copy of the response: a
 #: cheap byte test; the classifier parses the JSON and decides for real.
@@ -43,6 +43,8 @@ def classify_exchange(request_body: bytes, response_body: bytes) -> VerdictKind 
             response = json.loads(response_body)
         if not isinstance(response, dict):
             return VerdictKind.ERROR
-        return classify(response, tools=request["tools"], must_call=_must_call(request)).kind
+        return classify_response(
+            response, tools=request["tools"], must_call=_must_call(request)
+        ).kind
     except (StreamError, UnicodeDecodeError, ValueError, InvalidToolSchema, TypeError):
         return VerdictKind.ERROR

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import MutableSequence
 from dataclasses import dataclass
 
-from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.tap.classify import classify_exchange
 
 VERDICTS: tuple[VerdictKind, ...] = tuple(VerdictKind)

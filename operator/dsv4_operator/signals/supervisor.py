@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,17 +33,14 @@ from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
 from dsv4_operator.guard.observations import CANARY, PROMETHEUS, TAP, Key, Observations
-from dsv4_operator.guard.prometheus import PrometheusError, instant_value
-from dsv4_operator.guard.taps import (
-    TrafficDeltas,
-    parse_counts,
-    pod_tap_url,
-    samples_and_leaks,
-)
+from dsv4_operator.guard.taps import TrafficDeltas, samples_and_leaks
 from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import DSV4, POD
-from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER, router_url
-from dsv4_operator.probe.dsml import LEAK_KINDS, VerdictKind
+from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
+from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
+from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
+from dsv4_operator.signals.prometheus import PrometheusError, instant_value
+from dsv4_operator.signals.taps import pod_tap_url, scrape_tap
 from dsv4_operator.trust import (
     Placement,
     TrustPolicy,
@@ -55,46 +50,6 @@ from dsv4_operator.trust import (
 
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
-TAP_SCRAPE_TIMEOUT = 2.0  # a tap answers from memory; a slower one is as good as down
-
-
-@dataclass(frozen=True)
-class CanaryRun:
-    """What one canary run saw: verdict counts, and why the first failed request failed
-    (the reason only, such as `HTTP 503` or `cannot connect after 3 attempts: ConnectError`:
-    never the reply's text, since status is readable by anyone who can read the object)."""
-
-    counts: dict[str, int]
-    first_error: str | None = None
-
-
-# (endpoint, served model, spec) -> one canary run
-CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[CanaryRun]]
-
-
-def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str:
-    return router_url(name, namespace, spec.router.port)
-
-
-async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
-    """The real canary: multi-turn tool-calling sessions classified by the DSML detector."""
-    from dsv4_operator.probe.canary import run_canary
-
-    canary = spec.guard.canary
-    # Few keep-alive connections: httpcore's pool gets slow with many idle ones (#1035).
-    limits = httpx.Limits(max_keepalive_connections=8)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
-        # A new seed each run: fresh prompts, so runs are independent samples.
-        report = await run_canary(
-            client,
-            endpoint,
-            model=model,
-            sessions=canary.sessions,
-            rounds=canary.rounds,
-            seed=random.randrange(1 << 30),
-        )
-    failed = (r.verdict.reason for r in report.records if r.verdict.kind == VerdictKind.ERROR)
-    return CanaryRun({str(k): int(v) for k, v in report.counts.items()}, next(failed, None))
 
 
 class GuardSupervisor:
@@ -205,19 +160,6 @@ class GuardSupervisor:
             and (pod.get("status") or {}).get("podIP")
         )
 
-    async def _scrape(
-        self, http: httpx.AsyncClient, url: str
-    ) -> tuple[dict[str, float], str | None]:
-        """(a tap's verdict counts, None), or ({}, why they could not be read)."""
-        try:
-            reply = await http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
-            reply.raise_for_status()
-            return parse_counts(reply.text), None
-        except httpx.HTTPError as error:
-            return {}, type(error).__name__
-        except ValueError:  # not the Prometheus text format: a wrong URL
-            return {}, "not Prometheus metrics"
-
     async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         """New classified responses from every tap, counted for the revision served."""
         namespace, name = key
@@ -229,7 +171,7 @@ class GuardSupervisor:
         self._traffic.retain(key, set(endpoints))
         samples = leaks = 0
         failed: list[str] = []
-        replies = await asyncio.gather(*(self._scrape(http, url) for url in endpoints))
+        replies = await asyncio.gather(*(scrape_tap(http, url) for url in endpoints))
         for url, (counts, error) in zip(endpoints, replies, strict=True):
             if error is not None:
                 failed.append(f"{url}: {error}")

@@ -1,6 +1,6 @@
 """Leak-rate statistics: Wilson score interval and Fisher's exact test for two proportions.
 
-Shared by the guard policy and the probe, so it belongs to neither.
+Shared by the guard policy and the canary (`dsv4 probe`), so it belongs to neither.
 
 Pure functions, no scipy. Fisher's exact test is used for `dsv4 probe --vs` because canary
 counts are small (tens of leaks in hundreds of responses), where a normal approximation is

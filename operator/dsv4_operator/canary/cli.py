@@ -18,16 +18,11 @@ from urllib.parse import urlparse
 import click
 import httpx
 
-from dsv4_operator.probe.canary import (
-    CanaryReport,
-    Per,
-    ProbeError,
-    ResponseRecord,
-    discover_model,
-    run_canary,
-)
-from dsv4_operator.probe.dsml import VerdictKind
-from dsv4_operator.stats import ProportionTest, compare_proportions
+from dsv4_operator.canary.harness import run_canary
+from dsv4_operator.canary.report import CanaryReport, Per, ResponseRecord
+from dsv4_operator.canary.transport import ProbeError, discover_model
+from dsv4_operator.leak.stats import ProportionTest, compare_proportions
+from dsv4_operator.leak.verdict import VerdictKind
 
 EXIT_OK, EXIT_LEAKING, EXIT_BAD_INPUT = 0, 1, 2
 Judgement = Literal["leaking", "clean", "inconclusive"]

@@ -109,7 +109,7 @@ def assemble_stream(
     the already-parsed chunk dicts. Raises `StreamError` on bytes that are not UTF-8 or a
     `data:` line that is not JSON, and `IncompleteStream` when `require_done` and the stream
     has no `data: [DONE]`. An error chunk (`{"error": ...}`) yields `{"error": ...}`, which
-    `classify` turns into an `error` verdict.
+    `classify_response` turns into an `error` verdict.
     """
     if isinstance(stream, bytes):
         try:

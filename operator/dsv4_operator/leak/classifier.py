@@ -4,11 +4,11 @@ A DSML-parsing SGLang (`--tool-call-parser deepseekv4`) turns the model's
 `<｜DSML｜tool_calls>` block into structured `tool_calls`. When parsing fails, the markup is
 returned as `content` with `tool_calls: null` and `finish_reason: "stop"`
 (docs/engine-notes.md#leak-shapes).
-`classify` looks at one response and returns a `Verdict`; checks run in this order and the
+`classify_response` looks at one response and returns a `Verdict`; checks run in this order and the
 first that fires wins:
 
 1. `error`: not a chat completion (an `error` object, no choices). HTTP errors and timeouts
-   never reach `classify`; the harness builds them with `Verdict.error`.
+   never reach `classify_response`; the harness builds them with `Verdict.error`.
 2. `leaked_markup`: DSML or tool-call markup in `content` or `reasoning_content` (full-width
    `｜DSML｜` and ASCII `|DSML|` in any tag, `<invoke name=`, `</invoke>`,
    `<parameter name=`, `<function_calls>` / `<tool_calls>` blocks, special tokens such as
@@ -17,12 +17,12 @@ first that fires wins:
 3. `malformed_call`: a tool call that is not an object with `function.name` and a string
    `function.arguments`, an unknown tool, arguments that are not a JSON object, or arguments
    that violate the tool's JSON schema (jsonschema Draft 2020-12, as sglang's V4 detector).
-4. `degenerate`: repetition loops and tag soup (`probe.degenerate`) in the text fields or in long
+4. `degenerate`: repetition loops and tag soup (`leak.degenerate`) in the text fields or in long
    string arguments, or the same call (name and arguments) three or more times in one response.
 5. `missing_call`: `must_call` and no tool call.
 
-Markup patterns live in `probe.markup`, the degenerate heuristic in `probe.degenerate`, and
-streams are assembled by `probe.sse` first.
+Markup patterns live in `leak.markup`, the degenerate heuristic in `leak.degenerate`, and
+streams are assembled by `leak.sse` first.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 
-from dsv4_operator.probe.degenerate import degenerate_reason
-from dsv4_operator.probe.markup import find_markup
-from dsv4_operator.probe.verdict import SNIPPET_CHARS, Verdict, VerdictKind, snippet
+from dsv4_operator.leak.degenerate import degenerate_reason
+from dsv4_operator.leak.markup import find_markup
+from dsv4_operator.leak.verdict import SNIPPET_CHARS, Verdict, VerdictKind, snippet
 
 
 class InvalidToolSchema(ValueError):
@@ -153,7 +153,7 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(item)
 
 
-# --- classify -------------------------------------------------------------------------------
+# --- classify_response ----------------------------------------------------------------------
 
 
 def _text(value: Any) -> str:
@@ -166,7 +166,7 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def classify(
+def classify_response(
     response: Mapping[str, Any], *, tools: Sequence[Mapping[str, Any]], must_call: bool
 ) -> Verdict:
     """Classify one non-streaming chat-completion response (first choice).

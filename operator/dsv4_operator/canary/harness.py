@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 
-from dsv4_operator.probe.classifier import classify
-from dsv4_operator.probe.report import CanaryReport, ResponseRecord, SessionResult
-from dsv4_operator.probe.scenario import CANARY_TOOLS, fake_result, first_messages, session_steps
-from dsv4_operator.probe.transport import discover_model, normalise_base_url, send
-from dsv4_operator.probe.verdict import VerdictKind
+from dsv4_operator.canary.report import CanaryReport, ResponseRecord, SessionResult
+from dsv4_operator.canary.scenario import CANARY_TOOLS, fake_result, first_messages, session_steps
+from dsv4_operator.canary.transport import discover_model, normalise_base_url, send
+from dsv4_operator.leak.classifier import classify_response
+from dsv4_operator.leak.verdict import VerdictKind
 
 DEFAULT_TEMPERATURE = 0.6
 DEFAULT_MAX_TOKENS = 512
@@ -52,22 +52,18 @@ async def _session(
         if stream:
             body["stream_options"] = {"include_usage": True}
         async with gate:
-            outcome = await send(client, url, body, timeout, stream)
-        if outcome.verdict is not None:
-            verdict = outcome.verdict
+            sent = await send(client, url, body, timeout, stream)
+        if sent.verdict is not None:
+            verdict = sent.verdict
         else:
-            assert outcome.body is not None
-            verdict = classify(outcome.body, tools=tools, must_call=True)
-        record(
-            ResponseRecord(
-                index, round_, verdict, outcome.latency_s, outcome.status, outcome.attempts
-            )
-        )
+            assert sent.body is not None
+            verdict = classify_response(sent.body, tools=tools, must_call=True)
+        record(ResponseRecord(index, round_, verdict, sent.latency_s, sent.status, sent.attempts))
         verdicts.append(verdict.kind)
         if verdict.kind is not VerdictKind.OK or round_ == rounds:
             break
-        assert outcome.body is not None
-        message = outcome.body["choices"][0]["message"]
+        assert sent.body is not None
+        message = sent.body["choices"][0]["message"]
         calls = message.get("tool_calls") or []
         messages = [
             *messages,

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from dsv4_operator.probe.sse import StreamError, assemble_stream
-from dsv4_operator.probe.verdict import Verdict
+from dsv4_operator.leak.sse import StreamError, assemble_stream
+from dsv4_operator.leak.verdict import Verdict
 
 MAX_ATTEMPTS = 3
 # Marks the probe's own requests: the leak tap leaves them out of the production traffic it
@@ -65,7 +65,9 @@ async def discover_model(client: httpx.AsyncClient, base_url: str, timeout: floa
 
 
 @dataclass(frozen=True)
-class Outcome:
+class SendResult:
+    """What one `send` brought back: an error verdict, or a body to classify."""
+
     verdict: Verdict | None  # set for errors; None when `body` is to be classified
     body: Mapping[str, Any] | None
     status: int | None
@@ -74,14 +76,14 @@ class Outcome:
 
 
 # Retried here rather than by `httpx.AsyncHTTPTransport(retries=N)`: the client is the caller's
-# (the CLI, the guard daemon, tests), a transport's retries are invisible to the harness (a
+# (the CLI, the guard's canary runner, tests), a transport's retries are invisible to the harness (a
 # record counts its `attempts`), and they would not cover a pool timeout.
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 async def send(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout: float, stream: bool
-) -> Outcome:
+) -> SendResult:
     """POST once (retrying only failures before the request was sent) and read the body."""
     for attempt in range(1, MAX_ATTEMPTS + 1):
         began = time.perf_counter()
@@ -110,28 +112,32 @@ async def send(
                 await asyncio.sleep(RETRY_BACKOFF_S[min(attempt - 1, len(RETRY_BACKOFF_S) - 1)])
                 continue
             reason = f"cannot connect after {attempt} attempts: {type(error).__name__}"
-            return Outcome(Verdict.error(reason, str(error)), None, None, None, attempt)
+            return SendResult(Verdict.error(reason, str(error)), None, None, None, attempt)
         except (TimeoutError, httpx.TimeoutException):
-            return Outcome(Verdict.error(f"timeout after {timeout:g}s"), None, None, None, attempt)
+            return SendResult(
+                Verdict.error(f"timeout after {timeout:g}s"), None, None, None, attempt
+            )
         except httpx.HTTPError as error:
             reason = f"transport error: {type(error).__name__}"
-            return Outcome(Verdict.error(reason, str(error)), None, None, None, attempt)
+            return SendResult(Verdict.error(reason, str(error)), None, None, None, attempt)
         except StreamError as error:
             elapsed = time.perf_counter() - began
-            return Outcome(Verdict.error("broken stream", str(error)), None, 200, elapsed, attempt)
+            return SendResult(
+                Verdict.error("broken stream", str(error)), None, 200, elapsed, attempt
+            )
         except ValueError as error:  # a 200 whose body is not JSON
             elapsed = time.perf_counter() - began
-            return Outcome(
+            return SendResult(
                 Verdict.error("response body is not JSON", str(error)), None, 200, elapsed, attempt
             )
         elapsed = time.perf_counter() - began
         if not isinstance(parsed, Mapping):
             verdict = Verdict.error("response body is not a JSON object", str(parsed)[:200])
-            return Outcome(verdict, None, status, elapsed, attempt)
-        return Outcome(None, parsed, status, elapsed, attempt)
+            return SendResult(verdict, None, status, elapsed, attempt)
+        return SendResult(None, parsed, status, elapsed, attempt)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _http_error(status: int, text: str, began: float, attempt: int) -> Outcome:
+def _http_error(status: int, text: str, began: float, attempt: int) -> SendResult:
     verdict = Verdict.error(f"HTTP {status}", text)
-    return Outcome(verdict, None, status, time.perf_counter() - began, attempt)
+    return SendResult(verdict, None, status, time.perf_counter() - began, attempt)

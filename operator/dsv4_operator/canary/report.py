@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dsv4_operator.probe.verdict import LEAK_KINDS, Verdict, VerdictKind
-from dsv4_operator.stats import percentile, wilson_interval
+from dsv4_operator.leak.stats import percentile, wilson_interval
+from dsv4_operator.leak.verdict import LEAK_KINDS, Verdict, VerdictKind
 
 Per = Literal["sessions", "responses"]
 EXAMPLES = 5

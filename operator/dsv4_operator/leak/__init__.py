@@ -1,0 +1,1 @@
+"""The leak detector: markup, degenerate text, verdicts, classify_response, SSE, leak statistics."""

@@ -1,0 +1,52 @@
+"""The guard's canary runner (I/O): one canary run against a deployment's endpoint, as counts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.leak.verdict import VerdictKind
+from dsv4_operator.names import router_url
+
+
+@dataclass(frozen=True)
+class CanaryRun:
+    """What one canary run saw: verdict counts, and why the first failed request failed
+    (the reason only, such as `HTTP 503` or `cannot connect after 3 attempts: ConnectError`:
+    never the reply's text, since status is readable by anyone who can read the object)."""
+
+    counts: dict[str, int]
+    first_error: str | None = None
+
+
+# (endpoint, served model, spec) -> one canary run
+CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[CanaryRun]]
+
+
+def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str:
+    return router_url(name, namespace, spec.router.port)
+
+
+async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+    """The real canary: multi-turn tool-calling sessions classified by the DSML detector."""
+    from dsv4_operator.canary.harness import run_canary
+
+    canary = spec.guard.canary
+    # Few keep-alive connections: httpcore's pool gets slow with many idle ones (#1035).
+    limits = httpx.Limits(max_keepalive_connections=8)
+    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+        # A new seed each run: fresh prompts, so runs are independent samples.
+        report = await run_canary(
+            client,
+            endpoint,
+            model=model,
+            sessions=canary.sessions,
+            rounds=canary.rounds,
+            seed=random.randrange(1 << 30),
+        )
+    failed = (r.verdict.reason for r in report.records if r.verdict.kind == VerdictKind.ERROR)
+    return CanaryRun({str(k): int(v) for k, v in report.counts.items()}, next(failed, None))
