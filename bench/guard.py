@@ -32,8 +32,9 @@ from collections.abc import Callable
 
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
-from dsv4_operator.guard.policy import Evidence, Outcome, evaluate
+from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
+from dsv4_operator.reasons import GuardResult
 
 # (leaks, samples) -> roll back now?
 Decider = Callable[[int, int], bool]
@@ -57,7 +58,7 @@ def wilson_decider(guard: GuardSpec) -> Decider:
     """The guard's own policy (repeated one-sided Wilson looks at the growing window)."""
 
     def wilson(leaks: int, samples: int) -> bool:
-        return evaluate(Evidence(samples=samples, leaks=leaks), guard).outcome == Outcome.FAIL
+        return evaluate(Evidence(samples=samples, leaks=leaks), guard).outcome == GuardResult.FAIL
 
     return wilson
 

@@ -9,7 +9,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
-from dsv4_operator.guard.policy import Outcome, RollbackReason
+from dsv4_operator.reasons import GuardResult, RollbackReason
 
 RECONCILES = Counter("dsv4_reconciles_total", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("dsv4_reconcile_duration_seconds", "Duration of one reconcile pass.")
@@ -72,7 +72,7 @@ REVISION_INFO = Gauge(
     "1 for the revision being served, labelled from the engine config stored with it.",
     ["deployment", "revision", "index_k_dtype", "hicache", "multi_stream"],
 )
-OUTCOMES = tuple(o.value for o in Outcome)
+OUTCOMES = tuple(o.value for o in GuardResult)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

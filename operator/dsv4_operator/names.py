@@ -45,6 +45,9 @@ TARGET_PAIR_ANNOTATION = f"{LABEL_PREFIX}/target-pair"
 APPLIED_ANNOTATION = f"{LABEL_PREFIX}/applied-hash"
 # Set by a user on the DSV4Deployment to release a quarantined config hash.
 CLEAR_QUARANTINE_ANNOTATION = f"{LABEL_PREFIX}/clear-quarantine"
+# On the canary's own requests: the leak tap leaves them out of the production traffic it
+# classifies (the canary counts its samples itself).
+PROBE_HEADER = {"X-DSV4-Probe": "1"}
 
 # Components and pairs.
 ROUTER = "router"

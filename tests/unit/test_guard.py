@@ -12,8 +12,9 @@ import pytest
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.observations import PROMETHEUS, Observations, Snapshot
 from dsv4_operator.guard.oom import oom_events
-from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
+from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.leak.stats import wilson_interval
+from dsv4_operator.reasons import GuardResult, RollbackReason
 from dsv4_operator.reconcile.decide import decide
 
 from .test_decide import NOW, _as_live, _world
@@ -30,19 +31,19 @@ def test_wilson_interval_known_values() -> None:
 @pytest.mark.parametrize(
     ("evidence", "outcome", "reason"),
     [
-        (Evidence(samples=10, leaks=5), Outcome.NO_DATA, "TooFewSamples"),
-        (Evidence(samples=32, leaks=6), Outcome.FAIL, "LeakRate"),  # ~17%: the incident's bug
-        (Evidence(samples=600, leaks=0), Outcome.PASS, "LeakRate"),
-        (Evidence(samples=300, leaks=0), Outcome.NO_DATA, "Inconclusive"),
-        (Evidence(samples=40, leaks=1), Outcome.NO_DATA, "Inconclusive"),
-        (Evidence(samples=300, leaks=0, oom_events=1), Outcome.FAIL, "OOMBeforeBake"),
-        (Evidence(samples=300, leaks=0, oom_events=1, baked=True), Outcome.FAIL, "OOMEvents"),
-        (Evidence(source_error="timeout"), Outcome.ERROR, "SourceError"),
-        (Evidence(prometheus_leak_rate=0.2), Outcome.FAIL, "PrometheusLeakRate"),
-        (Evidence(prometheus_leak_rate=0.001), Outcome.PASS, "PrometheusLeakRate"),
+        (Evidence(samples=10, leaks=5), GuardResult.NO_DATA, "TooFewSamples"),
+        (Evidence(samples=32, leaks=6), GuardResult.FAIL, "LeakRate"),  # ~17%: the incident's bug
+        (Evidence(samples=600, leaks=0), GuardResult.PASS, "LeakRate"),
+        (Evidence(samples=300, leaks=0), GuardResult.NO_DATA, "Inconclusive"),
+        (Evidence(samples=40, leaks=1), GuardResult.NO_DATA, "Inconclusive"),
+        (Evidence(samples=300, leaks=0, oom_events=1), GuardResult.FAIL, "OOMBeforeBake"),
+        (Evidence(samples=300, leaks=0, oom_events=1, baked=True), GuardResult.FAIL, "OOMEvents"),
+        (Evidence(source_error="timeout"), GuardResult.ERROR, "SourceError"),
+        (Evidence(prometheus_leak_rate=0.2), GuardResult.FAIL, "PrometheusLeakRate"),
+        (Evidence(prometheus_leak_rate=0.001), GuardResult.PASS, "PrometheusLeakRate"),
     ],
 )
-def test_policy_chain(evidence: Evidence, outcome: Outcome, reason: str) -> None:
+def test_policy_chain(evidence: Evidence, outcome: GuardResult, reason: str) -> None:
     verdict = evaluate(evidence, GUARD)
     assert (verdict.outcome, verdict.reason) == (outcome, reason)
     assert verdict.message
@@ -58,19 +59,19 @@ def test_rollback_reasons() -> None:
 def test_no_data_after_bake_is_a_check_in_the_chain() -> None:
     fail = GuardSpec.model_validate({"noData": "Fail", "bakeTime": "10m"})
     inconclusive = Evidence(samples=10, leaks=0, settled=True)
-    assert evaluate(inconclusive, fail).outcome == Outcome.NO_DATA  # no window age yet
+    assert evaluate(inconclusive, fail).outcome == GuardResult.NO_DATA  # no window age yet
     baked_long = Evidence(samples=10, leaks=0, settled=True, window_age=timedelta(minutes=10))
     verdict = evaluate(baked_long, fail)
-    assert (verdict.outcome, verdict.reason) == (Outcome.FAIL, "NoData")
+    assert (verdict.outcome, verdict.reason) == (GuardResult.FAIL, "NoData")
     assert verdict.rollback_reason is RollbackReason.NO_DATA
     assert "bakeTime 10m" in verdict.message
     # Not settled, or noData Hold, or a conclusive window: the chain goes on as before.
     unsettled = Evidence(samples=10, leaks=0, window_age=timedelta(hours=1))
-    assert evaluate(unsettled, fail).outcome == Outcome.NO_DATA
+    assert evaluate(unsettled, fail).outcome == GuardResult.NO_DATA
     hold = GuardSpec.model_validate({"noData": "Hold", "bakeTime": "10m"})
-    assert evaluate(baked_long, hold).outcome == Outcome.NO_DATA
+    assert evaluate(baked_long, hold).outcome == GuardResult.NO_DATA
     clean = Evidence(samples=600, leaks=0, settled=True, window_age=timedelta(hours=1))
-    assert evaluate(clean, fail).outcome == Outcome.PASS
+    assert evaluate(clean, fail).outcome == GuardResult.PASS
 
 
 def _pod(revision: str, terminated: dict[str, Any], state: str = "lastState") -> dict[str, Any]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.guard.policy import Evidence, Outcome, RollbackReason, evaluate
+from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, samples_and_leaks
+from dsv4_operator.reasons import GuardResult, RollbackReason
 from dsv4_operator.signals.taps import pod_tap_url
 
 TAP_METRICS = """\
@@ -55,7 +56,7 @@ def test_a_leaking_revision_is_rolled_back_on_traffic_before_the_canary_has_enou
     guard = GuardSpec()
     # 40/500 = 8% of production responses leaked; the canary has seen 0 of its 30.
     verdict = evaluate(Evidence(traffic_samples=500, traffic_leaks=40), guard)
-    assert (verdict.outcome, verdict.reason) == (Outcome.FAIL, "TrafficLeakRate")
+    assert (verdict.outcome, verdict.reason) == (GuardResult.FAIL, "TrafficLeakRate")
     assert verdict.rollback_reason is RollbackReason.LEAK_RATE
     assert "40/500 tool-calling responses leaked" in verdict.message
 
@@ -67,7 +68,7 @@ def test_healthy_or_scant_traffic_leaves_the_verdict_to_the_canary() -> None:
         assert verdict.reason == "TooFewSamples"  # the canary's (no canary samples yet)
     off = GuardSpec.model_validate({"tap": {"enabled": False}})
     verdict = evaluate(Evidence(traffic_samples=500, traffic_leaks=40), off)
-    assert verdict.outcome is Outcome.NO_DATA
+    assert verdict.outcome is GuardResult.NO_DATA
 
 
 def test_a_pod_tap_url_brackets_an_ipv6_pod_ip() -> None:

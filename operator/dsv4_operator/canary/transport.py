@@ -19,11 +19,9 @@ import httpx
 
 from dsv4_operator.leak.sse import StreamError, assemble_stream
 from dsv4_operator.leak.verdict import Verdict
+from dsv4_operator.names import PROBE_HEADER
 
 MAX_ATTEMPTS = 3
-# Marks the probe's own requests: the leak tap leaves them out of the production traffic it
-# classifies (the canary counts its samples itself).
-PROBE_HEADER = {"X-DSV4-Probe": "1"}
 RETRY_BACKOFF_S = (0.2, 0.5)
 
 

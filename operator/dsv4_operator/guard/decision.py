@@ -25,8 +25,9 @@ from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, Quar
 from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.guard.oom import OomEvent, oom_events, within
-from dsv4_operator.guard.policy import Evidence, GuardVerdict, Outcome, RollbackReason, evaluate
+from dsv4_operator.guard.policy import Evidence, GuardVerdict, evaluate
 from dsv4_operator.names import format_time, parse_time, revision_name
+from dsv4_operator.reasons import EventReason, GuardResult, RollbackReason
 
 Obj = dict[str, Any]
 
@@ -53,7 +54,7 @@ class GuardInput:
 
 
 @dataclass(frozen=True)
-class GuardOutcome:
+class GuardDecision:
     """What the guard decided, and its memory for the next pass."""
 
     target: str | None  # the revision to roll out; None: quarantined, nothing to fall back to
@@ -120,12 +121,12 @@ def _judge(
         window_age=now - since if since is not None else None,
     )
     verdict = evaluate(evidence, policy)
-    if verdict.outcome == Outcome.PASS and settled:
+    if verdict.outcome == GuardResult.PASS and settled:
         passing_since = passing_since or now
-    elif verdict.outcome in (Outcome.FAIL, Outcome.ERROR):
+    elif verdict.outcome in (GuardResult.FAIL, GuardResult.ERROR):
         passing_since = None
     promote = bool(
-        verdict.outcome == Outcome.PASS
+        verdict.outcome == GuardResult.PASS
         and settled
         and not ooms
         and passing_since is not None
@@ -158,7 +159,7 @@ def _was(conditions: list[Condition], type_: ConditionType, status: str) -> bool
     return any(c.type == type_ and c.status == status for c in conditions)
 
 
-def decide_guard(given: GuardInput) -> GuardOutcome:
+def decide_guard(given: GuardInput) -> GuardDecision:
     """Quarantine, verdict, rollback and bake: which revision to roll out, and why."""
     events: list[Note] = []
     rollbacks: list[RollbackReason] = []
@@ -169,7 +170,11 @@ def decide_guard(given: GuardInput) -> GuardOutcome:
     released = len(quarantine) != len(given.quarantine)
     if released:
         events.append(
-            Note("Normal", "QuarantineCleared", f"revision {cleared} released from quarantine")
+            Note(
+                "Normal",
+                EventReason.QUARANTINE_CLEARED,
+                f"revision {cleared} released from quarantine",
+            )
         )
         # Its old evidence must not quarantine it again at once: a fresh window.
         if previous_guard is not None and previous_guard.revision == cleared:
@@ -218,7 +223,7 @@ def decide_guard(given: GuardInput) -> GuardOutcome:
                 events.append(
                     Note(
                         "Warning",
-                        "RolledBack",
+                        EventReason.ROLLED_BACK,
                         f"{reason}: {verdict.message}; rolling back from {target} to last "
                         f"known good {lkg}; {target} is quarantined until the spec changes",
                     )
@@ -234,7 +239,7 @@ def decide_guard(given: GuardInput) -> GuardOutcome:
             events.append(
                 Note(
                     "Normal",
-                    "Baked",
+                    EventReason.BAKED,
                     f"revision {lkg} passed bakeTime {policy.bake_time} "
                     "and is now the last known good revision",
                 )
@@ -243,14 +248,14 @@ def decide_guard(given: GuardInput) -> GuardOutcome:
             events.append(
                 Note(
                     "Warning",
-                    "GuardBlind",
+                    EventReason.GUARD_BLIND,
                     f"{verdict.message} "
                     f"({window.status.consecutive_errors} source errors in a row)",
                 )
             )
     if no_known_good and not _was(given.conditions, "Degraded", "True"):
-        events.append(Note("Warning", "NoKnownGood", no_known_good))
-    return GuardOutcome(
+        events.append(Note("Warning", EventReason.NO_KNOWN_GOOD, no_known_good))
+    return GuardDecision(
         target=target,
         guard=guard_status,
         last_known_good=lkg,

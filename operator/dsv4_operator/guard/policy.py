@@ -5,7 +5,8 @@ Fail needs statistical evidence: the Wilson lower bound of the leak rate above t
 with at least `minSamples` responses (one-sided, at `confidence`); Pass needs the upper bound
 below it. Between the two the window is inconclusive (NoData) and keeps collecting, until
 the window has been settled for bakeTime: then, with `noData: Fail`, NoData fails.
-A failing check names its rollback reason itself (`RollbackReason`).
+A failing check names its rollback reason itself (`RollbackReason`); every reason is in
+reasons.py.
 """
 
 from __future__ import annotations
@@ -13,27 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import StrEnum
 
 from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
 from dsv4_operator.leak.stats import wilson_interval
-
-
-class Outcome(StrEnum):
-    PASS = "Pass"
-    FAIL = "Fail"
-    NO_DATA = "NoData"
-    ERROR = "Error"
-
-
-class RollbackReason(StrEnum):
-    """Why a failing verdict rolls back (QuarantineEntry.reason, the rollbacks metric)."""
-
-    LEAK_RATE = "LeakRate"
-    OOM = "OOM"
-    NO_DATA = "NoData"
+from dsv4_operator.reasons import GuardReason, GuardResult, RollbackReason
 
 
 @dataclass(frozen=True)
@@ -57,8 +43,8 @@ class Evidence:
 class GuardVerdict:
     """The guard's judgement of one window; a Fail carries the reason to roll back for."""
 
-    outcome: Outcome
-    reason: str
+    outcome: GuardResult
+    reason: GuardReason
     message: str
     rollback_reason: RollbackReason | None = None
 
@@ -76,15 +62,15 @@ def _oom(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     events = evidence.oom_events + int(evidence.prometheus_oom_events or 0)
     if events and not evidence.baked:
         return GuardVerdict(
-            Outcome.FAIL,
-            "OOMBeforeBake",
+            GuardResult.FAIL,
+            GuardReason.OOM_BEFORE_BAKE,
             f"{events} OOM event(s) on a revision that has not baked yet",
             RollbackReason.OOM,
         )
     if events >= guard.oom.max_events:
         return GuardVerdict(
-            Outcome.FAIL,
-            "OOMEvents",
+            GuardResult.FAIL,
+            GuardReason.OOM_EVENTS,
             f"{events} OOM event(s) within {guard.oom.window} (limit {guard.oom.max_events})",
             RollbackReason.OOM,
         )
@@ -93,7 +79,7 @@ def _oom(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
 
 def _source_error(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     if evidence.source_error:
-        return GuardVerdict(Outcome.ERROR, "SourceError", evidence.source_error)
+        return GuardVerdict(GuardResult.ERROR, GuardReason.SOURCE_ERROR, evidence.source_error)
     return None
 
 
@@ -101,8 +87,8 @@ def _prometheus(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     rate = evidence.prometheus_leak_rate
     if rate is not None and rate > guard.leak_rate.threshold:
         return GuardVerdict(
-            Outcome.FAIL,
-            "PrometheusLeakRate",
+            GuardResult.FAIL,
+            GuardReason.PROMETHEUS_LEAK_RATE,
             f"leak-rate query returned {rate:.4f} > threshold {guard.leak_rate.threshold}",
             RollbackReason.LEAK_RATE,
         )
@@ -122,8 +108,8 @@ def _traffic(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     if test.decide(leaks, samples) is not Sequential.ABOVE:
         return None
     return GuardVerdict(
-        Outcome.FAIL,
-        "TrafficLeakRate",
+        GuardResult.FAIL,
+        GuardReason.TRAFFIC_LEAK_RATE,
         f"production traffic: {leaks}/{samples} tool-calling responses leaked "
         f"({leaks / samples:.1%}), above threshold {threshold:.1%} (anytime-valid test, "
         f"alpha {guard.tap.alpha})",
@@ -136,13 +122,13 @@ def _leak_rate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     if evidence.samples < guard.leak_rate.min_samples:
         if evidence.prometheus_leak_rate is not None:
             return GuardVerdict(
-                Outcome.PASS,
-                "PrometheusLeakRate",
+                GuardResult.PASS,
+                GuardReason.PROMETHEUS_LEAK_RATE,
                 f"leak-rate query returned {evidence.prometheus_leak_rate:.4f} <= {threshold}",
             )
         return GuardVerdict(
-            Outcome.NO_DATA,
-            "TooFewSamples",
+            GuardResult.NO_DATA,
+            GuardReason.TOO_FEW_SAMPLES,
             f"{evidence.samples} of {guard.leak_rate.min_samples} canary responses",
         )
     low, high = leak_bounds(evidence, guard)
@@ -153,14 +139,18 @@ def _leak_rate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     )
     if low > threshold:
         return GuardVerdict(
-            Outcome.FAIL,
-            "LeakRate",
+            GuardResult.FAIL,
+            GuardReason.LEAK_RATE,
             f"{observed} above threshold {threshold:.1%}",
             RollbackReason.LEAK_RATE,
         )
     if high < threshold:
-        return GuardVerdict(Outcome.PASS, "LeakRate", f"{observed} below threshold {threshold:.1%}")
-    return GuardVerdict(Outcome.NO_DATA, "Inconclusive", f"{observed}: not yet conclusive")
+        return GuardVerdict(
+            GuardResult.PASS, GuardReason.LEAK_RATE, f"{observed} below threshold {threshold:.1%}"
+        )
+    return GuardVerdict(
+        GuardResult.NO_DATA, GuardReason.INCONCLUSIVE, f"{observed}: not yet conclusive"
+    )
 
 
 def _no_data_after_bake(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
@@ -173,11 +163,11 @@ def _no_data_after_bake(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | 
     ):
         return None
     verdict = _leak_rate(evidence, guard)
-    if verdict is None or verdict.outcome != Outcome.NO_DATA:
+    if verdict is None or verdict.outcome != GuardResult.NO_DATA:
         return None
     return GuardVerdict(
-        Outcome.FAIL,
-        "NoData",
+        GuardResult.FAIL,
+        GuardReason.NO_DATA,
         f"no conclusive canary evidence within bakeTime {guard.bake_time} "
         f"({verdict.message}); noData is Fail",
         RollbackReason.NO_DATA,

@@ -17,7 +17,7 @@ from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
-from dsv4_operator.guard.decision import GuardOutcome
+from dsv4_operator.guard.decision import GuardDecision
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -38,6 +38,7 @@ from dsv4_operator.names import (
     revision_name,
     router_name,
 )
+from dsv4_operator.reasons import ConditionReason, EventReason, WeightsReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
@@ -102,7 +103,7 @@ def _roll_in_place(
             if missing:  # deleted by someone: the same format, so the other role stays
                 actions.note(
                     "Warning",
-                    "ChildRecreated",
+                    EventReason.CHILD_RECREATED,
                     f"{role} StatefulSet {ctx.role_name(role)} was missing; recreated it at "
                     f"revision {ctx.revision} (transfer format {ctx.transfer_format} "
                     "unchanged: the other role and the router are left running)",
@@ -110,35 +111,46 @@ def _roll_in_place(
             elif active.revision(role) != ctx.revision:
                 actions.note(
                     "Normal",
-                    "RollingUpdate",
+                    EventReason.ROLLING_UPDATE,
                     f"rolling {role} to revision {ctx.revision} (same transfer format "
                     f"{ctx.transfer_format}; decode first)",
                 )
             actions.wait()
-            return Progress("RollingUpdate", f"{role} is being updated to {ctx.revision}")
+            return Progress(
+                ConditionReason.ROLLING_UPDATE, f"{role} is being updated to {ctx.revision}"
+            )
         if not active.rolled(role):
             actions.wait()
-            return Progress("RollingUpdate", f"waiting for {role} replicas to be updated and ready")
+            return Progress(
+                ConditionReason.ROLLING_UPDATE,
+                f"waiting for {role} replicas to be updated and ready",
+            )
     stale = [pid for pid in pairs if pid != active.id]
     if stale:
         router = actions.world.live("Deployment", router_name(ctx.name))
         if not router_done or router is None or not deployment_rolled(router):
             actions.wait()
-            return Progress("SwitchingRouter", "waiting for the router to roll before cleanup")
+            return Progress(
+                ConditionReason.SWITCHING_ROUTER, "waiting for the router to roll before cleanup"
+            )
         for pid in stale:
             _remove_pair(actions, ctx, pid)
         actions.note(
-            "Normal", "OldPairDeleted", f"deleted prefill/decode pair(s) {', '.join(stale)}"
+            "Normal",
+            EventReason.OLD_PAIR_DELETED,
+            f"deleted prefill/decode pair(s) {', '.join(stale)}",
         )
         actions.wait()
-        return Progress("CleaningUp", f"deleting old pair(s) {', '.join(stale)}")
+        return Progress(ConditionReason.CLEANING_UP, f"deleting old pair(s) {', '.join(stale)}")
     orphans = _orphans(actions.world, pairs)
     if orphans:
         for res, name in orphans:
             actions.remove(res, name)
         listed = ", ".join(f"{res.kind} {name}" for res, name in orphans)
-        actions.note("Normal", "OrphansDeleted", f"deleted {listed} of pairs no longer running")
-        return Progress("CleaningUp", f"deleting {listed}")
+        actions.note(
+            "Normal", EventReason.ORPHANS_DELETED, f"deleted {listed} of pairs no longer running"
+        )
+        return Progress(ConditionReason.CLEANING_UP, f"deleting {listed}")
     return Progress.done()
 
 
@@ -149,12 +161,14 @@ def _recreate(actions: Actions, ctx: RenderContext, active: Pair, old_format: st
         actions.remove(STATEFULSET, _with_pair(ctx, active.id).role_name(role))
     actions.note(
         "Normal",
-        "Recreate",
+        EventReason.RECREATE,
         f"transfer format changes {old_format} -> {ctx.transfer_format}: stopping the "
         f"router and both roles of pair {active.id} before starting revision {ctx.revision}",
     )
     actions.wait()
-    return Progress("Recreating", "stopping the old pair before starting the new format")
+    return Progress(
+        ConditionReason.RECREATING, "stopping the old pair before starting the new format"
+    )
 
 
 def _blue_green(actions: Actions, ctx: RenderContext, active: Pair) -> Progress:
@@ -164,21 +178,21 @@ def _blue_green(actions: Actions, ctx: RenderContext, active: Pair) -> Progress:
     if not actions.ensure(objs):
         actions.note(
             "Normal",
-            "BlueGreenStarted",
+            EventReason.BLUE_GREEN_STARTED,
             f"starting pair {green.pair} (format {ctx.transfer_format}) next to pair "
             f"{active.id}; the router stays on {active.id} until it is ready",
         )
         actions.wait()
-        return Progress("BlueGreen", f"creating pair {green.pair}")
+        return Progress(ConditionReason.BLUE_GREEN, f"creating pair {green.pair}")
     pairs = actions.world.pairs()
     new = pairs.get(green.pair)
     if new is None or not all(new.rolled(role) for role in ROLES):
         actions.wait()
-        return Progress("BlueGreen", f"waiting for pair {green.pair} to be ready")
+        return Progress(ConditionReason.BLUE_GREEN, f"waiting for pair {green.pair} to be ready")
     actions.ensure(render_router(green))
-    actions.note("Normal", "RouterSwitched", f"router now targets pair {green.pair}")
+    actions.note("Normal", EventReason.ROUTER_SWITCHED, f"router now targets pair {green.pair}")
     actions.wait()
-    return Progress("SwitchingRouter", f"router switching to pair {green.pair}")
+    return Progress(ConditionReason.SWITCHING_ROUTER, f"router switching to pair {green.pair}")
 
 
 def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
@@ -194,7 +208,9 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
         leftovers = world.pods
         if leftovers:
             actions.wait()
-            return Progress("Recreating", f"waiting for {len(leftovers)} old pod(s) to stop")
+            return Progress(
+                ConditionReason.RECREATING, f"waiting for {len(leftovers)} old pod(s) to stop"
+            )
         fresh = not actions.ensure(
             [o for role in reversed(ROLES) for o in render_role(ctx, role)]
             + render_router(ctx)
@@ -203,11 +219,11 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
         if fresh:
             actions.note(
                 "Normal",
-                "Creating",
+                EventReason.CREATING,
                 f"creating revision {ctx.revision} (format {ctx.transfer_format})",
             )
             actions.wait()
-            return Progress("Creating", f"creating revision {ctx.revision}")
+            return Progress(ConditionReason.CREATING, f"creating revision {ctx.revision}")
         return Progress.done()
     active = pairs[active_id]
     formats = active.formats
@@ -235,10 +251,11 @@ def _weights(
     if not state.ready:
         was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
         if was is None or was.reason != state.reason:
-            ok = state.reason in ("Pending", "Downloading")
-            actions.note("Normal" if ok else "Warning", f"Weights{state.reason}", state.message)
+            ok = state.reason in (WeightsReason.PENDING, WeightsReason.DOWNLOADING)
+            reason = weights_event_reason(state.reason)
+            actions.note("Normal" if ok else "Warning", reason, state.message)
         actions.wait()
-        return state, Progress("WaitingForWeights", state.message)
+        return state, Progress(ConditionReason.WAITING_FOR_WEIGHTS, state.message)
     return state, None
 
 
@@ -253,7 +270,9 @@ def _revisions(
             actions.decision.create.append(controller_revision(ctx, number))
             number += 1
             actions.note(
-                "Normal", "RevisionCreated", f"stored engine config revision {ctx.revision}"
+                "Normal",
+                EventReason.REVISION_CREATED,
+                f"stored engine config revision {ctx.revision}",
             )
     keep = keep | {c.revision for c in contexts}
     for name in to_prune(world.revisions, settings.revision_history_limit, keep):
@@ -264,7 +283,7 @@ def _invalid(actions: Actions, validation: Validation) -> None:
     message = _invalid_message(validation)
     was = next((c for c in actions.world.status.conditions if c.type == "Validated"), None)
     if was is None or was.status != "False" or was.message != message:
-        actions.note("Warning", "Invalid", message)
+        actions.note("Warning", EventReason.INVALID, message)
 
 
 def _invalid_message(validation: Validation) -> str:
@@ -277,7 +296,7 @@ def _invalid_message(validation: Validation) -> str:
     )
 
 
-def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardOutcome) -> float | None:
+def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> float | None:
     """Seconds until a passing revision has baked (no watch event marks that moment)."""
     window = guard.guard
     if window is None or not window.passing_since or guard.last_known_good == window.revision:
@@ -322,7 +341,7 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     decision.ooms, decision.rollbacks, decision.cleared = guard.ooms, guard.rollbacks, guard.cleared
     weights: WeightsState | None = None
     if target is None:
-        progress = Progress("Quarantined", guard.no_known_good or "quarantined")
+        progress = Progress(ConditionReason.QUARANTINED, guard.no_known_good or "quarantined")
         target = user
     else:
         weights, waiting = _weights(actions, target, settings)

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.guard.decision import GuardInput, GuardOutcome, decide_guard
+from dsv4_operator.guard.decision import GuardDecision, GuardInput, decide_guard
 from dsv4_operator.names import CLEAR_QUARANTINE_ANNOTATION, revision_name
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
@@ -68,7 +68,7 @@ def _settled_revision(world: World) -> str | None:
 
 def guard_pass(
     world: World, spec: DSV4DeploymentSpec, user: RenderContext, owner: OwnerRef
-) -> tuple[RenderContext | None, GuardOutcome]:
+) -> tuple[RenderContext | None, GuardDecision]:
     """Which context to roll out (None: quarantined with nothing to fall back to), and why."""
     known_good = stored_context(world, world.status.last_known_good_revision, owner)
     outcome = decide_guard(

@@ -14,6 +14,7 @@ from dsv4_operator.kube.errors import Forbidden, KubeError, refused
 from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.metrics import GuardMetrics
+from dsv4_operator.reasons import EventReason
 from dsv4_operator.reconcile.act import act
 from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
@@ -78,7 +79,7 @@ class Reconciler:
         await self.client.apply_status(DSV4, world.namespace, world.name, status.to_wire())
         await self.recorder.post(
             Subject(world.namespace, world.name, world.uid),
-            Note("Warning", "ChildRejected", error.message),
+            Note("Warning", EventReason.CHILD_REJECTED, error.message),
             world.now,
         )
 

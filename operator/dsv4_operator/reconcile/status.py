@@ -18,7 +18,7 @@ from dsv4_operator.api.status import (
 )
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
-from dsv4_operator.guard.decision import GuardOutcome
+from dsv4_operator.guard.decision import GuardDecision
 from dsv4_operator.names import (
     PAIR_LABEL,
     REVISION_LABEL,
@@ -27,6 +27,7 @@ from dsv4_operator.names import (
     format_time,
     router_name,
 )
+from dsv4_operator.reasons import ConditionReason
 from dsv4_operator.reconcile.pod_causes import first_problem
 from dsv4_operator.reconcile.weights import WeightsState
 from dsv4_operator.reconcile.world import Obj, World, labels_of
@@ -37,13 +38,13 @@ from dsv4_operator.render.context import RenderContext
 class Progress:
     """Where the rollout stands after this pass."""
 
-    reason: str
+    reason: ConditionReason
     message: str
     complete: bool = False
 
     @classmethod
     def done(cls) -> Progress:
-        return cls("RolloutComplete", "every role runs the desired revision", True)
+        return cls(ConditionReason.ROLLOUT_COMPLETE, "every role runs the desired revision", True)
 
 
 def _condition(
@@ -140,21 +141,31 @@ MONITORING_CRD_MISSING = (
 def monitoring_condition(world: World, spec: DSV4DeploymentSpec) -> Condition:
     """MonitoringReady: the ServiceMonitor is applied, not asked for, or cannot be."""
     if not spec.monitoring.service_monitor.enabled:
-        return _condition(world, "MonitoringReady", True, "Disabled", "no ServiceMonitor asked for")
+        return _condition(
+            world, "MonitoringReady", True, ConditionReason.DISABLED, "no ServiceMonitor asked for"
+        )
     if not world.monitoring_served:
-        return _condition(world, "MonitoringReady", False, "CRDMissing", MONITORING_CRD_MISSING)
-    return _condition(world, "MonitoringReady", True, "Applied", "ServiceMonitor applied")
+        return _condition(
+            world, "MonitoringReady", False, ConditionReason.CRD_MISSING, MONITORING_CRD_MISSING
+        )
+    return _condition(
+        world, "MonitoringReady", True, ConditionReason.APPLIED, "ServiceMonitor applied"
+    )
 
 
 def _ready_condition(world: World, missing: list[str], weights: WeightsState | None) -> Condition:
     """Ready: every role and the router are; else what is not (the weights, while they load)."""
     if not missing:
         return _condition(
-            world, "Ready", True, "AllReplicasReady", "all roles and the router are ready"
+            world,
+            "Ready",
+            True,
+            ConditionReason.ALL_REPLICAS_READY,
+            "all roles and the router are ready",
         )
     if weights is not None and not weights.ready:
-        return _condition(world, "Ready", False, "WeightsNotReady", weights.message)
-    return _condition(world, "Ready", False, "ReplicasNotReady", "; ".join(missing))
+        return _condition(world, "Ready", False, ConditionReason.WEIGHTS_NOT_READY, weights.message)
+    return _condition(world, "Ready", False, ConditionReason.REPLICAS_NOT_READY, "; ".join(missing))
 
 
 def _degraded_condition(
@@ -162,20 +173,22 @@ def _degraded_condition(
 ) -> Condition:
     """Degraded: quarantined with nothing to fall back to, or replicas unavailable once settled."""
     if no_known_good:
-        return _condition(world, "Degraded", True, "NoKnownGood", no_known_good)
+        return _condition(world, "Degraded", True, ConditionReason.NO_KNOWN_GOOD, no_known_good)
     if unavailable:
-        return _condition(world, "Degraded", True, "ReplicasUnavailable", "; ".join(unavailable))
-    return _condition(world, "Degraded", False, "AsExpected", "")
+        return _condition(
+            world, "Degraded", True, ConditionReason.REPLICAS_UNAVAILABLE, "; ".join(unavailable)
+        )
+    return _condition(world, "Degraded", False, ConditionReason.AS_EXPECTED, "")
 
 
-def _guard_conditions(world: World, guard: GuardOutcome) -> list[Condition]:
+def _guard_conditions(world: World, guard: GuardDecision) -> list[Condition]:
     """RolledBack and GuardBlind, from what the guard decided this pass."""
     back = guard.rolled_back
     rolled_back = _condition(
         world,
         "RolledBack",
         back is not None,
-        back.reason if back else "NotRolledBack",
+        back.reason if back else ConditionReason.NOT_ROLLED_BACK,
         f"serving last known good {guard.last_known_good}; revision {back.hash} is "
         f"quarantined: {back.message}"
         if back
@@ -185,13 +198,13 @@ def _guard_conditions(world: World, guard: GuardOutcome) -> list[Condition]:
         world,
         "GuardBlind",
         guard.blind,
-        "SourceErrors" if guard.blind else "Seeing",
+        ConditionReason.SOURCE_ERRORS if guard.blind else ConditionReason.SEEING,
         (guard.guard.last_message or "") if guard.blind and guard.guard else "",
     )
     return [rolled_back, blind]
 
 
-def _rollout_phase(progress: Progress, ready: bool, guard: GuardOutcome) -> Phase:
+def _rollout_phase(progress: Progress, ready: bool, guard: GuardDecision) -> Phase:
     """Ready once settled and ready, unless rolled back or with no known good to serve."""
     if not progress.complete:
         return "Progressing"
@@ -222,10 +235,18 @@ def invalid_spec_status(world: World, validation: Validation, message: str) -> D
         current_revision=_running_revision(world, roles),
         conditions=[
             _condition(
-                world, "Validated", False, "RuleViolation" if has_rule else "SchemaInvalid", message
+                world,
+                "Validated",
+                False,
+                ConditionReason.RULE_VIOLATION if has_rule else ConditionReason.SCHEMA_INVALID,
+                message,
             ),
             _condition(
-                world, "Progressing", False, "SpecInvalid", "no rollout while the spec is invalid"
+                world,
+                "Progressing",
+                False,
+                ConditionReason.SPEC_INVALID,
+                "no rollout while the spec is invalid",
             ),
             _ready_condition(world, missing, None),
             _degraded_condition(world, []),
@@ -244,7 +265,7 @@ def rollout_status(
     validation: Validation,
     ctx: RenderContext,
     progress: Progress,
-    guard: GuardOutcome,
+    guard: GuardDecision,
     weights: WeightsState | None,
 ) -> DSV4DeploymentStatus:
     """The status of a valid spec's rollout to `ctx`: progress, readiness, the guard's verdicts
@@ -252,7 +273,13 @@ def rollout_status(
     roles, ready, missing = _roles(world)
     warnings = len(validation.findings) - len(validation.errors)
     conditions = [
-        _condition(world, "Validated", True, "Valid", f"no error findings ({warnings} warnings)"),
+        _condition(
+            world,
+            "Validated",
+            True,
+            ConditionReason.VALID,
+            f"no error findings ({warnings} warnings)",
+        ),
         _condition(world, "Progressing", not progress.complete, progress.reason, progress.message),
         _ready_condition(world, missing, weights),
         _degraded_condition(world, missing if progress.complete else [], guard.no_known_good),
@@ -283,6 +310,6 @@ def with_rejection(
 ) -> DSV4DeploymentStatus:
     """`status` after the API server refused a child this pass wrote: `Progressing=False`,
     reason `ChildRejected`, with the server's message (it names the child and the field)."""
-    rejected = _condition(world, "Progressing", False, "ChildRejected", message)
+    rejected = _condition(world, "Progressing", False, ConditionReason.CHILD_REJECTED, message)
     conditions = [rejected if c.type == "Progressing" else c for c in status.conditions]
     return status.model_copy(update={"conditions": conditions})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsv4_operator.reasons import WeightsReason
 from dsv4_operator.reconcile.pod_causes import first_problem
 from dsv4_operator.reconcile.world import Obj, World, annotations_of, labels_of, name_of
 from dsv4_operator.render.context import RenderContext
@@ -48,7 +49,9 @@ def weights_state(world: World, ctx: RenderContext) -> WeightsState | None:
     where = f"{ctx.spec.model.name}@{hub.revision}"
     job = world.live("Job", name)
     if job is None:
-        return WeightsState(False, "Pending", f"creating Job {name} to download {where}")
+        return WeightsState(
+            False, WeightsReason.PENDING, f"creating Job {name} to download {where}"
+        )
     report = WeightsProgress.from_annotation(annotations_of(job).get(PROGRESS_ANNOTATION))
     if _job_condition(job, "Complete") is not None:
         detail = (
@@ -56,11 +59,13 @@ def weights_state(world: World, ctx: RenderContext) -> WeightsState | None:
             if report is not None and report.phase == "Complete"
             else "downloaded"
         )
-        return WeightsState(True, "Downloaded", f"{where}: {detail} (Job {name})")
+        return WeightsState(True, WeightsReason.DOWNLOADED, f"{where}: {detail} (Job {name})")
     failed = _job_condition(job, "Failed")
     if failed is not None:
         said = report is not None and report.phase == "Failed"
-        reason = (report.reason if said and report and report.reason else None) or "DownloadFailed"
+        reason = (
+            report.reason if said and report and report.reason else None
+        ) or WeightsReason.DOWNLOAD_FAILED
         cause = (report.message if said and report else None) or str(failed.get("message", ""))
         return WeightsState(
             False,
@@ -78,7 +83,7 @@ def weights_state(world: World, ctx: RenderContext) -> WeightsState | None:
         parts.append(f"{attempts} attempt(s) failed, retrying")
     if problem:
         parts.append(problem)
-    return WeightsState(False, "Downloading", "; ".join(parts) + f" (Job {name})")
+    return WeightsState(False, WeightsReason.DOWNLOADING, "; ".join(parts) + f" (Job {name})")
 
 
 _VERBS = {

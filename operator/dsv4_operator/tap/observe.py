@@ -16,7 +16,7 @@ from enum import StrEnum
 
 import httptools
 
-from dsv4_operator.canary.transport import PROBE_HEADER
+from dsv4_operator.names import PROBE_HEADER
 from dsv4_operator.tap.classify import TOOLS_MARKER
 
 _PROBE = next(iter(PROBE_HEADER)).lower().encode()

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError
 
 from dsv4_operator.api.base import ApiModel
 from dsv4_operator.names import LABEL_PREFIX
+from dsv4_operator.reasons import WeightsReason
 
 PROGRESS_ANNOTATION = f"weights.{LABEL_PREFIX}/progress"
 
@@ -26,13 +27,13 @@ Phase = Literal["Planning", "Downloading", "Verifying", "Complete", "Failed"]
 class FailureReason(enum.Enum):
     """Why a fetch failed, with the exit code the Job's podFailurePolicy matches on."""
 
-    UNAUTHORIZED = ("Unauthorized", 3, True)
-    NOT_FOUND = ("NotFound", 4, True)
-    DISK_FULL = ("DiskFull", 5, True)
-    VERIFY_FAILED = ("VerifyFailed", 6, True)
-    HUB_UNAVAILABLE = ("HubUnavailable", 1, False)
+    UNAUTHORIZED = (WeightsReason.UNAUTHORIZED, 3, True)
+    NOT_FOUND = (WeightsReason.NOT_FOUND, 4, True)
+    DISK_FULL = (WeightsReason.DISK_FULL, 5, True)
+    VERIFY_FAILED = (WeightsReason.VERIFY_FAILED, 6, True)
+    HUB_UNAVAILABLE = (WeightsReason.HUB_UNAVAILABLE, 1, False)
 
-    def __init__(self, reason: str, exit_code: int, permanent: bool) -> None:
+    def __init__(self, reason: WeightsReason, exit_code: int, permanent: bool) -> None:
         self.reason = reason
         self.exit_code = exit_code
         self.permanent = permanent

@@ -1,0 +1,349 @@
+"""The catalogue of reasons the operator writes: guard verdicts, rollbacks, Events, conditions.
+
+Like cert-manager's constants.go: every reason string a user can read (in `status`, an Event
+or a metric label) is a member here, and each member says in `description` when it is set and
+what to do about it (the docs are generated from `CATALOGUE`). The values are wire strings:
+renaming one is an API change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Self
+
+
+class Reason(StrEnum):
+    """A reason: its value is the string on the wire, `description` says when and what to do."""
+
+    description: str
+
+    def __new__(cls, value: str, description: str = "") -> Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.description = description
+        return member
+
+
+class GuardResult(Reason):
+    """The guard's result for the served revision's window: `status.guard.lastVerdict` and the
+    `outcome` label of `dsv4_guard_outcome`."""
+
+    PASS = "Pass", "The evidence says the leak rate is below the threshold; counts toward baking."
+    FAIL = "Fail", "The revision leaks or runs out of memory: it is rolled back (RollbackReason)."
+    NO_DATA = (
+        "NoData",
+        "Not enough evidence yet; nothing happens under `noData: Hold`, keep the canary running.",
+    )
+    ERROR = (
+        "Error",
+        "A source failed (canary, Prometheus); `status.guard.lastMessage` names it. After "
+        "`errorLimit` in a row the guard is blind (GuardBlind): fix the source.",
+    )
+
+
+class GuardReason(Reason):
+    """Why the guard's result is what it is: `status.guard.lastReason`."""
+
+    OOM_BEFORE_BAKE = (
+        "OOMBeforeBake",
+        "Fail: an OOM event on a revision that has not baked yet. Size the engines down (the "
+        "plan in status) or fix the config the spec asks for.",
+    )
+    OOM_EVENTS = (
+        "OOMEvents",
+        "Fail: `spec.guard.oom.maxEvents` OOM events within `oom.window` on a baked revision. "
+        "See the runbook's DSV4OOMEvents.",
+    )
+    SOURCE_ERROR = (
+        "SourceError",
+        "Error: the last canary run or Prometheus query failed; `lastMessage` says how. Check "
+        "the endpoint, the router and the URL.",
+    )
+    PROMETHEUS_LEAK_RATE = (
+        "PrometheusLeakRate",
+        "Fail when `spec.guard.prometheus.leakRateQuery` returns more than the threshold, Pass "
+        "when it returns at most the threshold and the canary has too few samples.",
+    )
+    TRAFFIC_LEAK_RATE = (
+        "TrafficLeakRate",
+        "Fail: production traffic through the leak taps leaks above the threshold (anytime-valid "
+        "test). See the runbook's DSV4LeakRateHigh.",
+    )
+    TOO_FEW_SAMPLES = (
+        "TooFewSamples",
+        "NoData: fewer canary responses than `leakRate.minSamples` in the window; wait for "
+        "more canary runs.",
+    )
+    LEAK_RATE = (
+        "LeakRate",
+        "Fail when the canary's leak rate is above the threshold with confidence, Pass when it "
+        "is below it with confidence.",
+    )
+    INCONCLUSIVE = (
+        "Inconclusive",
+        "NoData: enough canary responses, but the confidence bounds straddle the threshold; the "
+        "window keeps collecting.",
+    )
+    NO_DATA = (
+        "NoData",
+        "Fail under `noData: Fail`: the settled revision still had no conclusive canary evidence "
+        "after bakeTime. Make the canary reach the router, or use `noData: Hold`.",
+    )
+
+
+class RollbackReason(Reason):
+    """Why a failing verdict rolls back: `status.quarantine[].reason`, the reason of the
+    `RolledBack` condition and the `reason` label of `dsv4_rollbacks_total`."""
+
+    LEAK_RATE = (
+        "LeakRate",
+        "The revision leaked tool-call markup above the threshold (canary, taps or Prometheus). "
+        "Change the engine config; the runbook's DSV4LeakRateHigh lists the known causes.",
+    )
+    OOM = (
+        "OOM",
+        "The revision ran out of memory. Change the engine config or the workload; see the "
+        "runbook's DSV4OOMEvents.",
+    )
+    NO_DATA = (
+        "NoData",
+        "`noData: Fail` and no conclusive evidence within bakeTime. Make the canary work, or "
+        "use `noData: Hold`.",
+    )
+
+
+class WeightsReason(Reason):
+    """The reason of the `WeightsReady` condition (Hub downloads); the fetcher's failures
+    (weights.progress.FailureReason) are named by the same members."""
+
+    PENDING = "Pending", "The download Job is being created."
+    DOWNLOADING = (
+        "Downloading",
+        "The Job lists, downloads or verifies the files (a failed attempt is retried and "
+        "resumes); the rollout waits, the running pair keeps serving.",
+    )
+    DOWNLOADED = "Downloaded", "The weights of this source are on the claim and verified."
+    DOWNLOAD_FAILED = (
+        "DownloadFailed",
+        "The Job gave up without a reason of its own; its message says why. Delete the Job to "
+        "retry once fixed (the downloaded part is kept).",
+    )
+    UNAUTHORIZED = (
+        "Unauthorized",
+        "The Hub refused access (gated or private repo): set "
+        "`spec.model.cache.huggingFace.tokenSecret` to a Secret with a token that may read it.",
+    )
+    NOT_FOUND = (
+        "NotFound",
+        "The repository, revision or a file is not on the Hub: fix `spec.model.name` or "
+        "`spec.model.cache.huggingFace.revision`.",
+    )
+    DISK_FULL = (
+        "DiskFull",
+        "The weights volume is too small: raise `spec.model.cache.huggingFace.storage` (or free "
+        "the volume).",
+    )
+    VERIFY_FAILED = (
+        "VerifyFailed",
+        "A downloaded file has the wrong size or sha256 (the message names it). Delete the Job "
+        "to download again.",
+    )
+    HUB_UNAVAILABLE = (
+        "HubUnavailable",
+        "The Hub could not be reached (connection, timeout, 5xx) until the Job ran out of "
+        "retries. Check egress (proxy, DNS), then delete the Job to retry.",
+    )
+
+
+def weights_event_reason(reason: str) -> str:
+    """The Event reason for a WeightsReady reason (`Downloading` -> `WeightsDownloading`)."""
+    return f"Weights{reason}"
+
+
+def _weights_event(reason: WeightsReason) -> tuple[str, str]:
+    return weights_event_reason(reason), reason.description
+
+
+class EventReason(Reason):
+    """The reason of a Kubernetes Event the operator posts on a DSV4Deployment."""
+
+    # The guard
+    ROLLED_BACK = (
+        "RolledBack",
+        "Warning: the guard rolled back to the last known good revision and quarantined the "
+        "failing one. Read the evidence in the message; fix the spec.",
+    )
+    BAKED = (
+        "Baked",
+        "The revision passed bakeTime and is now `status.lastKnownGoodRevision`. Nothing to do.",
+    )
+    QUARANTINE_CLEARED = (
+        "QuarantineCleared",
+        "The `dsv4.io/clear-quarantine` annotation released a revision; it starts a fresh window.",
+    )
+    GUARD_BLIND = (
+        "GuardBlind",
+        "Warning: the guard's sources failed `errorLimit` times in a row; it cannot judge the "
+        "revision. Fix the canary endpoint or Prometheus.",
+    )
+    NO_KNOWN_GOOD = (
+        "NoKnownGood",
+        "Warning: a revision failed (or is quarantined) and no revision has baked to roll back "
+        "to; the current one keeps running. Fix the spec yourself.",
+    )
+    # The rollout
+    CREATING = "Creating", "The first pair of a revision is being created."
+    ROLLING_UPDATE = (
+        "RollingUpdate",
+        "A change with the same P/D transfer format rolls in place, decode first.",
+    )
+    CHILD_RECREATED = (
+        "ChildRecreated",
+        "Warning: a role's StatefulSet was missing (deleted by someone) and was recreated. Find "
+        "who deletes it.",
+    )
+    RECREATE = (
+        "Recreate",
+        "The transfer format changes under `rollout.strategy: Recreate`: the router and the old "
+        "pair stop before the new pair starts (downtime).",
+    )
+    BLUE_GREEN_STARTED = (
+        "BlueGreenStarted",
+        "The transfer format changes under BlueGreen: a new pair starts next to the old one.",
+    )
+    ROUTER_SWITCHED = "RouterSwitched", "BlueGreen: the router now targets the new pair."
+    OLD_PAIR_DELETED = "OldPairDeleted", "The pair(s) no longer served were deleted."
+    ORPHANS_DELETED = (
+        "OrphansDeleted",
+        "Services or PDBs of pairs without a StatefulSet were deleted (a cut-short cleanup).",
+    )
+    REVISION_CREATED = (
+        "RevisionCreated",
+        "An engine config was stored as a ControllerRevision (a rollback target).",
+    )
+    INVALID = (
+        "Invalid",
+        "Warning: the spec is refused by a rule or the schema; nothing is rolled out and "
+        "running children keep their config. Fix the fields the message names.",
+    )
+    CHILD_REJECTED = (
+        "ChildRejected",
+        "Warning: the API server refused a child the operator wrote (its validation or a "
+        "namespace policy); the message names the child and the field.",
+    )
+    CRD_MISSING = (
+        "CRDMissing",
+        "Warning: a ServiceMonitor is asked for but its CRD is not served. Install the "
+        "prometheus-operator CRDs or disable `spec.monitoring.serviceMonitor`.",
+    )
+    # The weights download: "Weights" + the WeightsReady reason (weights_event_reason); a
+    # Warning for all but Pending and Downloading. Never posted for Downloaded.
+    WEIGHTS_PENDING = _weights_event(WeightsReason.PENDING)
+    WEIGHTS_DOWNLOADING = _weights_event(WeightsReason.DOWNLOADING)
+    WEIGHTS_DOWNLOAD_FAILED = _weights_event(WeightsReason.DOWNLOAD_FAILED)
+    WEIGHTS_UNAUTHORIZED = _weights_event(WeightsReason.UNAUTHORIZED)
+    WEIGHTS_NOT_FOUND = _weights_event(WeightsReason.NOT_FOUND)
+    WEIGHTS_DISK_FULL = _weights_event(WeightsReason.DISK_FULL)
+    WEIGHTS_VERIFY_FAILED = _weights_event(WeightsReason.VERIFY_FAILED)
+    WEIGHTS_HUB_UNAVAILABLE = _weights_event(WeightsReason.HUB_UNAVAILABLE)
+
+
+class ConditionReason(Reason):
+    """The reason of a status condition (other than WeightsReady, and RolledBack=True, whose
+    reason is the RollbackReason)."""
+
+    # Validated
+    VALID = "Valid", "Validated=True: no error findings (warnings are listed in `findings`)."
+    RULE_VIOLATION = (
+        "RuleViolation",
+        "Validated=False: a DSV4 rule refuses the spec; `findings` say what breaks and what to "
+        "change.",
+    )
+    SCHEMA_INVALID = (
+        "SchemaInvalid",
+        "Validated=False: the spec does not match the schema; fix the field the message names.",
+    )
+    # Progressing
+    SPEC_INVALID = "SpecInvalid", "Progressing=False: no rollout while the spec is invalid."
+    CREATING = "Creating", "Progressing=True: the first pair of a revision is being created."
+    ROLLING_UPDATE = (
+        "RollingUpdate",
+        "Progressing=True: a role rolls in place to the new revision, decode first.",
+    )
+    RECREATING = (
+        "Recreating",
+        "Progressing=True: the old pair (and router) stop before the new transfer format starts.",
+    )
+    BLUE_GREEN = "BlueGreen", "Progressing=True: a new pair starts next to the old one."
+    SWITCHING_ROUTER = (
+        "SwitchingRouter",
+        "Progressing=True: the router rolls to the new pair before the old one is deleted.",
+    )
+    CLEANING_UP = "CleaningUp", "Progressing=True: pairs or objects no longer used are deleted."
+    WAITING_FOR_WEIGHTS = (
+        "WaitingForWeights",
+        "Progressing=True: the rollout waits for the weights download (see WeightsReady).",
+    )
+    QUARANTINED = (
+        "Quarantined",
+        "Progressing=True: the spec's revision is quarantined and nothing else can be served. "
+        "Change the spec or clear the quarantine.",
+    )
+    ROLLOUT_COMPLETE = (
+        "RolloutComplete",
+        "Progressing=False: every role runs the desired revision.",
+    )
+    CHILD_REJECTED = (
+        "ChildRejected",
+        "Progressing=False: the API server refused a child (its validation or a namespace "
+        "policy); the message names the child and the field.",
+    )
+    # Ready
+    ALL_REPLICAS_READY = "AllReplicasReady", "Ready=True: all roles and the router are ready."
+    REPLICAS_NOT_READY = (
+        "ReplicasNotReady",
+        "Ready=False: some replicas are not ready; the message names the first pod problem.",
+    )
+    WEIGHTS_NOT_READY = (
+        "WeightsNotReady",
+        "Ready=False: the engines wait for the weights download (see WeightsReady).",
+    )
+    # Degraded
+    AS_EXPECTED = "AsExpected", "Degraded=False."
+    REPLICAS_UNAVAILABLE = (
+        "ReplicasUnavailable",
+        "Degraded=True: the rollout is complete but replicas are not ready; see the message.",
+    )
+    NO_KNOWN_GOOD = (
+        "NoKnownGood",
+        "Degraded=True: a revision failed or is quarantined and there is no last known good "
+        "revision to roll back to. Fix the spec yourself.",
+    )
+    # RolledBack (True carries the RollbackReason)
+    NOT_ROLLED_BACK = "NotRolledBack", "RolledBack=False: the spec's revision is served."
+    # GuardBlind
+    SEEING = "Seeing", "GuardBlind=False: the guard's sources answer."
+    SOURCE_ERRORS = (
+        "SourceErrors",
+        "GuardBlind=True: a source failed `errorLimit` times in a row; fix the canary endpoint "
+        "or Prometheus (the message names them).",
+    )
+    # MonitoringReady
+    APPLIED = "Applied", "MonitoringReady=True: the ServiceMonitor is applied."
+    DISABLED = "Disabled", "MonitoringReady=True: no ServiceMonitor asked for."
+    CRD_MISSING = (
+        "CRDMissing",
+        "MonitoringReady=False: the ServiceMonitor CRD is not served. Install the "
+        "prometheus-operator CRDs or disable `spec.monitoring.serviceMonitor`.",
+    )
+
+
+# Every catalogue, in the order the docs list them.
+CATALOGUE: tuple[type[Reason], ...] = (
+    GuardResult,
+    GuardReason,
+    RollbackReason,
+    EventReason,
+    ConditionReason,
+    WeightsReason,
+)

@@ -1,0 +1,90 @@
+"""Who may import whom among the leak detector, the guard and its signals (read from the source).
+
+The detector (leak/) stands alone; the guard's decision (guard/) is pure, so it reaches neither
+the Kubernetes client nor the metrics; metrics.py does not reach into the guard.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import dsv4_operator
+
+PACKAGE = Path(dsv4_operator.__file__).resolve().parent
+
+
+def _file(module: str) -> Path | None:
+    """The source file of a dsv4_operator module, None for a name that is not a module."""
+    path = PACKAGE.joinpath(*module.split(".")[1:])
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    """The dsv4_operator modules a file imports, at the top or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("dsv4_operator.")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsv4_operator"):
+            module = str(node.module)
+            found.add(module)  # `from dsv4_operator.x import name` also runs x's __init__
+            found |= {f"{module}.{a.name}" for a in node.names if _file(f"{module}.{a.name}")}
+    return found - {"dsv4_operator"}
+
+
+def _reach(package: str) -> set[str]:
+    """Every dsv4_operator module that importing any module of `package` may import."""
+    root = PACKAGE / package
+    paths = sorted(root.glob("*.py")) if root.is_dir() else [root.with_suffix(".py")]
+    todo = [_module(p) for p in paths]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = _file(module)
+        if path is not None:
+            todo += _imports(path)
+    return seen
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == f"dsv4_operator.{package}" or module.startswith(f"dsv4_operator.{package}.")
+
+
+def test_the_walk_sees_imports() -> None:
+    # Guard against a walk that finds nothing and so forbids nothing.
+    assert "dsv4_operator.kube.cache" in _reach("signals")
+    assert "dsv4_operator.metrics" in _reach("signals")
+
+
+def test_the_detector_imports_nothing_else_of_the_operator() -> None:
+    assert {m for m in _reach("leak") if not _within(m, "leak")} == set()
+
+
+@pytest.mark.parametrize("forbidden", ["kube", "metrics", "signals", "reconcile", "handlers"])
+def test_the_guard_decision_is_pure(forbidden: str) -> None:
+    assert {m for m in _reach("guard") if _within(m, forbidden)} == set()
+
+
+def test_metrics_do_not_import_the_guard() -> None:
+    assert {m for m in _reach("metrics") if _within(m, "guard")} == set()
+
+
+def test_the_tap_and_the_canary_share_the_detector_not_each_other() -> None:
+    tap, canary = _reach("tap"), _reach("canary")
+    assert "dsv4_operator.leak.classifier" in tap and "dsv4_operator.leak.classifier" in canary
+    assert {m for m in tap if _within(m, "canary") or _within(m, "guard")} == set()
+    assert {m for m in canary if _within(m, "tap") or _within(m, "guard")} == set()

@@ -1,0 +1,201 @@
+"""The catalogue of reasons (reasons.py): complete, described, and the only source of reasons."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dsv4_operator import reasons
+from dsv4_operator.reasons import (
+    CATALOGUE,
+    ConditionReason,
+    EventReason,
+    Reason,
+    WeightsReason,
+    weights_event_reason,
+)
+from dsv4_operator.weights.progress import FailureReason
+
+PACKAGE = Path(reasons.__file__).resolve().parent
+
+# The wire strings as they were before the catalogue: a value that changes here is an API change.
+WIRE = {
+    "GuardResult": {"Pass", "Fail", "NoData", "Error"},
+    "GuardReason": {
+        "OOMBeforeBake",
+        "OOMEvents",
+        "SourceError",
+        "PrometheusLeakRate",
+        "TrafficLeakRate",
+        "TooFewSamples",
+        "LeakRate",
+        "Inconclusive",
+        "NoData",
+    },
+    "RollbackReason": {"LeakRate", "OOM", "NoData"},
+    "EventReason": {
+        "RolledBack",
+        "Baked",
+        "QuarantineCleared",
+        "GuardBlind",
+        "NoKnownGood",
+        "Creating",
+        "RollingUpdate",
+        "ChildRecreated",
+        "Recreate",
+        "BlueGreenStarted",
+        "RouterSwitched",
+        "OldPairDeleted",
+        "OrphansDeleted",
+        "RevisionCreated",
+        "Invalid",
+        "ChildRejected",
+        "CRDMissing",
+        "WeightsPending",
+        "WeightsDownloading",
+        "WeightsDownloadFailed",
+        "WeightsUnauthorized",
+        "WeightsNotFound",
+        "WeightsDiskFull",
+        "WeightsVerifyFailed",
+        "WeightsHubUnavailable",
+    },
+    "ConditionReason": {
+        "Valid",
+        "RuleViolation",
+        "SchemaInvalid",
+        "SpecInvalid",
+        "Creating",
+        "RollingUpdate",
+        "Recreating",
+        "BlueGreen",
+        "SwitchingRouter",
+        "CleaningUp",
+        "WaitingForWeights",
+        "Quarantined",
+        "RolloutComplete",
+        "ChildRejected",
+        "AllReplicasReady",
+        "ReplicasNotReady",
+        "WeightsNotReady",
+        "AsExpected",
+        "ReplicasUnavailable",
+        "NoKnownGood",
+        "NotRolledBack",
+        "Seeing",
+        "SourceErrors",
+        "Applied",
+        "Disabled",
+        "CRDMissing",
+    },
+    "WeightsReason": {
+        "Pending",
+        "Downloading",
+        "Downloaded",
+        "DownloadFailed",
+        "Unauthorized",
+        "NotFound",
+        "DiskFull",
+        "VerifyFailed",
+        "HubUnavailable",
+    },
+}
+
+# Where a reason is passed: callee name -> (positional indexes, keyword names). What is given
+# there must be a catalogue member (or computed from one), never a string literal.
+REASON_ARGUMENTS: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+    "Note": ((1,), ("reason",)),
+    "note": ((1,), ("reason",)),  # reconcile.actions.Actions.note
+    "_condition": ((3,), ("reason",)),  # reconcile.status
+    "Condition": ((), ("reason",)),
+    "Progress": ((0,), ("reason",)),
+    "GuardVerdict": ((0, 1, 3), ("outcome", "reason", "rollback_reason")),
+    "WeightsState": ((1,), ("reason",)),
+    "QuarantineEntry": ((), ("reason",)),
+}
+
+
+def test_the_catalogue_lists_every_reason_class() -> None:
+    defined = {
+        value
+        for value in vars(reasons).values()
+        if isinstance(value, type) and issubclass(value, Reason) and value is not Reason
+    }
+    assert set(CATALOGUE) == defined
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUE, ids=lambda c: c.__name__)
+def test_values_are_todays_wire_strings_each_once(catalogue: type[Reason]) -> None:
+    # Two members with one value would make the second an alias, its description lost.
+    assert len(catalogue.__members__) == len(list(catalogue))
+    assert {member.value for member in catalogue} == WIRE[catalogue.__name__]
+
+
+@pytest.mark.parametrize("catalogue", CATALOGUE, ids=lambda c: c.__name__)
+def test_every_member_says_when_and_what_to_do(catalogue: type[Reason]) -> None:
+    for member in catalogue:
+        assert member.description.strip(), member
+        assert member.description.rstrip().endswith("."), member
+        assert member.value[0].isupper() and member.value.isalnum(), member  # CamelCase
+
+
+def test_a_member_is_its_string_on_the_wire() -> None:
+    assert f"{EventReason.ROLLED_BACK}" == "RolledBack" == str(EventReason.ROLLED_BACK)
+    assert EventReason("RolledBack") is EventReason.ROLLED_BACK
+
+
+def test_weights_failures_and_their_events_are_catalogued() -> None:
+    assert {failure.reason for failure in FailureReason} <= set(WeightsReason)
+    for reason in WeightsReason:
+        if reason is not WeightsReason.DOWNLOADED:  # an Event is posted only while not ready
+            assert weights_event_reason(reason) in set(EventReason)
+
+
+def test_the_monitoring_warning_event_is_the_condition_reason() -> None:
+    # reconcile.decide posts MonitoringReady=False's reason as the Event reason.
+    assert ConditionReason.CRD_MISSING.value in set(EventReason)
+
+
+def _literals(expr: ast.expr) -> Iterator[ast.expr]:
+    """String literals an expression can evaluate to (through `x if c else y` and `a or b`)."""
+    if isinstance(expr, ast.JoinedStr) or (
+        isinstance(expr, ast.Constant) and isinstance(expr.value, str)
+    ):
+        yield expr
+    elif isinstance(expr, ast.IfExp):
+        yield from _literals(expr.body)
+        yield from _literals(expr.orelse)
+    elif isinstance(expr, ast.BoolOp):
+        for value in expr.values:
+            yield from _literals(value)
+
+
+def _reason_arguments(tree: ast.AST) -> Iterator[ast.expr]:
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name not in REASON_ARGUMENTS:
+            continue
+        indexes, keywords = REASON_ARGUMENTS[name]
+        yield from (node.args[i] for i in indexes if i < len(node.args))
+        yield from (k.value for k in node.keywords if k.arg in keywords)
+
+
+def test_no_reason_is_a_string_literal_in_the_operator() -> None:
+    checked = 0
+    left: list[str] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for argument in _reason_arguments(tree):
+            checked += 1
+            left += [
+                f"{path.relative_to(PACKAGE)}:{literal.lineno}: {ast.unparse(literal)}"
+                for literal in _literals(argument)
+            ]
+    assert not left, "reasons written as literals, not reasons.py members:\n" + "\n".join(left)
+    assert checked >= 60, checked  # the walk still finds the call sites
