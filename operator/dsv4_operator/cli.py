@@ -16,11 +16,11 @@ from pydantic import ValidationError
 
 from dsv4_operator.api.crd import crd_yaml
 from dsv4_operator.api.status import Finding
+from dsv4_operator.canary.cli import EXIT_LEAKING, probe_command
 from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
 from dsv4_operator.engine.releases import versions_text
 from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
-from dsv4_operator.canary.cli import EXIT_LEAKING, probe_command
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.selftest import selftest_command
 from dsv4_operator.settings import OperatorSettings

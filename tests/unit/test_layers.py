@@ -66,7 +66,7 @@ def _within(module: str, package: str) -> bool:
 
 def test_the_walk_sees_imports() -> None:
     # Guard against a walk that finds nothing and so forbids nothing.
-    assert "dsv4_operator.kube.cache" in _reach("signals")
+    assert "dsv4_operator.kube.reader" in _reach("signals")
     assert "dsv4_operator.metrics" in _reach("signals")
 
 

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from dsv4_operator import cli, selftest
+from dsv4_operator.canary import cli as probe_cli
 from dsv4_operator.engine.rules import CATALOGUE
-from dsv4_operator.probe import cli as probe_cli
 
 from .conftest import EXAMPLE, REPO
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dsv4_operator.signals.supervisor import GuardSupervisor
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden
 from dsv4_operator.kube.resources import (
@@ -25,6 +24,7 @@ from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.runtime.cache import Discover, Listener, Watched
 from dsv4_operator.runtime.leadership import Leadership
 from dsv4_operator.runtime.queue import WorkQueue
+from dsv4_operator.signals.supervisor import GuardSupervisor
 
 log = logging.getLogger(__name__)
 

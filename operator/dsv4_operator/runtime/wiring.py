@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import kopf
 
 from dsv4_operator import metrics
-from dsv4_operator.signals.supervisor import GuardSupervisor
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.reconcile.actions import ReconcileSettings
@@ -26,6 +25,7 @@ from dsv4_operator.runtime.metered import (
 from dsv4_operator.runtime.queue import WorkQueue
 from dsv4_operator.runtime.watched import WATCHED, enqueue_owner, watchable
 from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.signals.supervisor import GuardSupervisor
 
 
 @dataclass
