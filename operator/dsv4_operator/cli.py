@@ -347,7 +347,7 @@ def rules(output: str) -> None:
 
 @main.command()
 def run() -> None:
-    """Start the operator (configured by DSV4_* environment variables; see the README)."""
+    """Start the operator (configured by DSV4_* environment variables; see docs/settings.md)."""
     from dsv4_operator.handlers.registration import run as run_operator
 
     run_operator(OperatorSettings())

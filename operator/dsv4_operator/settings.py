@@ -19,7 +19,7 @@ from dsv4_operator.trust import TrustPolicy, split_list
 
 
 class OperatorSettings(BaseSettings):
-    """Every knob of `dsv4 run`; see the README's settings table."""
+    """Every knob of `dsv4 run`; docs/settings.md lists them (generated)."""
 
     model_config = SettingsConfigDict(env_prefix="DSV4_", extra="ignore")
 

@@ -1,11 +1,12 @@
 """decide(): the pure heart of reconcile. World in, Decision out; no I/O, no clock of its own.
 
-Rollout semantics (README, "What the operator does"): a change that keeps the P/D transfer-format
-key rolls in place, decode first, then prefill. A change of the key never mixes formats: Recreate
-deletes the router and the old pair and waits until their pods are gone before creating the new
-pair; BlueGreen brings up a new pair under revision-suffixed names, switches the router once it is
-ready, then deletes the old pair once the router has rolled. Every step is derived from the
-world, so an operator restarted mid-rollout picks up where the world is.
+Rollout semantics (docs/operator.md, "Rollouts never mix P/D transfer formats"): a change
+that keeps the P/D transfer-format key rolls in place, decode first, then prefill. A change of
+the key never mixes formats: Recreate deletes the router and the old pair and waits until their
+pods are gone before creating the new pair; BlueGreen brings up a new pair under
+revision-suffixed names, switches the router once it is ready, then deletes the old pair once
+the router has rolled. Every step is derived from the world, so an operator restarted
+mid-rollout picks up where the world is.
 """
 
 from __future__ import annotations
