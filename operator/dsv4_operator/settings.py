@@ -14,7 +14,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsv4_operator.api.base import DURATION_PATTERN
 from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE, GROUP, OPERATOR
-from dsv4_operator.runtime.lease import Timing
 from dsv4_operator.trust import TrustPolicy, split_list
 
 
@@ -99,11 +98,6 @@ class OperatorSettings(BaseSettings):
     pod_name: str = Field(
         default="", description="This replica's identity in the Lease (default: host and pid)."
     )
-
-    @property
-    def lease_timing(self) -> Timing:
-        duration = self.lease_duration_seconds
-        return Timing(duration=duration, deadline=duration * 2 / 3, retry=duration / 7.5)
 
     @property
     def liveness_endpoint(self) -> str | None:

@@ -1,7 +1,8 @@
-"""Who may import whom among the leak detector, the guard and its signals (read from the source).
+"""Who may import whom among the operator's packages (read from the source).
 
-The detector (leak/) stands alone; the guard's decision (guard/) is pure, so it reaches neither
-the Kubernetes client nor the metrics; metrics.py does not reach into the guard.
+No two packages import each other, even through others; the detector (leak/) stands alone; the
+guard's decision (guard/) is pure, so it reaches neither the Kubernetes client nor the metrics;
+metrics.py does not reach into the guard.
 """
 
 from __future__ import annotations
@@ -88,3 +89,68 @@ def test_the_tap_and_the_canary_share_the_detector_not_each_other() -> None:
     assert "dsv4_operator.leak.classifier" in tap and "dsv4_operator.leak.classifier" in canary
     assert {m for m in tap if _within(m, "canary") or _within(m, "guard")} == set()
     assert {m for m in canary if _within(m, "tap") or _within(m, "guard")} == set()
+
+
+def _package_of(module: str) -> str:
+    """`guard` for dsv4_operator.guard.decision, `metrics` for dsv4_operator.metrics."""
+    return module.split(".")[1]
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Which top-level package (or module) of dsv4_operator imports which, directly."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = (
+            _package_of(_module(path)) if path.parent != PACKAGE or path.stem != "__init__" else ""
+        )
+        if not source:
+            continue
+        targets = {_package_of(m) for m in _imports(path)} - {source}
+        graph.setdefault(source, set()).update(targets)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_between_packages() -> None:
+    graph = _package_graph()
+    assert {"guard", "signals", "runtime", "reconcile", "api", "engine"} <= set(graph)
+    assert _cycles(graph) == [], {p: sorted(t) for p, t in sorted(graph.items())}
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    # A finder that never finds one would pass the test above vacuously.
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

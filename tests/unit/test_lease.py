@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4_operator.runtime.lease import Observed, _record, may_take
+from dsv4_operator.runtime.lease import Observed, Timing, _record, may_take
 
 
 def lease(holder: str, renew: str = "2026-12-01T00:00:00.000000Z", transitions: int = 0) -> Any:
@@ -29,3 +29,9 @@ def test_a_renewal_restarts_the_count() -> None:
     seen = Observed(_record(lease("other", "2026-12-01T00:00:00.000000Z")), at=100.0)
     renewed = lease("other", "2026-12-01T00:00:02.000000Z")
     assert not may_take(renewed, seen, "me", now=500.0, duration=15)
+
+
+def test_the_timing_of_a_lease_duration_keeps_client_gos_ratios() -> None:
+    # 15 s gives client-go's defaults: renew every 2 s, stop leading after 10 s unrenewed.
+    assert Timing.for_duration(15.0) == Timing(duration=15.0, deadline=10.0, retry=2.0)
+    assert Timing.for_duration(60.0) == Timing(duration=60.0, deadline=40.0, retry=8.0)

@@ -12,6 +12,7 @@ import pytest
 from kubernetes.config import kube_config
 
 from dsv4_operator.kube.resources import DSV4
+from dsv4_operator.runtime.lease import Timing
 from dsv4_operator.runtime.metered import (
     CountedReconciler,
     count_list,
@@ -85,7 +86,7 @@ async def test_build_operator_wires_one_operator_from_the_settings(
         assert (elector.namespace, elector.name, elector.timing) == (
             op.lease_namespace,
             "l",
-            op.lease_timing,
+            Timing.for_duration(op.lease_duration_seconds),
         )
         # A change the cache sees enqueues its owner on this queue.
         assert cache.listener is not None

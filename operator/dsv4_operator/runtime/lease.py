@@ -40,6 +40,12 @@ class Timing:
     deadline: float = 10.0  # a holder that has not renewed for this long stops leading
     retry: float = 2.0  # how often candidates try and the holder renews
 
+    @classmethod
+    def for_duration(cls, duration: float) -> Timing:
+        """The holder renews every duration/7.5 and gives up after 2/3 of it (client-go's
+        ratios: 15 s, 10 s, 2 s)."""
+        return cls(duration=duration, deadline=duration * 2 / 3, retry=duration / 7.5)
+
 
 def micro_time(at: datetime) -> str:
     """A Lease's MicroTime: RFC 3339 with microseconds."""

@@ -15,7 +15,7 @@ from dsv4_operator.reconcile.actions import ReconcileSettings
 from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.runtime.cache import WatchCache
 from dsv4_operator.runtime.leadership import Leadership, cancel
-from dsv4_operator.runtime.lease import LeaderElector
+from dsv4_operator.runtime.lease import LeaderElector, Timing
 from dsv4_operator.runtime.metered import (
     CountedReconciler,
     count_list,
@@ -87,7 +87,13 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
     queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
     guards = GuardSupervisor(cache, observations, wake=queue.add, policy=op.trust_policy)
     elector = (
-        LeaderElector(client, op.lease_namespace, op.lease_name, op.identity, op.lease_timing)
+        LeaderElector(
+            client,
+            op.lease_namespace,
+            op.lease_name,
+            op.identity,
+            Timing.for_duration(op.lease_duration_seconds),
+        )
         if op.leader_election
         else None
     )
