@@ -22,19 +22,15 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from dsv4_engine_double import shapes
+from dsv4_engine_double.corpus import mixed_responses, normal_prose
 
-from tests.engine_double import shapes  # noqa: E402
-from tests.engine_double.corpus import mixed_responses, normal_prose  # noqa: E402
-
-from dsv4_operator.canary.scenario import CANARY_TOOLS  # noqa: E402
-from dsv4_operator.leak.classifier import classify_response  # noqa: E402
-from dsv4_operator.leak.degenerate import degenerate_reason  # noqa: E402
-from dsv4_operator.leak.markup import find_markup  # noqa: E402
-from dsv4_operator.leak.sse import assemble_stream  # noqa: E402
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.leak.classifier import classify_response
+from dsv4_operator.leak.degenerate import degenerate_reason
+from dsv4_operator.leak.markup import find_markup
+from dsv4_operator.leak.sse import assemble_stream
 
 
 def main() -> int:

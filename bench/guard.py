@@ -170,7 +170,7 @@ def main() -> int:
     per_run = guard.canary.sessions * guard.canary.rounds
     interval = parse_duration(guard.canary.interval).total_seconds()
     # 17%: the figure; 4.55%: the engine double's per-response plateau, which is
-    # what makes 17% of 4-round sessions leak (tests/engine_double/config.py).
+    # what makes 17% of 4-round sessions leak (testsupport/dsv4_engine_double/config.py).
     for rate in (0.17, 0.0455):
         responses = detection(wilson, rate, per_run, args.trials, rng)
         seconds = [r / per_run * interval for r in responses]

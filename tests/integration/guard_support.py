@@ -1,9 +1,9 @@
 """End-to-end guard helpers: run the engine double the way a kubelet would.
 
 `EngineKubelet` watches the decode StatefulSet that the operator renders and (re)starts the
-engine double (tests/engine_double, the only test double in this project: there is no GPU
-here) with that StatefulSet's argv and env whenever the template changes, so a rollout or a
-rollback really changes what answers the canary.
+engine double (testsupport/dsv4_engine_double, a test double for SGLang: there is no GPU here)
+with that StatefulSet's argv and env whenever the template changes, so a rollout or a rollback
+really changes what answers the canary.
 
 The incident's corruption only shows under load. Instead of keeping real requests in flight (whose
 overlap at the double follows the machine's speed), the kubelet DECLARES the load the engine
@@ -22,11 +22,11 @@ from pathlib import Path
 
 from dsv4_devcluster import wait_for
 
-from .operator_support import REPO, Cluster
+from .operator_support import Cluster
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
-# The load every engine double here serves at (tests/engine_double/config.py): the incident's 60
-# concurrent sessions, where bf16 + HiCache corrupts 4.55% of responses and fp8 none.
+# The load every engine double here serves at (testsupport/dsv4_engine_double/config.py): the
+# incident's 60 concurrent sessions, where bf16 + HiCache corrupts 4.55% of responses and fp8 none.
 ENGINE_LOAD = 60
 
 
@@ -151,8 +151,7 @@ class EngineKubelet:
         args = _replace_flag(args, "--port", str(self.port))
         log = (self.log_dir / f"engine-double-{self.starts}.log").open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine_double", *args],
-            cwd=REPO,
+            [sys.executable, "-m", "dsv4_engine_double", *args],
             env={**_base_env(), **dict(env)},
             stdout=log,
             stderr=subprocess.STDOUT,

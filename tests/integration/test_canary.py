@@ -4,7 +4,7 @@ The doubles here run at a DECLARED load (`DSV4_DOUBLE_LOAD`, or the `X-DSV4-Doub
 header a client sends): their verdicts depend on the seed, the conversation and that number
 only, never on how many requests really overlap, so every count below is the same on an idle
 machine and a saturated one. Expected leak counts come from the double's curve
-(tests/engine_double/expectations.py), not from what one seed happens to give.
+(testsupport/dsv4_engine_double/expectations.py), not from what one seed happens to give.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dsv4_operator.canary.scenario import fake_result, first_messages, session_s
 from dsv4_operator.canary.transport import MAX_ATTEMPTS, EndpointUnreachable, discover_model
 from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
-from tests.engine_double.config import LOAD_HEADER, corruption_probability, parse_config
-from tests.engine_double.expectations import leak_band
-from tests.engine_double.process import DoubleProcess
+from dsv4_engine_double.config import LOAD_HEADER, corruption_probability, parse_config
+from dsv4_engine_double.expectations import leak_band
+from dsv4_engine_double.process import DoubleProcess
 from tests.unit.contract import assert_contract
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.

@@ -18,9 +18,9 @@ from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.leak.classifier import classify_response
 from dsv4_operator.leak.sse import assemble_stream
 from dsv4_operator.leak.verdict import VerdictKind
-from tests.engine_double import shapes
-from tests.engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
-from tests.engine_double.examples import (
+from dsv4_engine_double import shapes
+from dsv4_engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
+from dsv4_engine_double.examples import (
     BF16_HICACHE,
     ROLE,
     Doc,
@@ -28,7 +28,9 @@ from tests.engine_double.examples import (
     corrupted,
     rendered,
 )
-from tests.engine_double.process import DoubleFailedToStart, DoubleProcess
+from dsv4_engine_double.process import DoubleFailedToStart, DoubleProcess
+from dsv4_operator.probe.canary import CANARY_TOOLS
+from dsv4_operator.probe.dsml import VerdictKind, assemble_stream, classify
 
 # --- the server -----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import pytest
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
-from tests.engine_double.config import parse_config, session_corruption_probability
+from dsv4_engine_double.config import parse_config, session_corruption_probability
 
 from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet, wait_good_revision_served
 from .operator_support import (

@@ -25,9 +25,9 @@ import pytest
 
 from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.children import render_spec
-from tests.engine_double.process import DoubleProcess, launch_from_statefulset
 
 from .operator_support import POOL_LABEL, Cluster, OperatorProcess, example, rtx_pool
 

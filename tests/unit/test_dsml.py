@@ -16,8 +16,8 @@ from dsv4_operator.leak.degenerate import degenerate_reason
 from dsv4_operator.leak.markup import find_markup
 from dsv4_operator.leak.sse import IncompleteStream, StreamError, assemble_stream
 from dsv4_operator.leak.verdict import SNIPPET_CHARS, Verdict, VerdictKind
-from tests.engine_double import shapes
-from tests.engine_double.corpus import PARAGRAPHS, mixed_responses, normal_prose
+from dsv4_engine_double import shapes
+from dsv4_engine_double.corpus import PARAGRAPHS, mixed_responses, normal_prose
 
 Json = dict[str, Any]
 

@@ -17,8 +17,8 @@ import pytest
 
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.leak.classifier import classify_response
-from tests.engine_double import shapes
-from tests.engine_double.config import (
+from dsv4_engine_double import shapes
+from dsv4_engine_double.config import (
     HICACHE_RACE,
     MULTI_STREAM_ALIASING,
     DoubleConfig,
@@ -26,8 +26,10 @@ from tests.engine_double.config import (
     parse_config,
     session_corruption_probability,
 )
-from tests.engine_double.examples import BF16_HICACHE, ROLE, conversation, corrupted, rendered
-from tests.engine_double.expectations import binomial_band, leak_band
+from dsv4_engine_double.examples import BF16_HICACHE, ROLE, conversation, corrupted, rendered
+from dsv4_engine_double.expectations import binomial_band, leak_band
+from dsv4_operator.probe.canary import CANARY_TOOLS
+from dsv4_operator.probe.dsml import classify
 
 # --- configuration and the corruption curve (pure) ------------------------------------------
 

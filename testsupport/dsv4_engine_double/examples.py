@@ -8,12 +8,12 @@ from typing import Any
 
 import yaml
 
+from dsv4_engine_double.config import DoubleConfig
+from dsv4_engine_double.process import launch_from_statefulset
+from dsv4_engine_double.server import answer, conversation_rng
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.render.children import render_spec
-from tests.engine_double.config import DoubleConfig
-from tests.engine_double.process import launch_from_statefulset
-from tests.engine_double.server import answer, conversation_rng
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dsv4.yaml"
 Doc = dict[str, Any]

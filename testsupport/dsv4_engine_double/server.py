@@ -31,8 +31,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tests.engine_double import shapes
-from tests.engine_double.config import (
+from dsv4_engine_double import shapes
+from dsv4_engine_double.config import (
     DEFAULT_MAX_TOTAL_TOKENS,
     HICACHE_RACE,
     LOAD_HEADER,
@@ -234,8 +234,8 @@ class Metrics:
             self.graph_passes.labels(**self.sched, mode=mode)
         for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens):
             metric.labels(**self.model)
-        for metric in (self.requests, self.aborted, self.ttft, self.e2e):
-            metric.labels(**self.model)
+        for family in (self.requests, self.aborted, self.ttft, self.e2e):
+            family.labels(**self.model)
 
     def observe_load(self, load: Load, max_total: int) -> None:
         self.running.labels(**self.sched).set(load.running)

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from tests.engine_double import shapes
+from dsv4_engine_double import shapes
 
 PARAGRAPHS: list[str] = [
     "The operator keeps one engine configuration for both roles. Prefill and decode therefore "

@@ -18,11 +18,9 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
 _LISTENING = re.compile(r"Uvicorn running on http://([^:\s]+):(\d+)")
 
 
@@ -99,8 +97,7 @@ class DoubleProcess:
     def start(self, timeout: float = 20.0) -> DoubleProcess:
         """Start and wait until it listens; raises DoubleFailedToStart if it does not."""
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine_double", *self.args],
-            cwd=REPO,
+            [sys.executable, "-m", "dsv4_engine_double", *self.args],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

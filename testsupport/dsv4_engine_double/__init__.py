@@ -1,5 +1,7 @@
 """Engine test double: a small stand-in for an SGLang DeepSeek-V4 engine. It is NOT SGLang.
 
+Test support, never part of the operator: it lives in testsupport/ (the `dsv4-testsupport`
+distribution) so that the tests, the benchmarks and the demo can all start it.
 There is no GPU here, so tests run this OpenAI-compatible aiohttp server instead of
 `python3 -m sglang.launch_server`. It accepts the same argv and env the operator renders for an
 engine container (unknown flags are tolerated), answers tool-calling conversations the way a
@@ -20,11 +22,11 @@ non-deterministic, for hand-run benchmarks only.)
 - everything else (fp8, fp4, the gated/fixed images) never corrupts;
 - `DSV4_DOUBLE_OOM_AFTER=N` crashes the process with SGLang's CUDA OOM log lines.
 
-Run:  python -m tests.engine_double --model-path M --served-model-name S --host 127.0.0.1
+Run:  python -m dsv4_engine_double --model-path M --served-model-name S --host 127.0.0.1
 --port 0 [any other sglang flags]   (port 0 picks a free port; the log line
 `Uvicorn running on http://HOST:PORT` says which). The knobs are documented in `config.py`.
 """
 
-from tests.engine_double.config import DoubleConfig, corruption_probability, parse_config
+from dsv4_engine_double.config import DoubleConfig, corruption_probability, parse_config
 
 __all__ = ["DoubleConfig", "corruption_probability", "parse_config"]

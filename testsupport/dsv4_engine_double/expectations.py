@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from tests.engine_double.config import DoubleConfig, session_corruption_probability
+from dsv4_engine_double.config import DoubleConfig, session_corruption_probability
 
 TAIL = 1e-4
 

@@ -183,7 +183,7 @@ def session_corruption_probability(config: DoubleConfig, load: float, rounds: in
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tests.engine_double",
+        prog="python -m dsv4_engine_double",
         description="Engine test double standing in for sglang.launch_server (no GPU here).",
         allow_abbrev=False,
     )

@@ -1,6 +1,0 @@
-"""`python -m tests.engine_double ...`: run the engine test double (not SGLang; no GPU here)."""
-
-from tests.engine_double.server import main
-
-if __name__ == "__main__":
-    main()
