@@ -13,25 +13,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.integration.operator_support import (  # noqa: E402
-    POOL,
-    POOL_LABEL,
-    RTX,
-    Cluster,
-    OperatorProcess,
-    example,
-)
-
-from dsv4_demo import weights_volume  # noqa: E402
-from dsv4_devcluster import ControlPlane, wait_for  # noqa: E402
 
 EXPECTED = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets
 

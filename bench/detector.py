@@ -25,7 +25,6 @@ import time
 
 from dsv4_engine_double import shapes
 from dsv4_engine_double.corpus import mixed_responses, normal_prose
-
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.leak.classifier import classify_response
 from dsv4_operator.leak.degenerate import degenerate_reason

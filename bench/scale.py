@@ -42,21 +42,20 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.integration.operator_support import OperatorProcess, example  # noqa: E402
-
-from dsv4_devcluster import ControlPlane  # noqa: E402
-from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration  # noqa: E402
-from dsv4_operator.kube.resources import (  # noqa: E402
+from dsv4_devcluster import ControlPlane
+from dsv4_devcluster.deployments import example
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
+from dsv4_operator.kube.resources import (
     DEPLOYMENT,
     PDB,
     SERVICE,
     STATEFULSET,
     Resource,
 )
-from dsv4_operator.runtime.watched import WATCHED  # noqa: E402
+from dsv4_operator.runtime.watched import WATCHED
+
+REPO = Path(__file__).resolve().parents[1]
 
 CHILDREN_PER_DEPLOYMENT = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PDBs
 CHILD_KINDS = (STATEFULSET, DEPLOYMENT, SERVICE, PDB)

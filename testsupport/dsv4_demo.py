@@ -8,18 +8,19 @@ DSV4Deployment and its children, and shuts everything down.
 
 from __future__ import annotations
 
+import argparse
 import os
-import subprocess
-import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from dsv4_devcluster import ControlPlane
+from dsv4_devcluster.deployments import weights_volume
+from dsv4_devcluster.operator import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
@@ -43,36 +44,6 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float = 180.0) -> A
             return result
         time.sleep(1.0)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-@contextmanager
-def operator_process(
-    kubeconfig: Path, extra_env: dict[str, str] | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    """`dsv4 run` as a child process against the given cluster; stopped on exit."""
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "DSV4_METRICS_PORT": "0",
-        "DSV4_HEALTH_PORT": "0",
-        "DSV4_RESYNC_SECONDS": "5",
-        **(extra_env or {}),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dsv4_operator.cli", "run"],
-        env=env,
-        stdout=subprocess.DEVNULL if not os.environ.get("DSV4_DEMO_VERBOSE") else None,
-        stderr=subprocess.STDOUT if not os.environ.get("DSV4_DEMO_VERBOSE") else None,
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -143,53 +114,15 @@ def show(dyn: Any, namespace: str, name: str) -> None:
     print(_table(rows))
 
 
-def volume_for(
-    dyn: Any,
-    namespace: str,
-    claim: str,
-    *,
-    access_modes: tuple[str, ...] = ("ReadOnlyMany",),
-    storage_class: str = "",
-    capacity: str = "200Gi",
-) -> None:
-    """A hostPath PV reserved for claim `namespace/claim` (there is no provisioner here): the
-    PV controller binds the claim to it once the claim exists."""
-    dyn.resources.get(api_version="v1", kind="PersistentVolume").create(
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": f"{namespace}-{claim}"},
-            "spec": {
-                "capacity": {"storage": capacity},
-                "accessModes": list(access_modes),
-                "storageClassName": storage_class,
-                "hostPath": {"path": "/models"},
-                "claimRef": {"namespace": namespace, "name": claim},
-            },
-        }
-    )
-
-
-def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> None:
-    """A pre-bound hostPath PV + PVC standing in for the model cache (no storage here)."""
-    volume_for(dyn, namespace, claim)
-    dyn.resources.get(api_version="v1", kind="PersistentVolumeClaim").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadOnlyMany"],
-                "storageClassName": "",
-                "volumeName": f"{namespace}-{claim}",
-                "resources": {"requests": {"storage": "200Gi"}},
-            },
-        },
-    )
-
-
 def main() -> int:
+    # No options: `--help` says what the demo does instead of starting it.
+    argparse.ArgumentParser(
+        prog="dsv4-demo",
+        description=__doc__,
+        epilog="DSV4_DEMO_VERBOSE=1 shows the operator's log; DSV4_DEMO_TIMEOUT (seconds, "
+        "default 240) bounds the wait for Ready.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args()
     doc = yaml.safe_load(EXAMPLE.read_text())
     name, namespace = doc["metadata"]["name"], doc["metadata"].get("namespace", "default")
     say("starting etcd, kube-apiserver, controller-manager, scheduler and kwok on 127.0.0.1")
@@ -199,7 +132,15 @@ def main() -> int:
         say(f"fake GPU nodes: {', '.join(n for n, _, _ in GPU_NODES)}")
         dyn = cp.dynamic_client()
         weights_volume(dyn, namespace, doc["spec"]["model"]["cache"]["pvc"]["claimName"])
-        with operator_process(cp.kubeconfig_path):
+        # The operator's output: to the terminal with DSV4_DEMO_VERBOSE, else to a file that
+        # goes with the run (its tail is printed when the deployment does not get Ready).
+        verbose = bool(os.environ.get("DSV4_DEMO_VERBOSE"))
+        with (
+            tempfile.TemporaryDirectory(prefix="dsv4-demo-") as logs,
+            OperatorProcess(
+                cp.kubeconfig_path, "", None if verbose else Path(logs), DSV4_RESYNC_SECONDS="5"
+            ) as operator,
+        ):
             say("operator running (dsv4 run); applying examples/dsv4.yaml")
             started = time.monotonic()
             api = dyn.resources.get(api_version="dsv4.io/v1alpha1", kind="DSV4Deployment")
@@ -217,6 +158,7 @@ def main() -> int:
                 )
             except TimeoutError:
                 show(dyn, namespace, name)
+                print(f"\noperator log (tail):\n{operator.log_tail()}")
                 raise
             say(
                 f"Ready after {time.monotonic() - started:.1f}s "

@@ -8,10 +8,7 @@ found nor built the fixture fails the tests: it never skips them.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,56 +18,13 @@ import pytest
 import yaml
 
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.operator import OperatorProcess
+from tests.support.paths import CRD_PATH
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO_ROOT / "crds" / "dsv4.io_dsv4deployments.yaml"
-EXAMPLE_PATH = REPO_ROOT / "examples" / "dsv4.yaml"
+from .cluster_support import exists
+from .network_support import AddressWatch, host_addresses
 
 _STARTUP_KEY = pytest.StashKey[float]()
-
-
-def _ip(namespace: str | None) -> list[str]:
-    return ["ip", "-n", namespace] if namespace else ["ip"]
-
-
-def host_addresses(namespace: str | None = None) -> dict[str, set[str]]:
-    """Interface name -> its addresses (`ip -j addr`), in the harness's network namespace
-    (or the one named)."""
-    done = subprocess.run(
-        [*_ip(namespace), "-j", "addr"], capture_output=True, text=True, check=True
-    )
-    return {
-        link["ifname"]: {a["local"] for a in link.get("addr_info", [])}
-        for link in json.loads(done.stdout)
-    }
-
-
-_ADDED = re.compile(r"^\d+: (?P<link>\S+)\s+inet6? (?P<address>\S+)")
-
-
-class AddressWatch:
-    """The host's address events (`ip -o monitor address`) since the run began, on the
-    interfaces it had then: an address added and removed again within a test is seen too."""
-
-    def __init__(self, namespace: str | None = None) -> None:
-        self.before = host_addresses(namespace)
-        self.added: list[tuple[str, str]] = []
-        self._proc = subprocess.Popen(
-            [*_ip(namespace), "-o", "monitor", "address"], stdout=subprocess.PIPE, text=True
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            match = _ADDED.match(line)  # "Deleted ..." lines do not match
-            if match and match["link"] in self.before:
-                self.added.append((match["link"], match["address"]))
-
-    def stop(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")
@@ -146,7 +100,7 @@ def namespace(dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     service_accounts = dyn.resources.get(api_version="v1", kind="ServiceAccount")
     wait_for(
         f"ServiceAccount {name}/default",
-        lambda: _exists(service_accounts, "default", name),
+        lambda: exists(service_accounts, "default", name),
         timeout=60,
     )
     yield name
@@ -174,16 +128,6 @@ def dsv4_crd(dyn: Any) -> dict[str, Any]:
         timeout=60,
     )
     return crd
-
-
-def _exists(resource: Any, name: str, namespace: str | None = None) -> bool:
-    from kubernetes.dynamic.exceptions import NotFoundError
-
-    try:
-        resource.get(name=name, namespace=namespace)
-    except NotFoundError:
-        return False
-    return True
 
 
 def _discoverable(dyn: Any, api_version: str, kind: str) -> bool:
@@ -219,9 +163,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 @pytest.fixture
 def operator(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Any]:
-    """`dsv4 run` as a subprocess watching only the test's namespace (see operator_support)."""
-    from .operator_support import OperatorProcess
-
+    """`dsv4 run` as a subprocess watching only the test's namespace (dsv4_devcluster.operator)."""
     op = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
     yield op
     op.stop()

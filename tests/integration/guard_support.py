@@ -21,8 +21,7 @@ import time
 from pathlib import Path
 
 from dsv4_devcluster import wait_for
-
-from .operator_support import Cluster
+from dsv4_devcluster.deployments import Cluster
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
 # The load every engine double here serves at (testsupport/dsv4_engine_double/config.py): the

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsv4_devcluster.deployments import Cluster
 from dsv4_operator.names import (
     DEPLOYMENT_LABEL,
     FORMAT_LABEL,
@@ -17,8 +18,6 @@ from dsv4_operator.names import (
     ROUTER,
     TARGET_PAIR_ANNOTATION,
 )
-
-from .operator_support import Cluster
 
 
 def router_targets(pod: dict[str, Any]) -> list[str]:

@@ -18,15 +18,15 @@ import pytest
 from click.testing import CliRunner
 
 from dsv4_devcluster.process import free_port
+from dsv4_engine_double.config import LOAD_HEADER, corruption_probability, parse_config
+from dsv4_engine_double.expectations import leak_band
+from dsv4_engine_double.process import DoubleProcess
 from dsv4_operator.canary.harness import run_canary
 from dsv4_operator.canary.report import CanaryReport
 from dsv4_operator.canary.scenario import fake_result, first_messages, session_steps
 from dsv4_operator.canary.transport import MAX_ATTEMPTS, EndpointUnreachable, discover_model
 from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
-from dsv4_engine_double.config import LOAD_HEADER, corruption_probability, parse_config
-from dsv4_engine_double.expectations import leak_band
-from dsv4_engine_double.process import DoubleProcess
 from tests.unit.contract import assert_contract
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.

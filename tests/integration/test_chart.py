@@ -29,23 +29,23 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from dsv4_demo import volume_for, weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_devcluster.hub import HubRepo, StandInHub
-
-from ..chart.support import CHART, render, tool
-from .helm_support import Helm
-from .operator_support import (
+from dsv4_devcluster.deployments import (
     POOL_LABEL,
-    REPO,
     RTX,
     Cluster,
-    OperatorProcess,
     example,
-    free_port,
-    service_account_kubeconfig,
-    webhook_operator,
+    volume_for,
+    weights_volume,
 )
+from dsv4_devcluster.hub import HubRepo, StandInHub
+from dsv4_devcluster.operator import OperatorProcess, webhook_operator
+from dsv4_devcluster.process import free_port
+from tests.support.paths import REPO
+
+from ..chart.support import CHART, render, tool
+from .cluster_support import service_account_kubeconfig
+from .helm_support import Helm
 from .weights_support import JobContainer
 
 pytestmark = pytest.mark.integration

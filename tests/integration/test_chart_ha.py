@@ -29,22 +29,16 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import POOL_LABEL, Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION, report_pod_exited
 from dsv4_devcluster.netns import Pod, PodNetwork
+from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.prober import ReadinessProber, report_pod_started
 
 from ..chart.support import tool
+from .cluster_support import service_account_kubeconfig
 from .helm_support import Helm
-from .operator_support import (
-    POOL_LABEL,
-    Cluster,
-    OperatorProcess,
-    example,
-    rtx_pool,
-    service_account_kubeconfig,
-)
 
 pytestmark = pytest.mark.integration
 POOL = "chart-ha"

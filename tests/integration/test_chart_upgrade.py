@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from dsv4_devcluster import ControlPlane
+from dsv4_devcluster.deployments import example
 
 from ..chart.support import CHART, tool
-from .operator_support import example
 
 PREVIOUS = Path(__file__).parent / "fixtures" / "dsv4-operator-0.1.0.tgz"
 CRD_NAME = "dsv4deployments.dsv4.io"

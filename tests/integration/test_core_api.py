@@ -11,7 +11,7 @@ from kubernetes.dynamic.exceptions import ConflictError
 
 from dsv4_devcluster import wait_for
 
-from .conftest import _exists
+from .cluster_support import exists
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,7 @@ def test_deleting_owner_garbage_collects_children(dyn: Any, namespace: str) -> N
     cms.delete(name="owner", namespace=namespace, propagation_policy="Background")
 
     def gone(resource: Any, name: str) -> bool:
-        return not _exists(resource, name, namespace)
+        return not exists(resource, name, namespace)
 
     wait_for("child ConfigMap garbage-collected", lambda: gone(cms, "child"), timeout=120)
     wait_for("child StatefulSet garbage-collected", lambda: gone(sts, "child-engine"), timeout=120)

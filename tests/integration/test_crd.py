@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.dynamic.exceptions import DynamicApiError
 
 from dsv4_devcluster import wait_for
 
-from .conftest import _exists
+from .cluster_support import exists, rejection
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +30,6 @@ def example(namespace: str, name: str = "dsv4-flash") -> dict[str, Any]:
     obj: dict[str, Any] = yaml.safe_load(EXAMPLE_PATH.read_text())
     obj["metadata"] = {"name": name, "namespace": namespace}
     return obj
-
-
-def rejection(dyn: Any, body: dict[str, Any], **params: Any) -> tuple[int, str]:
-    """Create ``body`` expecting the API server to refuse it; return (status, message)."""
-    resource = dyn.resources.get(api_version=API_VERSION, kind=KIND)
-    with pytest.raises(DynamicApiError) as info:
-        resource.create(body=body, namespace=body["metadata"]["namespace"], **params)
-    err = info.value
-    message = yaml.safe_load(err.body).get("message", "") if err.body else str(err)
-    return err.status, message
 
 
 def is_subset(sent: Any, stored: Any) -> bool:
@@ -177,7 +166,7 @@ def test_deleting_dsv4deployment_collects_children(dyn: Any, dsv4: Any, namespac
     dsv4.delete(name="owner", namespace=namespace)
 
     def gone(resource: Any, name: str) -> bool:
-        return not _exists(resource, name, namespace)
+        return not exists(resource, name, namespace)
 
     wait_for("Service collected", lambda: gone(services, "owner-router"), timeout=120)
     wait_for("ConfigMap collected", lambda: gone(cms, "owner-config"), timeout=120)

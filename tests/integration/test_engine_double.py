@@ -14,10 +14,6 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_operator.canary.scenario import CANARY_TOOLS
-from dsv4_operator.leak.classifier import classify_response
-from dsv4_operator.leak.sse import assemble_stream
-from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_engine_double import shapes
 from dsv4_engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
 from dsv4_engine_double.examples import (
@@ -29,8 +25,10 @@ from dsv4_engine_double.examples import (
     rendered,
 )
 from dsv4_engine_double.process import DoubleFailedToStart, DoubleProcess
-from dsv4_operator.probe.canary import CANARY_TOOLS
-from dsv4_operator.probe.dsml import VerdictKind, assemble_stream, classify
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.leak.classifier import classify_response
+from dsv4_operator.leak.sse import assemble_stream
+from dsv4_operator.leak.verdict import VerdictKind
 
 # --- the server -----------------------------------------------------------------------------
 

@@ -17,19 +17,14 @@ from typing import Any
 
 import pytest
 
-from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
+from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 from dsv4_engine_double.config import parse_config, session_corruption_probability
 
+from .cluster_support import statefulset_policy
 from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet, wait_good_revision_served
-from .operator_support import (
-    Cluster,
-    OperatorProcess,
-    example,
-    free_port,
-    rtx_pool,
-    statefulset_policy,
-)
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import urllib.request
 from dsv4_devcluster import wait_for
 from dsv4_devcluster.netns import PodNetwork, namespaces
 
-from .conftest import AddressWatch, host_addresses
+from .network_support import AddressWatch, host_addresses
 
 
 def test_an_address_added_to_lo_for_a_moment_is_seen() -> None:

@@ -23,13 +23,12 @@ from typing import Any
 
 import pytest
 
-from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import POOL_LABEL, Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.children import render_spec
-
-from .operator_support import POOL_LABEL, Cluster, OperatorProcess, example, rtx_pool
 
 pytestmark = pytest.mark.integration
 

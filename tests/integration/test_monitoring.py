@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster, example
+from dsv4_devcluster.operator import OperatorProcess
 from tests.integration.conftest import CRD_PATH
-from tests.integration.operator_support import Cluster, OperatorProcess, example
 
 pytestmark = pytest.mark.integration
 

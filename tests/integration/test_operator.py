@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import yaml
 
-from dsv4_demo import weights_volume
 from dsv4_devcluster import (
     ControlPlane,
     report_container_terminated,
@@ -26,23 +25,14 @@ from dsv4_devcluster import (
     wait_for,
     wait_pod_running,
 )
+from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, weights_volume
+from dsv4_devcluster.operator import OperatorProcess, webhook_operator
+from dsv4_devcluster.process import free_port
 from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.reconcile.world import statefulset_rolled
 from tests.chart.support import tool
 
-from .operator_support import (
-    POOL,
-    POOL_LABEL,
-    RTX,
-    Cluster,
-    OperatorProcess,
-    engine_flags,
-    example,
-    free_port,
-    statefulset_policy,
-    watch_router,
-    webhook_operator,
-)
+from .cluster_support import engine_flags, statefulset_policy, watch_router
 
 pytestmark = pytest.mark.integration
 BF16 = {"engine.indexKDtype": "bf16"}  # the example image declares bf16IndexK + poolSizingFix

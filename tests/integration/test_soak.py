@@ -27,14 +27,15 @@ from typing import Any
 
 import pytest
 
-from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
+from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.context import build_context
 
 from .conftest import CRD_PATH
 from .guard_support import EngineKubelet
-from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool
 from .soak_support import FormatWatcher, settled_children
 
 pytestmark = pytest.mark.integration

@@ -26,12 +26,13 @@ from typing import Any
 import httpx
 import pytest
 
-from dsv4_demo import weights_volume
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 
 from .guard_support import EngineKubelet, wait_good_revision_served
-from .operator_support import Cluster, OperatorProcess, example, free_port, rtx_pool
 
 pytestmark = pytest.mark.integration
 

@@ -12,19 +12,21 @@ import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster, example
+from dsv4_devcluster.operator import OperatorProcess, webhook_operator
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.resources import resource_of
 from dsv4_operator.render.children import render_spec
 
-from .operator_support import Cluster, OperatorProcess, example, webhook_operator
-from .test_crd import rejection
+from .cluster_support import rejection
 
 pytestmark = pytest.mark.integration
 
 
 def _changed(namespace: str, field: str, value: Any) -> dict[str, Any]:
-    """The example with one `spec.`-prefixed field set (operator_support.example's changes)."""
+    """The example with one `spec.`-prefixed field set (the changes of
+    dsv4_devcluster.deployments.example)."""
     return example(namespace, **{field.removeprefix("spec."): value})
 
 

@@ -18,17 +18,10 @@ from typing import Any
 
 import pytest
 
-from dsv4_demo import volume_for
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, volume_for
 from dsv4_devcluster.hub import HubRepo, StandInHub
-from tests.integration.operator_support import (
-    POOL,
-    POOL_LABEL,
-    RTX,
-    Cluster,
-    OperatorProcess,
-    example,
-)
+from dsv4_devcluster.operator import OperatorProcess
 from tests.integration.weights_support import JobContainer
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from typing import Any
 
 from dsv4_devcluster import ControlPlane, report_pod_exited, wait_for
 
-from .operator_support import service_account_kubeconfig
+from .cluster_support import service_account_kubeconfig
 
 Obj = dict[str, Any]
 

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from dsv4_engine_double import shapes
+from dsv4_engine_double.corpus import PARAGRAPHS, mixed_responses, normal_prose
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.leak.classifier import InvalidToolSchema, classify_response
 from dsv4_operator.leak.degenerate import degenerate_reason
 from dsv4_operator.leak.markup import find_markup
 from dsv4_operator.leak.sse import IncompleteStream, StreamError, assemble_stream
 from dsv4_operator.leak.verdict import SNIPPET_CHARS, Verdict, VerdictKind
-from dsv4_engine_double import shapes
-from dsv4_engine_double.corpus import PARAGRAPHS, mixed_responses, normal_prose
 
 Json = dict[str, Any]
 

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from dsv4_operator.canary.scenario import CANARY_TOOLS
-from dsv4_operator.leak.classifier import classify_response
 from dsv4_engine_double import shapes
 from dsv4_engine_double.config import (
     HICACHE_RACE,
@@ -28,8 +26,8 @@ from dsv4_engine_double.config import (
 )
 from dsv4_engine_double.examples import BF16_HICACHE, ROLE, conversation, corrupted, rendered
 from dsv4_engine_double.expectations import binomial_band, leak_band
-from dsv4_operator.probe.canary import CANARY_TOOLS
-from dsv4_operator.probe.dsml import classify
+from dsv4_operator.canary.scenario import CANARY_TOOLS
+from dsv4_operator.leak.classifier import classify_response
 
 # --- configuration and the corruption curve (pure) ------------------------------------------
 

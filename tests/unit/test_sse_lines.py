@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dsv4_engine_double import shapes
+from dsv4_engine_double.corpus import mixed_responses
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.canary.transport import send
 from dsv4_operator.leak import sse
 from dsv4_operator.leak.sse import IncompleteStream, StreamError, assemble_stream
-from dsv4_engine_double import shapes
-from dsv4_engine_double.corpus import mixed_responses
 
 SAMPLES = mixed_responses(24, seed=7, tools=CANARY_TOOLS)
 RAW_LINE_ENDS = "\u2028\u2029\u0085"  # line ends to str.splitlines, plain characters to JSON

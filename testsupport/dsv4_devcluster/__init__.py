@@ -25,6 +25,9 @@ Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificate
 :mod:`.prober` (pod addresses on ``lo`` and the kubelet's readiness probe, for pods whose
 process runs here),
 :mod:`.hub` (a stand-in for the Hugging Face Hub's download API),
+:mod:`.operator` (the operator, ``dsv4 run``, as a child process: the one launcher of the demo,
+the benchmarks and the tests), :mod:`.deployments` (the example DSV4Deployment on a GPU test
+pool, its weights volume, and access to it and its children),
 ``python -m dsv4_devcluster`` (run one locally until Ctrl-C).
 """
 

@@ -1,0 +1,160 @@
+"""Integration-test helpers on the API server: whether an object exists, what refusal a create
+gets, a router never targeting two transfer formats, an admission policy on StatefulSets, and
+a ServiceAccount's kubeconfig. The operator process and the example deployment are test
+support shared with the demo and the benchmarks: dsv4_devcluster.operator and .deployments."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
+
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster
+from dsv4_operator.engine.effective import parse_args
+from dsv4_operator.names import API_VERSION, KIND
+
+
+def exists(resource: Any, name: str, namespace: str | None = None) -> bool:
+    try:
+        resource.get(name=name, namespace=namespace)
+    except NotFoundError:
+        return False
+    return True
+
+
+def rejection(dyn: Any, body: dict[str, Any], **params: Any) -> tuple[int, str]:
+    """Create ``body`` expecting the API server to refuse it; return (status, message)."""
+    resource = dyn.resources.get(api_version=API_VERSION, kind=KIND)
+    with pytest.raises(DynamicApiError) as info:
+        resource.create(body=body, namespace=body["metadata"]["namespace"], **params)
+    err = info.value
+    message = yaml.safe_load(err.body).get("message", "") if err.body else str(err)
+    return err.status, message
+
+
+def watch_router(cluster: Cluster, until: Callable[[], bool], timeout: float = 240) -> int:
+    """Poll the router's targets until `until()`; fail on a mixed-format observation."""
+    deadline = time.monotonic() + timeout
+    observations = 0
+    while time.monotonic() < deadline:
+        for formats in cluster.router_formats():
+            observations += 1
+            assert len(formats) <= 1, f"a router targets pods of several formats: {formats}"
+        if until():
+            return observations
+        time.sleep(0.2)
+    raise TimeoutError("condition not reached while watching the router")
+
+
+def engine_flags(sts: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
+    return parse_args(sts["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
+def statefulset_policy(
+    dyn: Any, namespace: str, expression: str, message: str, name: str = "policy"
+) -> Callable[[], None]:
+    """A ValidatingAdmissionPolicy (the API server's own CEL admission, what a cluster's
+    policy engine does) on creates, updates and deletes of StatefulSets in `namespace`,
+    refusing those where `expression` is false with `message`; returns the undo once the
+    policy is in force. Not on `statefulsets/status`: the StatefulSet controller keeps
+    working."""
+    policies = dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicy"
+    )
+    bindings = dyn.resources.get(
+        api_version="admissionregistration.k8s.io/v1", kind="ValidatingAdmissionPolicyBinding"
+    )
+    full = f"{name}-{namespace}"
+    policies.create(
+        body={
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": full},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE", "DELETE"],
+                            "resources": ["statefulsets"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": expression, "message": message}],
+            },
+        }
+    )
+    bindings.create(
+        body={
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": full},
+            "spec": {
+                "policyName": full,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        }
+    )
+
+    def undo() -> None:
+        bindings.delete(name=full)
+        policies.delete(name=full)
+
+    # A binding takes effect a moment later: wait until a StatefulSet of 3 replicas (which
+    # every policy the tests use refuses) is refused with `message`.
+    statefulsets = dyn.resources.get(api_version="apps/v1", kind="StatefulSet")
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "policy-probe", "namespace": namespace},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+    def in_force() -> bool:
+        try:
+            statefulsets.create(body=probe, namespace=namespace, dry_run="All")
+        except Exception as error:
+            return message in str(getattr(error, "body", error))
+        return False
+
+    wait_for(f"the policy {full} in force", in_force, timeout=60)
+    return undo
+
+
+def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
+    api = cp.api_client()
+    try:
+        request = {"spec": {"expirationSeconds": 3600}}
+        token = (
+            k8s.CoreV1Api(api)
+            .create_namespaced_service_account_token(name, namespace, request)
+            .status.token
+        )
+    finally:
+        api.close()
+    config = yaml.safe_load(cp.kubeconfig_path.read_text())
+    config["users"] = [{"name": name, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = name
+    path.write_text(yaml.safe_dump(config))
+    return path
