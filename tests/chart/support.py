@@ -1,4 +1,5 @@
-"""Shared helpers of the chart, alert, dashboard and image tests: pinned tools and rendering.
+"""Shared helpers of the chart, alert, dashboard and image tests: pinned tools, rendering, and
+the RBAC rules the operator needs.
 
 The tools come from tools/devtools.py (pinned versions, fetched into the cache on first use);
 a tool that cannot be had fails the test, it never skips it.
@@ -24,6 +25,60 @@ RULES_FILE = CHART / "files" / "dsv4.rules.yaml"
 DASHBOARD_FILE = CHART / "files" / "dashboards" / "dsv4.json"
 PROMTOOL_TESTS = Path(__file__).resolve().parent / "promtool" / "dsv4.rules.test.yaml"
 RUNBOOK = REPO / "docs" / "runbook.md"
+
+# The RBAC rules the operator needs, as measured (docs/install.md#rbac).
+NAMESPACED_RULES = [
+    {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments/status"], "verbs": ["patch"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["statefulsets", "deployments"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["apps"],
+        "resources": ["controllerrevisions"],
+        "verbs": ["list", "watch", "create", "delete"],
+    },
+    {
+        "apiGroups": [""],
+        "resources": ["services"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {
+        "apiGroups": [""],
+        "resources": ["persistentvolumeclaims", "serviceaccounts"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create", "patch"]},
+    {
+        "apiGroups": ["monitoring.coreos.com"],
+        "resources": ["servicemonitors"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+]
+CRD_RULE = {
+    "apiGroups": ["apiextensions.k8s.io"],
+    "resources": ["customresourcedefinitions"],
+    "verbs": ["list", "watch"],
+}
+NAMESPACE_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 
 
 def _operator_metrics() -> frozenset[str]:

@@ -21,7 +21,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from .support import (
     CHART,
+    CRD_RULE,
     DASHBOARD_FILE,
+    NAMESPACE_RULE,
+    NAMESPACED_RULES,
     REPO,
     RULES_FILE,
     by_kind,
@@ -34,60 +37,6 @@ from .support import (
 
 # Kinds from CRDs the Kubernetes schemas do not know: checked structurally below instead.
 CUSTOM_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
-
-# The RBAC rules the operator needs, as measured (docs/install.md#rbac).
-NAMESPACED_RULES = [
-    {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments/status"], "verbs": ["patch"]},
-    {
-        "apiGroups": ["apps"],
-        "resources": ["statefulsets", "deployments"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["apps"],
-        "resources": ["controllerrevisions"],
-        "verbs": ["list", "watch", "create", "delete"],
-    },
-    {
-        "apiGroups": [""],
-        "resources": ["services"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["policy"],
-        "resources": ["poddisruptionbudgets"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {
-        "apiGroups": [""],
-        "resources": ["persistentvolumeclaims", "serviceaccounts"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["batch"],
-        "resources": ["jobs"],
-        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["rbac.authorization.k8s.io"],
-        "resources": ["roles", "rolebindings"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create", "patch"]},
-    {
-        "apiGroups": ["monitoring.coreos.com"],
-        "resources": ["servicemonitors"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-]
-CRD_RULE = {
-    "apiGroups": ["apiextensions.k8s.io"],
-    "resources": ["customresourcedefinitions"],
-    "verbs": ["list", "watch"],
-}
-NAMESPACE_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 
 ALL_FEATURES: dict[str, Any] = {
     "watchNamespaces": ["llm-a", "llm-b"],

@@ -13,8 +13,7 @@ from typing import Any
 from dsv4_operator.cli import EXIT_CODES
 from dsv4_operator.settings import OperatorSettings
 
-from .support import OPERATOR_METRICS, REPO, run
-from .test_chart import CRD_RULE, NAMESPACE_RULE, NAMESPACED_RULES
+from .support import CRD_RULE, NAMESPACE_RULE, NAMESPACED_RULES, OPERATOR_METRICS, REPO, run
 
 DOCS = REPO / "docs"
 

@@ -20,8 +20,8 @@ import yaml
 
 from dsv4_operator.api.roles import ROLES
 
-from .conftest import MODEL_DIR, REPO, ask, release_python
 from .matrix import EAGLE, EXAMPLES, cases_from
+from .release_env import MODEL_DIR, REPO, ask, release_python
 
 pytestmark = pytest.mark.conformance
 

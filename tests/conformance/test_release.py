@@ -19,8 +19,8 @@ import pytest
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.engine.releases import FORK_ENV
 
-from .conftest import MODEL_DIR, REPO, run_in_release
 from .matrix import Case, cases
+from .release_env import MODEL_DIR, REPO, run_in_release
 
 pytestmark = pytest.mark.conformance
 
@@ -56,7 +56,7 @@ def test_catalogue_is_what_the_release_declares(version: str) -> None:
 
 @pytest.fixture(scope="module")
 def all_cases() -> dict[str, list[Case]]:
-    from .conftest import RELEASES
+    from .release_env import RELEASES
 
     return {version: cases(version) for version in RELEASES}
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.benches import run_bench
+from tests.support.benches import run_bench
 
 FIGURE = r"(\d+\.\d+)"
 

@@ -21,7 +21,7 @@ from dsv4_operator.kube.resources import SERVICE, Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from dsv4_operator.runtime.cache import WatchCache, Watched
 from dsv4_operator.runtime.metered import count_list, count_watch_error
-from tests.polling import until
+from tests.support.polling import until
 
 SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
 Change = tuple[str, str, bool]  # (name, resourceVersion, deleted)

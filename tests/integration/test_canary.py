@@ -27,7 +27,7 @@ from dsv4_operator.canary.scenario import fake_result, first_messages, session_s
 from dsv4_operator.canary.transport import MAX_ATTEMPTS, EndpointUnreachable, discover_model
 from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
-from tests.unit.contract import assert_contract
+from tests.support.contract import assert_contract
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.
 ENGINE_ARGS = [

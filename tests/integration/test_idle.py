@@ -20,7 +20,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_operator.runtime.watched import WATCHED
-from tests.integration.conftest import CRD_PATH
+from tests.support.paths import CRD_PATH
 
 DEPLOYMENTS = 20
 CHILDREN = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets

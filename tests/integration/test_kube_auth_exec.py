@@ -19,7 +19,7 @@ from dsv4_operator.kube.client import (
     load_credentials,
 )
 from dsv4_operator.kube.resources import POD
-from tests.unit.test_kube_auth import SERVER, AuthServer
+from tests.support.auth_server import SERVER, AuthServer
 
 
 def exec_kubeconfig(tmp_path: Path) -> tuple[Path, Callable[[], int]]:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.benches import run_bench
+from tests.support.benches import run_bench
 
 
 def test_the_detector_bench_runs_and_finds_every_verdict_as_expected() -> None:

@@ -16,7 +16,7 @@ import pytest
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
-from tests.integration.conftest import CRD_PATH
+from tests.support.paths import CRD_PATH
 
 pytestmark = pytest.mark.integration
 

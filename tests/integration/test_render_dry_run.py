@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, event, given, settings
 from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.kube.client import yaml_safe_json
 from dsv4_operator.render.children import render_spec
-from tests.unit.test_fuzz_cli import from_the_crd, gentle
-from tests.unit.test_render import ONE_OF_CASES
+from tests.support.builders import example_doc, with_changes
+from tests.support.cases import ONE_OF_CASES, VARIANTS
+from tests.support.strategies import from_the_crd, gentle
 
 CASES = 100
 BUSY = (429, 504)  # the API server did not answer in time: no verdict, ask again
@@ -82,21 +83,8 @@ def test_every_child_of_a_valid_spec_passes_a_server_side_dry_run(
 def test_pod_settings_pass_a_server_side_dry_run(dyn: Any, namespace: str) -> None:
     """Pull secrets, service account, affinity, spread, security context, an extra volume
     and env from a Secret, per role overrides: the API server accepts every child."""
-    import copy
-
-    import yaml
-
-    from tests.unit.conftest import EXAMPLE
-    from tests.unit.test_render import VARIANTS
-
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    spec = copy.deepcopy(doc["spec"])
-    for dotted, value in VARIANTS["pod-settings"].items():
-        *parents, last = dotted.split(".")
-        node = spec
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+    doc = example_doc()
+    spec = with_changes(doc["spec"], VARIANTS["pod-settings"])
     validation = validate_object({**doc, "spec": spec})
     assert validation.valid and validation.spec is not None, validation.errors
     children = render_spec("dsv4-flash", namespace, validation.spec)
@@ -116,15 +104,8 @@ def test_pod_settings_validate_refuses_are_refused_by_the_api_server_too(
 ) -> None:
     """The one-of rules `dsv4 validate` adds to the schema's (api/pod.py) are the API
     server's own: the same settings in a bare Pod are refused by a dry-run create."""
-    import copy
-
-    import yaml
-
-    from tests.unit.conftest import EXAMPLE
-
-    doc = yaml.safe_load(EXAMPLE.read_text())
-    spec = copy.deepcopy(doc["spec"])
-    spec["podTemplate"] = change
+    doc = example_doc()
+    spec = with_changes(doc["spec"], {"podTemplate": change})
     assert not validate_object({**doc, "spec": spec}).valid
     container: dict[str, Any] = {"name": "c", "image": "busybox", "env": change.get("env", [])}
     pod = {

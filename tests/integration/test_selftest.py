@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from dsv4_operator.cli import main
-from tests.unit.contract import assert_contract
+from tests.support.contract import assert_contract
 
 
 def test_an_unreachable_api_server_is_a_failed_check_in_the_json_contract(tmp_path: Path) -> None:

@@ -33,8 +33,8 @@ from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.context import build_context
+from tests.support.paths import CRD_PATH
 
-from .conftest import CRD_PATH
 from .guard_support import EngineKubelet
 from .soak_support import FormatWatcher, settled_children
 

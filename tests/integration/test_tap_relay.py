@@ -18,7 +18,7 @@ from aiohttp import web
 from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.tap.proxy import Tap, TapConfig
 from dsv4_operator.tap.relay import ClientConnection
-from tests.polling import until
+from tests.support.polling import until
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 LEAK = "<｜DSML｜tool_calls>"

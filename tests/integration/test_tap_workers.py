@@ -23,8 +23,9 @@ from dsv4_operator.cli import main
 from dsv4_operator.guard.taps import parse_counts
 from dsv4_operator.tap.proxy import TapConfig
 from dsv4_operator.tap.workers import WorkerPool
-from tests.integration.test_tap import TOOLS, Upstream, serve_app
-from tests.polling import exited, until
+from tests.support.polling import exited, until
+
+from .tap_support import TOOLS, Upstream, serve_app
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,7 +10,6 @@ new home; Unix socket pairs (asyncio's own wake-up channel) and in-process trans
 
 from __future__ import annotations
 
-import copy
 import socket
 import sys
 from collections.abc import Callable, Generator
@@ -18,14 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "dsv4.yaml"
-
-Doc = dict[str, Any]
+from tests.support.builders import Doc, example_doc, with_changes
 
 _PROCESS_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.system"}
 _SOCKET_EVENTS = {"socket.bind", "socket.connect", "socket.sendto"}
@@ -87,10 +81,9 @@ def _unit_tier_rule() -> Generator[None]:
         pytest.fail(_Guard.violations[0], pytrace=False)
 
 
-@pytest.fixture
-def example_doc() -> Doc:
-    doc: Doc = yaml.safe_load(EXAMPLE.read_text())
-    return doc
+@pytest.fixture(name="example_doc")
+def example_doc_fixture() -> Doc:
+    return example_doc()
 
 
 @pytest.fixture
@@ -98,23 +91,11 @@ def example_spec(example_doc: Doc) -> DSV4DeploymentSpec:
     return DSV4DeploymentSpec.model_validate(example_doc["spec"])
 
 
-def set_path(doc: Doc, dotted: str, value: Any) -> None:
-    """Set `a.b.c` in a nested dict, creating mappings on the way."""
-    *parents, last = dotted.split(".")
-    node = doc
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-
-
 @pytest.fixture
 def variant(example_doc: Doc) -> Callable[..., Doc]:
     """A copy of the example spec with `{"engine.indexKDtype": "bf16", ...}` applied."""
 
     def make(changes: dict[str, Any]) -> Doc:
-        spec = copy.deepcopy(example_doc["spec"])
-        for dotted, value in changes.items():
-            set_path(spec, dotted, value)
-        return spec
+        return with_changes(example_doc["spec"], changes)
 
     return make

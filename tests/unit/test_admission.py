@@ -13,8 +13,7 @@ from dsv4_operator.handlers.admission import check
 from dsv4_operator.kube.errors import Forbidden
 from dsv4_operator.runtime.logs import AdmissionDenials
 from dsv4_operator.trust import Placement
-
-from .conftest import EXAMPLE
+from tests.support.paths import EXAMPLE
 
 WHERE = Placement("dsv4-flash", "llm")
 

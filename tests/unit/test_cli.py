@@ -12,9 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from dsv4_operator.cli import main
-
-from .conftest import EXAMPLE, REPO
-from .contract import assert_contract
+from tests.support.contract import assert_contract
+from tests.support.paths import EXAMPLE, REPO
 
 UNSAFE = sorted((REPO / "examples" / "unsafe").glob("*.yaml"))
 

@@ -10,8 +10,7 @@ import yaml
 
 from dsv4_operator.api.crd import crd_yaml, custom_resource_definition
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-
-from .conftest import REPO
+from tests.support.paths import REPO
 
 CRD_FILE = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
 

@@ -4,75 +4,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from dsv4_operator.api.status import DSV4DeploymentStatus
-from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.reconcile.decide import decide
-from dsv4_operator.reconcile.world import World
-
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-
-def _world(
-    spec: dict[str, Any], status: DSV4DeploymentStatus | dict[str, Any] | None = None, **kw: Any
-) -> World:
-    """A world as gather() builds it: the spec validated and the status parsed."""
-    base: dict[str, Any] = {
-        "name": "x",
-        "namespace": "ns",
-        "uid": "u1",
-        "generation": 1,
-        "validation": validate_spec(spec),
-        "status": DSV4DeploymentStatus.model_validate(status or {}),
-        "now": NOW,
-    }
-    base.update(kw)
-    return World(**base)
-
-
-def _as_live(objs: list[dict[str, Any]], ready: bool = True) -> dict[str, list[dict[str, Any]]]:
-    """What the API server would hold after applying `objs` (and, if ready, after rolling)."""
-    pools: dict[str, list[dict[str, Any]]] = {
-        "statefulsets": [],
-        "deployments": [],
-        "services": [],
-        "pdbs": [],
-    }
-    key = {
-        "StatefulSet": "statefulsets",
-        "Deployment": "deployments",
-        "Service": "services",
-        "PodDisruptionBudget": "pdbs",
-    }
-    for obj in objs:
-        live = copy.deepcopy(obj)
-        live["metadata"]["generation"] = 1
-        replicas = live.get("spec", {}).get("replicas", 1)
-        if obj["kind"] == "StatefulSet":
-            n = replicas if ready else 0
-            live["status"] = {
-                "observedGeneration": 1,
-                "replicas": replicas,
-                "readyReplicas": n,
-                "updatedReplicas": replicas,
-                "currentRevision": "r",
-                "updateRevision": "r",
-            }
-        if obj["kind"] == "Deployment":
-            live["status"] = {
-                "observedGeneration": 1,
-                "replicas": replicas,
-                "updatedReplicas": replicas,
-                "availableReplicas": replicas if ready else 0,
-            }
-        pools[key[obj["kind"]]].append(live)
-    return pools
+from tests.support.builders import as_live, make_world
 
 
 def test_fresh_create_applies_everything(variant: Callable[..., dict[str, Any]]) -> None:
-    decision = decide(_world(variant({})))
+    decision = decide(make_world(variant({})))
     kinds = sorted(o["kind"] for o in decision.apply)
     assert kinds.count("StatefulSet") == 2 and kinds.count("Deployment") == 1
     assert [o["kind"] for o in decision.create] == ["ControllerRevision"]
@@ -84,35 +24,35 @@ def test_fresh_create_applies_everything(variant: Callable[..., dict[str, Any]])
 
 def test_settled_world_needs_no_write(variant: Callable[..., dict[str, Any]]) -> None:
     spec = variant({})
-    first = decide(_world(spec))
-    world = _world(spec, revisions=first.create, **_as_live(first.apply))
+    first = decide(make_world(spec))
+    world = make_world(spec, revisions=first.create, **as_live(first.apply))
     second = decide(world)
     assert second.writes == 0 and second.events == []
     assert second.status.phase == "Ready"
     # The status it computes, once stored, is stable: a third pass writes nothing either.
     third = decide(
-        _world(spec, status=second.status, revisions=first.create, **_as_live(first.apply))
+        make_world(spec, status=second.status, revisions=first.create, **as_live(first.apply))
     )
     assert third.status == second.status
 
 
 def test_invalid_spec_touches_no_child(variant: Callable[..., dict[str, Any]]) -> None:
     spec = variant({})
-    first = decide(_world(spec))
+    first = decide(make_world(spec))
     bad = variant({"engine.indexKDtype": "bf16", "engine.overlap.multiStream": True})
-    decision = decide(_world(bad, generation=2, revisions=first.create, **_as_live(first.apply)))
+    decision = decide(make_world(bad, generation=2, revisions=first.create, **as_live(first.apply)))
     assert decision.apply == [] and decision.delete == [] and decision.create == []
     assert decision.status.phase == "Invalid"
     [note] = decision.events
     assert note.type == "Warning" and "DSV4-R002" in note.message
     # Same invalid spec again: the condition is unchanged, so no second event.
     again = decide(
-        _world(
+        make_world(
             bad,
             generation=2,
             status=decision.status,
             revisions=first.create,
-            **_as_live(first.apply),
+            **as_live(first.apply),
         )
     )
     assert again.events == [] and again.status == decision.status
@@ -121,10 +61,10 @@ def test_invalid_spec_touches_no_child(variant: Callable[..., dict[str, Any]]) -
 def test_compatible_change_updates_decode_before_prefill(
     variant: Callable[..., dict[str, Any]],
 ) -> None:
-    first = decide(_world(variant({})))
-    live = _as_live(first.apply)
+    first = decide(make_world(variant({})))
+    live = as_live(first.apply)
     changed = variant({"engine.maxRunningRequests": 48})
-    decision = decide(_world(changed, generation=2, revisions=first.create, **live))
+    decision = decide(make_world(changed, generation=2, revisions=first.create, **live))
     names = {o["metadata"]["name"] for o in decision.apply if o["kind"] == "StatefulSet"}
     assert names == {"x-decode"}
     assert decision.status.conditions[1].reason == "RollingUpdate"
@@ -133,10 +73,10 @@ def test_compatible_change_updates_decode_before_prefill(
 def test_format_change_recreate_deletes_router_and_pair_first(
     variant: Callable[..., dict[str, Any]],
 ) -> None:
-    first = decide(_world(variant({})))
+    first = decide(make_world(variant({})))
     changed = variant({"engine.indexKDtype": "bf16"})
     decision = decide(
-        _world(changed, generation=2, revisions=first.create, **_as_live(first.apply))
+        make_world(changed, generation=2, revisions=first.create, **as_live(first.apply))
     )
     assert not [o for o in decision.apply if o["kind"] in ("StatefulSet", "Deployment")]
     deleted = {(r.kind, n) for r, n in decision.delete}
@@ -149,10 +89,10 @@ def test_format_change_recreate_deletes_router_and_pair_first(
 
 def test_a_deleted_statefulset_is_recreated_alone(variant: Callable[..., dict[str, Any]]) -> None:
     spec = variant({})
-    first = decide(_world(spec))
-    live = _as_live(first.apply)
+    first = decide(make_world(spec))
+    live = as_live(first.apply)
     live["statefulsets"] = [s for s in live["statefulsets"] if s["metadata"]["name"] != "x-prefill"]
-    decision = decide(_world(spec, revisions=first.create, **live))
+    decision = decide(make_world(spec, revisions=first.create, **live))
     assert decision.delete == []  # no Recreate: the router and decode keep running
     assert {(o["kind"], o["metadata"]["name"]) for o in decision.apply} == {
         ("StatefulSet", "x-prefill")
@@ -165,10 +105,10 @@ def test_a_deleted_statefulset_is_recreated_alone(variant: Callable[..., dict[st
 def test_format_change_bluegreen_starts_new_pair_and_keeps_router(
     variant: Callable[..., dict[str, Any]],
 ) -> None:
-    first = decide(_world(variant({"rollout.strategy": "BlueGreen"})))
+    first = decide(make_world(variant({"rollout.strategy": "BlueGreen"})))
     changed = variant({"rollout.strategy": "BlueGreen", "engine.indexKDtype": "bf16"})
     decision = decide(
-        _world(changed, generation=2, revisions=first.create, **_as_live(first.apply))
+        make_world(changed, generation=2, revisions=first.create, **as_live(first.apply))
     )
     names = {o["metadata"]["name"] for o in decision.apply}
     assert all(n.startswith(("x-prefill-", "x-decode-")) for n in names)
@@ -176,7 +116,7 @@ def test_format_change_bluegreen_starts_new_pair_and_keeps_router(
 
 
 def test_revisions_pruned_beyond_limit(variant: Callable[..., dict[str, Any]]) -> None:
-    first = decide(_world(variant({})))
+    first = decide(make_world(variant({})))
     old = []
     for i in range(12):
         rev = copy.deepcopy(first.create[0])
@@ -184,7 +124,7 @@ def test_revisions_pruned_beyond_limit(variant: Callable[..., dict[str, Any]]) -
         rev["metadata"]["labels"]["dsv4.io/revision"] = f"old{i}"
         rev["revision"] = i + 2
         old.append(rev)
-    decision = decide(_world(variant({}), revisions=first.create + old, **_as_live(first.apply)))
+    decision = decide(make_world(variant({}), revisions=first.create + old, **as_live(first.apply)))
     pruned = {n for r, n in decision.delete if r.kind == "ControllerRevision"}
     # 13 revisions, limit 10: the three oldest would go, but the pods run the first one.
     assert pruned == {"x-old0", "x-old1"}
@@ -192,10 +132,10 @@ def test_revisions_pruned_beyond_limit(variant: Callable[..., dict[str, Any]]) -
 
 def test_disabling_the_service_monitor_deletes_it(variant: Callable[..., dict[str, Any]]) -> None:
     enabled = variant({"monitoring.serviceMonitor": {"enabled": True}})
-    first = decide(_world(enabled))
+    first = decide(make_world(enabled))
     [monitor] = [o for o in first.apply if o["kind"] == "ServiceMonitor"]
-    live = _as_live([o for o in first.apply if o["kind"] != "ServiceMonitor"])
-    world = _world(variant({}), revisions=first.create, service_monitors=[monitor], **live)
+    live = as_live([o for o in first.apply if o["kind"] != "ServiceMonitor"])
+    world = make_world(variant({}), revisions=first.create, service_monitors=[monitor], **live)
     assert ("ServiceMonitor", "x") in {(r.kind, n) for r, n in decide(world).delete}
 
 
@@ -207,7 +147,7 @@ def test_a_service_monitor_without_its_crd_is_reported_once_and_the_rest_goes_on
     variant: Callable[..., dict[str, Any]],
 ) -> None:
     enabled = variant({"monitoring.serviceMonitor": {"enabled": True}})
-    first = decide(_world(enabled, monitoring_served=False))
+    first = decide(make_world(enabled, monitoring_served=False))
     kinds = {o["kind"] for o in first.apply}
     assert "ServiceMonitor" not in kinds and {"StatefulSet", "Deployment", "Service"} <= kinds
     condition = _monitoring(first.status)
@@ -215,16 +155,16 @@ def test_a_service_monitor_without_its_crd_is_reported_once_and_the_rest_goes_on
     assert "prometheus-operator" in condition.message
     assert [n.type for n in first.events if n.reason == "CRDMissing"] == ["Warning"]
     # Next pass, the condition already says it: no second Event.
-    live = _as_live(first.apply)
+    live = as_live(first.apply)
     second = decide(
-        _world(
+        make_world(
             enabled, status=first.status, revisions=first.create, monitoring_served=False, **live
         )
     )
     assert "CRDMissing" not in {n.reason for n in second.events}
     assert second.writes == 0 and second.status.phase == "Ready"
     # The CRDs installed: the monitor is applied and the condition turns True.
-    third = decide(_world(enabled, status=second.status, revisions=first.create, **live))
+    third = decide(make_world(enabled, status=second.status, revisions=first.create, **live))
     assert [o["kind"] for o in third.apply] == ["ServiceMonitor"]
     assert (_monitoring(third.status).status, _monitoring(third.status).reason) == (
         "True",
@@ -233,7 +173,7 @@ def test_a_service_monitor_without_its_crd_is_reported_once_and_the_rest_goes_on
 
 
 def test_monitoring_disabled_is_a_true_condition(variant: Callable[..., dict[str, Any]]) -> None:
-    decision = decide(_world(variant({}), monitoring_served=False))
+    decision = decide(make_world(variant({}), monitoring_served=False))
     condition = _monitoring(decision.status)
     assert (condition.status, condition.reason) == ("True", "Disabled")
     assert "CRDMissing" not in {n.reason for n in decision.events}
@@ -243,15 +183,15 @@ def _blue_green_done(variant: Callable[..., dict[str, Any]]) -> tuple[dict[str, 
     """Both pairs live and ready, the router switched to the new one: (spec, live pools)."""
     blue = variant({"rollout.strategy": "BlueGreen"})
     green = variant({"rollout.strategy": "BlueGreen", "engine.indexKDtype": "bf16"})
-    first = decide(_world(blue))
-    start = decide(_world(green, generation=2, revisions=first.create, **_as_live(first.apply)))
-    both = _as_live(first.apply)
-    for pool, objs in _as_live(start.apply).items():
+    first = decide(make_world(blue))
+    start = decide(make_world(green, generation=2, revisions=first.create, **as_live(first.apply)))
+    both = as_live(first.apply)
+    for pool, objs in as_live(start.apply).items():
         both[pool] += objs
     revisions = first.create + start.create
-    switch = decide(_world(green, generation=2, revisions=revisions, **both))
+    switch = decide(make_world(green, generation=2, revisions=revisions, **both))
     [router] = [o for o in switch.apply if o["kind"] == "Deployment"]
-    both["deployments"] = _as_live([router])["deployments"]
+    both["deployments"] = as_live([router])["deployments"]
     return green, (revisions, both)
 
 
@@ -259,7 +199,7 @@ def test_the_old_pair_goes_services_first_statefulsets_last(
     variant: Callable[..., dict[str, Any]],
 ) -> None:
     spec, (revisions, live) = _blue_green_done(variant)
-    cleanup = decide(_world(spec, generation=2, revisions=revisions, **live))
+    cleanup = decide(make_world(spec, generation=2, revisions=revisions, **live))
     order = [(r.kind, n) for r, n in cleanup.delete if r.kind != "ControllerRevision"]
     assert order[-2:] == [("StatefulSet", "x-prefill"), ("StatefulSet", "x-decode")]
     assert set(order[:-2]) == {
@@ -279,7 +219,7 @@ def test_services_and_pdbs_of_a_pair_without_statefulsets_are_deleted(
     live["statefulsets"] = [s for s in live["statefulsets"] if s["metadata"]["name"] not in old]
     for pool in ("services", "pdbs"):
         live[pool] = [o for o in live[pool] if o["metadata"]["name"] != "x-prefill"]
-    decision = decide(_world(spec, generation=2, revisions=revisions, **live))
+    decision = decide(make_world(spec, generation=2, revisions=revisions, **live))
     assert {(r.kind, n) for r, n in decision.delete if r.kind != "ControllerRevision"} == {
         ("Service", "x-decode"),
         ("PodDisruptionBudget", "x-decode"),

@@ -9,8 +9,7 @@ from typing import Any
 from dsv4_operator.api.status import Condition, DSV4DeploymentStatus
 from dsv4_operator.reconcile.actions import Decision
 from dsv4_operator.weights.progress import PROGRESS_ANNOTATION, WeightsProgress
-
-from .test_decide import _as_live, _world
+from tests.support.builders import as_live, make_world
 
 REPO_ID = "deepseek-ai/DeepSeek-V4-Flash"
 
@@ -65,7 +64,7 @@ def test_a_fresh_deployment_creates_the_download_and_no_engine(
 def decide_hub(variant: Callable[..., dict[str, Any]], **kw: Any) -> Decision:
     from dsv4_operator.reconcile.decide import decide
 
-    return decide(_world(_hub(variant), **kw))
+    return decide(make_world(_hub(variant), **kw))
 
 
 def test_progress_is_in_the_condition_and_the_engines_wait(
@@ -144,18 +143,22 @@ def test_a_new_revision_waits_for_its_weights_while_the_old_pair_serves(
     from dsv4_operator.reconcile.decide import decide
 
     spec = _hub(variant)
-    first = decide(_world(spec))
+    first = decide(make_world(spec))
     old_weights = _live_weights(first, COMPLETE)
-    running = decide(_world(spec, weights=old_weights, status=first.status))
-    live = _as_live(running.apply)
+    running = decide(make_world(spec, weights=old_weights, status=first.status))
+    live = as_live(running.apply)
     settled = decide(
-        _world(spec, weights=old_weights, revisions=running.create, status=running.status, **live)
+        make_world(
+            spec, weights=old_weights, revisions=running.create, status=running.status, **live
+        )
     )
     assert settled.writes == 0 and settled.status.phase == "Ready"
 
     newer = _hub(variant, revision="v2")
     moving = decide(
-        _world(newer, weights=old_weights, revisions=running.create, status=settled.status, **live)
+        make_world(
+            newer, weights=old_weights, revisions=running.create, status=settled.status, **live
+        )
     )
     assert _engine_writes(moving) == []  # the running pair is left alone
     new_job = next(o for o in moving.apply if o["kind"] == "Job")
@@ -170,7 +173,7 @@ def test_a_new_revision_waits_for_its_weights_while_the_old_pair_serves(
     done["status"] = COMPLETE
     both = [*old_weights, done]
     rolling = decide(
-        _world(newer, weights=both, revisions=running.create, status=moving.status, **live)
+        make_world(newer, weights=both, revisions=running.create, status=moving.status, **live)
     )
     assert "StatefulSet" in _engine_writes(rolling)
     # Older sources' Jobs stay (rollback targets start at once) up to KEPT_JOBS of them.
@@ -184,7 +187,7 @@ def test_a_new_revision_waits_for_its_weights_while_the_old_pair_serves(
         job["metadata"]["creationTimestamp"] = stamp
         aged.append(job)
     pruning = decide(
-        _world(
+        make_world(
             newer,
             weights=[*old_weights, done, *aged],
             revisions=running.create,
@@ -204,9 +207,11 @@ def test_a_download_no_longer_wanted_is_stopped_at_once(
 ) -> None:
     from dsv4_operator.reconcile.decide import decide
 
-    first = decide(_world(_hub(variant)))
+    first = decide(make_world(_hub(variant)))
     running_old = _live_weights(first, {"active": 1})
     old_job = next(o for o in running_old if o["kind"] == "Job")["metadata"]["name"]
-    moved = decide(_world(_hub(variant, revision="v2"), weights=running_old, status=first.status))
+    moved = decide(
+        make_world(_hub(variant, revision="v2"), weights=running_old, status=first.status)
+    )
     assert [name for res, name in moved.delete if res.kind == "Job"] == [old_job]
     assert _condition(moved.status, "WeightsReady").reason == "Pending"

@@ -1,5 +1,5 @@
 """Property-based: mutations of the examples, and documents drawn from the CRD's own schema
-(`schema_strategy.py`), through `dsv4 validate`, `dsv4 plan` and `dsv4 render`.
+(tests/support/strategies.py), through `dsv4 validate`, `dsv4 plan` and `dsv4 render`.
 
 Whatever a document holds, the CLI never raises, never hangs (a case has CASE_TIMEOUT_SECONDS,
 far beyond the milliseconds one takes: it catches unbounded work, not slowness), exits 0, 1
@@ -31,12 +31,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dsv4_operator.api.crd import openapi_schema
 from dsv4_operator.cli import main
-
-from .conftest import EXAMPLE, REPO
-from .contract import assert_contract
-from .schema_strategy import from_structural
+from tests.support.contract import assert_contract
+from tests.support.paths import EXAMPLE, REPO
+from tests.support.strategies import from_the_crd, gentle, paths_in
 
 EXAMPLES = [EXAMPLE, *sorted((REPO / "examples" / "unsafe").glob("*.yaml"))]
 CASES = int(os.environ.get("DSV4_FUZZ_EXAMPLES", "150"))
@@ -63,50 +61,13 @@ values = st.recursive(
 )
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(node, dict):
-        for key, child in node.items():
-            out += _paths(child, (*prefix, key))
-    elif isinstance(node, list):
-        for index, child in enumerate(node):
-            out += _paths(child, (*prefix, index))
-    return out
-
-
-def _alike(draw: st.DrawFn, value: Any) -> Any:
-    """A value of the same type near `value`: most of these keep the spec valid."""
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return draw(st.integers(min_value=0, max_value=2 * value + 8))
-    if isinstance(value, float):
-        return draw(st.floats(min_value=0.0, max_value=2 * value + 1.0))
-    if isinstance(value, str):
-        return draw(st.sampled_from([value, value.upper(), value + "x", "", "fp8", "bf16"]))
-    return value
-
-
-@st.composite
-def gentle(draw: st.DrawFn) -> dict[str, Any]:
-    """One same-typed change of the safe example's spec."""
-    safe: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    leaves = [p for p in _paths(safe["spec"]) if p]
-    path = draw(st.sampled_from(leaves))
-    node: Any = safe["spec"]
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = _alike(draw, node[path[-1]])
-    return safe
-
-
 @st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         return draw(gentle())
     doc: dict[str, Any] = yaml.safe_load(draw(st.sampled_from(EXAMPLES)).read_text())
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
-        paths = [p for p in _paths(doc) if p]
+        paths = [p for p in paths_in(doc) if p]
         path = draw(st.sampled_from(paths))
         parent: Any = doc
         for part in path[:-1]:
@@ -198,40 +159,6 @@ def _time_limit(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-SPEC_SCHEMA = openapi_schema()["properties"]["spec"]
-
-
-def _schema_paths(
-    schema: dict[str, Any], prefix: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
-    out = []
-    for name, sub in schema.get("properties", {}).items():
-        out.append(((*prefix, name), sub))
-        out += _schema_paths(sub, (*prefix, name))
-    return out
-
-
-SCHEMA_PATHS = _schema_paths(SPEC_SCHEMA)
-
-
-@st.composite
-def from_the_crd(draw: st.DrawFn) -> dict[str, Any]:
-    """The safe example with one field (any depth) drawn from the CRD's schema for it, or a
-    whole spec drawn from the schema."""
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    if draw(st.integers(min_value=0, max_value=9)) == 0:
-        doc["spec"] = draw(from_structural(SPEC_SCHEMA))
-        return doc
-    path, schema = draw(st.sampled_from(SCHEMA_PATHS))
-    node: dict[str, Any] = doc["spec"]
-    for part in path[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[path[-1]] = draw(from_structural(schema))
-    return doc
 
 
 def _run(*args: str, stdin: str) -> tuple[int, str]:

@@ -16,8 +16,7 @@ from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.leak.stats import wilson_interval
 from dsv4_operator.reasons import GuardResult, RollbackReason
 from dsv4_operator.reconcile.decide import decide
-
-from .test_decide import NOW, _as_live, _world
+from tests.support.builders import NOW, as_live, make_world
 
 GUARD = GuardSpec()
 
@@ -121,7 +120,7 @@ def _served(
     variant: Callable[..., dict[str, Any]], changes: dict[str, Any]
 ) -> tuple[dict[str, Any], Any]:
     spec = variant(changes)
-    first = decide(_world(spec))
+    first = decide(make_world(spec))
     return spec, first
 
 
@@ -134,7 +133,7 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
         {"engine.indexKDtype": "bf16", "engine.hicache": {"enabled": True}, "safety.policy": "Warn"}
     )
     bad_first = decide(
-        _world(
+        make_world(
             bad_spec,
             generation=2,
             revisions=good.create,
@@ -143,10 +142,10 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
     )
     bad_rev = bad_first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
     # The bad revision is served (rolled out and ready) and the canary saw 6/32 leaks.
-    served = decide(_world(bad_spec, generation=2, revisions=good.create))
-    live = _as_live([o for o in served.apply])
+    served = decide(make_world(bad_spec, generation=2, revisions=good.create))
+    live = as_live([o for o in served.apply])
     status = {"lastKnownGoodRevision": good_rev, "currentRevision": bad_rev}
-    world = _world(
+    world = make_world(
         bad_spec,
         generation=2,
         status=status,
@@ -166,7 +165,7 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
     assert any(r.kind == "StatefulSet" for r, _ in decision.delete)
     # Next passes keep the quarantine: the user's spec is not rolled out again.
     later = decide(
-        _world(
+        make_world(
             bad_spec,
             generation=2,
             status=decision.status,
@@ -181,7 +180,7 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
     assert later.status.quarantine == decision.status.quarantine
     # The clear annotation releases it.
     cleared = decide(
-        _world(
+        make_world(
             bad_spec,
             generation=2,
             status=decision.status,
@@ -196,11 +195,11 @@ def test_leak_fail_rolls_back_to_last_known_good_and_quarantines(
 def test_no_known_good_degrades_without_revert(variant: Callable[..., dict[str, Any]]) -> None:
     spec, first = _served(variant, {})
     rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
-    world = _world(
+    world = make_world(
         spec,
         revisions=first.create,
         canary=Snapshot(revision=rev, samples=32, leaks=6),
-        **_as_live(first.apply),
+        **as_live(first.apply),
     )
     decision = decide(world)
     assert decision.rollbacks == [] and decision.delete == [] and decision.apply == []
@@ -214,13 +213,13 @@ def test_no_known_good_degrades_without_revert(variant: Callable[..., dict[str, 
 def test_bake_promotes_last_known_good(variant: Callable[..., dict[str, Any]]) -> None:
     spec, first = _served(variant, {"guard.bakeTime": "10m"})
     rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
-    live = _as_live(first.apply)
+    live = as_live(first.apply)
     passing = Snapshot(revision=rev, samples=1000, leaks=0)
-    started = decide(_world(spec, revisions=first.create, canary=passing, **live))
+    started = decide(make_world(spec, revisions=first.create, canary=passing, **live))
     assert started.status.last_known_good_revision is None
     assert started.status.guard is not None
     assert started.status.guard.passing_since == "2026-11-29T12:00:00Z"
-    later = _world(
+    later = make_world(
         spec,
         revisions=first.create,
         canary=passing,
@@ -240,12 +239,12 @@ def test_errors_make_the_guard_blind_without_rollback(
     rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
     blind = Snapshot(revision=rev, source_errors={"prometheus": (3, "prometheus: ConnectError")})
     decision = decide(
-        _world(
+        make_world(
             spec,
             revisions=first.create,
             canary=blind,
             status={"lastKnownGoodRevision": "elsewhere"},
-            **_as_live(first.apply),
+            **as_live(first.apply),
         )
     )
     conditions = {c.type: c for c in decision.status.conditions}
@@ -259,15 +258,15 @@ def test_oom_on_unbaked_revision_rolls_back(variant: Callable[..., dict[str, Any
     _, good = _served(variant, {})
     good_rev = good.create[0]["metadata"]["labels"]["dsv4.io/revision"]
     new_spec = variant({"engine.maxRunningRequests": 48})
-    new = decide(_world(new_spec, generation=2, revisions=good.create))
+    new = decide(make_world(new_spec, generation=2, revisions=good.create))
     new_rev = new.create[0]["metadata"]["labels"]["dsv4.io/revision"]
-    live = _as_live(new.apply)
+    live = as_live(new.apply)
     pod = copy.deepcopy(
         _pod(
             new_rev, {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T11:59:30Z"}
         )
     )
-    world = _world(
+    world = make_world(
         new_spec,
         generation=2,
         revisions=good.create + new.create,

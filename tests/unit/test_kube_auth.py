@@ -15,34 +15,11 @@ import pytest
 
 from dsv4_operator.kube.client import (
     KubeAuth,
-    KubeClient,
     KubeError,
     TokenFile,
 )
 from dsv4_operator.kube.resources import POD
-
-SERVER = "https://kube.test:6443"
-
-
-class AuthServer:
-    """An API server that knows which bearer tokens are valid and records what it was sent."""
-
-    def __init__(self, *valid: str) -> None:
-        self.valid = set(valid)
-        self.seen: list[str | None] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        header = request.headers.get("Authorization")
-        self.seen.append(header)
-        if header is None or header.removeprefix("Bearer ") not in self.valid:
-            status = {"kind": "Status", "reason": "Unauthorized", "message": "Unauthorized"}
-            return httpx.Response(401, json=status)
-        return httpx.Response(200, json={"kind": "Pod", "metadata": {"name": "p"}})
-
-    def client(self, auth: httpx.Auth) -> KubeClient:
-        return KubeClient(
-            httpx.AsyncClient(base_url=SERVER, transport=httpx.MockTransport(self), auth=auth)
-        )
+from tests.support.auth_server import SERVER, AuthServer
 
 
 def projected_token(root: Path, token: str, generation: int) -> Path:

@@ -8,8 +8,7 @@ from prometheus_client import REGISTRY
 from dsv4_operator import metrics
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
-
-from .conftest import EXAMPLE
+from tests.support.paths import EXAMPLE
 
 _EXAMPLE = yaml.safe_load(EXAMPLE.read_text())["spec"]
 FP8 = DSV4DeploymentSpec.model_validate(_EXAMPLE)

@@ -12,8 +12,7 @@ from click.testing import CliRunner
 from dsv4_operator import cli, selftest
 from dsv4_operator.canary import cli as probe_cli
 from dsv4_operator.engine.rules import CATALOGUE
-
-from .conftest import EXAMPLE, REPO
+from tests.support.paths import EXAMPLE, REPO
 
 README_PATH = REPO / "README.md"
 README = README_PATH.read_text()

@@ -15,8 +15,8 @@ from dsv4_operator.engine.effective import parse_args
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.render.context import OwnerRef, build_context
-
-from .conftest import REPO
+from tests.support.cases import HUB_WEIGHTS, ONE_OF_CASES, VARIANTS
+from tests.support.paths import REPO
 
 TOOLS = REPO / "tools"
 
@@ -31,84 +31,6 @@ def _render(spec: dict[str, Any], owner: OwnerRef | None = None) -> list[dict[st
 
 def _by(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
-
-
-HUB_WEIGHTS: dict[str, Any] = {
-    "model.name": "deepseek-ai/DeepSeek-V4-Flash",
-    "model.cache": {
-        "huggingFace": {
-            "revision": "v1.0",
-            "tokenSecret": {"name": "hf-token"},
-            "endpoint": "https://hub.example.internal",
-            "storageClassName": "fast-rwx",
-        }
-    },
-    "podTemplate": {"imagePullSecrets": [{"name": "regcred"}]},
-}
-
-
-VARIANTS: dict[str, dict[str, Any]] = {
-    "example": {},
-    "hostpath-hicache-bf16": {
-        "model.cache": {"hostPath": {"path": "/models"}},
-        "engine.indexKDtype": "bf16",
-        "engine.capabilities": ["bf16IndexK", "indexKHiCacheGate", "poolSizingFix"],
-        "engine.hicache": {"enabled": True, "sizeGB": 200},
-    },
-    "fp4-b200-overrides": {
-        "engine.indexKDtype": "fp4",
-        "gpu.product": "NVIDIA-B200",
-        "decode.replicas": 2,
-        "decode.tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "decode.resources": {"requests": {"cpu": "32", "memory": "256Gi"}},
-        "decode.nodeSelector": {"pool": "decode"},
-        "decode.overrides": {"maxRunningRequests": 48, "extraArgs": ["--enable-dp-attention"]},
-        "transfer.ibDevices": "mlx5_0,mlx5_1",
-        "monitoring.serviceMonitor": {"enabled": True},
-    },
-    "pod-settings": {
-        "podTemplate": {
-            "imagePullSecrets": [{"name": "engine-pull"}],
-            "serviceAccountName": "dsv4-engines",
-            "labels": {"team": "llm", "example.com/cost-center": "gpu"},
-            "annotations": {"example.com/owner": "llm-platform"},
-            "tolerations": [{"key": "example.com/reserved", "operator": "Exists"}],
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": "example.com/zone", "operator": "In", "values": ["a"]}
-                                ]
-                            }
-                        ]
-                    }
-                }
-            },
-            "topologySpreadConstraints": [
-                {
-                    "maxSkew": 1,
-                    "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "ScheduleAnyway",
-                    "labelSelector": {"matchLabels": {"dsv4.io/deployment": "dsv4-flash"}},
-                }
-            ],
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
-            "volumes": [{"name": "rdma", "hostPath": {"path": "/dev/infiniband"}}],
-            "volumeMounts": [{"name": "rdma", "mountPath": "/dev/infiniband"}],
-            "env": [
-                {
-                    "name": "HF_TOKEN",
-                    "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
-                }
-            ],
-        },
-        "decode.podTemplate": {"priorityClassName": "llm-critical", "labels": {"team": "dec"}},
-        "router.podTemplate": {"volumes": [], "volumeMounts": [], "env": []},
-    },
-    "hugging-face-weights": HUB_WEIGHTS,
-}
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -396,38 +318,6 @@ def test_pod_settings_land_in_every_pod_after_what_the_operator_owns(
     # The router emptied its lists: no extra volume (the tap's own only), mount or env there.
     assert [v["name"] for v in router["spec"]["volumes"]] == ["tap-tmp"]
     assert "env" not in router["spec"]["containers"][0]
-
-
-#: Pod settings the schema allows but the API server refuses (one source each; found by the
-#: dry-run fuzz): (podTemplate, dsv4's message, the API server's). The integration test
-#: test_render_dry_run checks the API server's against a real one.
-ONE_OF_CASES: list[tuple[dict[str, Any], str, str]] = [
-    (
-        {"env": [{"name": "T", "valueFrom": {}}]},
-        "valueFrom must set exactly one of",
-        "must specify one of",
-    ),
-    (
-        {
-            "env": [
-                {
-                    "name": "T",
-                    "valueFrom": {
-                        "secretKeyRef": {"name": "s", "key": "k"},
-                        "configMapKeyRef": {"name": "c", "key": "k"},
-                    },
-                }
-            ]
-        },
-        "(it sets configMapKeyRef, secretKeyRef)",
-        "may not have more than one field specified",
-    ),
-    (
-        {"volumes": [{"name": "v", "emptyDir": {}, "hostPath": {"path": "/x"}}]},
-        "volumes[0] (v): one volume source each, not emptyDir and hostPath",
-        "may not specify more than 1 volume type",
-    ),
-]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 
 from dsv4_operator.engine.rules import CATALOGUE, RULES_BY_ID
 from dsv4_operator.engine.validation import validate_spec
+from tests.support.cases import spellings_of_owned_flags
 
 BF16 = {"engine.indexKDtype": "bf16", "engine.capabilities": ["bf16IndexK", "poolSizingFix"]}
 EAGLE = [
@@ -294,28 +295,8 @@ def test_ambiguous_abbreviation_is_refused(variant: Callable[..., dict[str, Any]
     assert hits and all(f.severity == "error" for f in hits)
 
 
-def _spellings_of_owned_flags() -> list[tuple[str, str]]:
-    """Every spelling the release's parser accepts for an owned flag: each alias, every
-    prefix argparse would expand, `_` for `-`, and the `=value` form (version, token)."""
-    from dsv4_operator.engine.ownership import OWNED_FLAGS
-    from dsv4_operator.engine.releases import releases
-
-    out: list[tuple[str, str]] = []
-    for version, release in releases().items():
-        for option in release.engine.options:
-            names = {*option.flags, "--" + option.dest.replace("_", "-")}
-            if not names & set(OWNED_FLAGS):
-                continue
-            for flag in option.flags:
-                for end in range(4, len(flag) + 1):
-                    out.append((version, flag[:end]))
-                out.append((version, flag + "=1"))
-                out.append((version, "--" + flag[2:].replace("-", "_")))
-    return out
-
-
 def test_no_spelling_of_an_owned_flag_is_accepted(variant: Callable[..., dict[str, Any]]) -> None:
-    spellings = _spellings_of_owned_flags()
+    spellings = spellings_of_owned_flags()
     assert len(spellings) > 500
     base = variant({})
     accepted = []

@@ -11,8 +11,7 @@ from types import ModuleType
 import pytest
 
 from dsv4_operator.engine.releases import supported_versions
-
-from .conftest import REPO
+from tests.support.paths import REPO
 
 
 def _tool(name: str) -> ModuleType:

@@ -27,8 +27,7 @@ from dsv4_operator.trust import (
     host_path_allowed,
     url_allowed,
 )
-
-from .test_rules import _spellings_of_owned_flags
+from tests.support.cases import spellings_of_owned_flags
 
 Variant = Callable[..., dict[str, Any]]
 HERE = Placement("dsv4-flash", "llm")
@@ -304,7 +303,7 @@ def _attempts(base: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every way a spec could try to set what the operator owns: each spelling of each owned
     flag in engine.extraArgs and in each role's overrides, each owned env name in engine.env
     and in each role's overrides, and each transfer-format field as a role override."""
-    for version, token in _spellings_of_owned_flags():
+    for version, token in spellings_of_owned_flags():
         for where in ("engine", "prefill.overrides", "decode.overrides"):
             spec = copy.deepcopy(base)
             spec["engine"].update(sglangVersion=version, capabilities=[])

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+from tests.support.paths import REPO
+
+SCHEMAS = REPO / "docs" / "schemas"
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.support.paths import REPO
+
+BENCH = REPO / "bench"
 
 
 def run_bench(script: str, *args: str, timeout: float = 600) -> str:

@@ -1,0 +1,97 @@
+"""Builders of the tests' inputs: the example spec and changes to it, the world `decide()`
+reads (as gather() builds it), and children as the API server holds them once applied."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+
+from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.engine.validation import validate_spec
+from dsv4_operator.reconcile.world import World
+from tests.support.paths import EXAMPLE
+
+Doc = dict[str, Any]
+
+# The clock of every hand-built world (a pure decision reads the time from its input).
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def example_doc() -> Doc:
+    """examples/dsv4.yaml, freshly read (the caller may change it)."""
+    doc: Doc = yaml.safe_load(EXAMPLE.read_text())
+    return doc
+
+
+def set_path(doc: Doc, dotted: str, value: Any) -> None:
+    """Set `a.b.c` in a nested dict, creating mappings on the way."""
+    *parents, last = dotted.split(".")
+    node = doc
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def with_changes(spec: Doc, changes: dict[str, Any]) -> Doc:
+    """A copy of `spec` with `{"engine.indexKDtype": "bf16", ...}` applied."""
+    changed = copy.deepcopy(spec)
+    for dotted, value in changes.items():
+        set_path(changed, dotted, value)
+    return changed
+
+
+def make_world(spec: Doc, status: DSV4DeploymentStatus | Doc | None = None, **kw: Any) -> World:
+    """A world as gather() builds it: the spec validated and the status parsed."""
+    base: dict[str, Any] = {
+        "name": "x",
+        "namespace": "ns",
+        "uid": "u1",
+        "generation": 1,
+        "validation": validate_spec(spec),
+        "status": DSV4DeploymentStatus.model_validate(status or {}),
+        "now": NOW,
+    }
+    base.update(kw)
+    return World(**base)
+
+
+def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:
+    """What the API server would hold after applying `objs` (and, if ready, after rolling)."""
+    pools: dict[str, list[Doc]] = {
+        "statefulsets": [],
+        "deployments": [],
+        "services": [],
+        "pdbs": [],
+    }
+    key = {
+        "StatefulSet": "statefulsets",
+        "Deployment": "deployments",
+        "Service": "services",
+        "PodDisruptionBudget": "pdbs",
+    }
+    for obj in objs:
+        live = copy.deepcopy(obj)
+        live["metadata"]["generation"] = 1
+        replicas = live.get("spec", {}).get("replicas", 1)
+        if obj["kind"] == "StatefulSet":
+            n = replicas if ready else 0
+            live["status"] = {
+                "observedGeneration": 1,
+                "replicas": replicas,
+                "readyReplicas": n,
+                "updatedReplicas": replicas,
+                "currentRevision": "r",
+                "updateRevision": "r",
+            }
+        if obj["kind"] == "Deployment":
+            live["status"] = {
+                "observedGeneration": 1,
+                "replicas": replicas,
+                "updatedReplicas": replicas,
+                "availableReplicas": replicas if ready else 0,
+            }
+        pools[key[obj["kind"]]].append(live)
+    return pools
