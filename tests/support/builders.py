@@ -95,3 +95,21 @@ def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:
             }
         pools[key[obj["kind"]]].append(live)
     return pools
+
+
+def engine_pod(
+    revision: str, terminated: Doc, state: str = "lastState", role: str = "decode"
+) -> Doc:
+    """An engine pod of `revision` whose container terminated so (in `state` or `lastState`)."""
+    return {
+        "metadata": {
+            "name": f"x-{role}-0",
+            "uid": "p1",
+            "labels": {"dsv4.io/role": role, "dsv4.io/revision": revision},
+        },
+        "status": {
+            "containerStatuses": [
+                {"name": "engine", "restartCount": 1, state: {"terminated": terminated}}
+            ]
+        },
+    }

@@ -16,7 +16,7 @@ from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.leak.stats import wilson_interval
 from dsv4_operator.reasons import GuardResult, RollbackReason
 from dsv4_operator.reconcile.decide import decide
-from tests.support.builders import NOW, as_live, make_world
+from tests.support.builders import NOW, as_live, engine_pod, make_world
 
 GUARD = GuardSpec()
 
@@ -73,26 +73,11 @@ def test_no_data_after_bake_is_a_check_in_the_chain() -> None:
     assert evaluate(clean, fail).outcome == GuardResult.PASS
 
 
-def _pod(revision: str, terminated: dict[str, Any], state: str = "lastState") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "x-decode-0",
-            "uid": "p1",
-            "labels": {"dsv4.io/role": "decode", "dsv4.io/revision": revision},
-        },
-        "status": {
-            "containerStatuses": [
-                {"name": "engine", "restartCount": 1, state: {"terminated": terminated}}
-            ]
-        },
-    }
-
-
 def test_oom_signatures() -> None:
     at = "2026-11-29T11:59:00Z"
     pods = [
-        _pod("r1", {"reason": "OOMKilled", "exitCode": 137, "finishedAt": at}),
-        _pod(
+        engine_pod("r1", {"reason": "OOMKilled", "exitCode": 137, "finishedAt": at}),
+        engine_pod(
             "r1",
             {
                 "reason": "Error",
@@ -101,7 +86,7 @@ def test_oom_signatures() -> None:
                 "message": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
             },
         ),
-        _pod(
+        engine_pod(
             "r1",
             {
                 "reason": "Error",
@@ -262,7 +247,7 @@ def test_oom_on_unbaked_revision_rolls_back(variant: Callable[..., dict[str, Any
     new_rev = new.create[0]["metadata"]["labels"]["dsv4.io/revision"]
     live = as_live(new.apply)
     pod = copy.deepcopy(
-        _pod(
+        engine_pod(
             new_rev, {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T11:59:30Z"}
         )
     )
