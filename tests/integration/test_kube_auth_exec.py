@@ -14,10 +14,10 @@ import yaml
 from dsv4_operator.kube.client import (
     ConfigurationCredentials,
     KubeClient,
-    KubeError,
     http_client_for,
     load_credentials,
 )
+from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.kube.resources import POD
 from tests.support.auth_server import SERVER, AuthServer
 

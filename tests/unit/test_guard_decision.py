@@ -17,12 +17,12 @@ from typing import Any, Literal
 import pytest
 
 from dsv4_operator.api.base import parse_duration
-from dsv4_operator.api.spec import GuardSpec
+from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
 from dsv4_operator.guard.decision import GuardInput, decide_guard
 from dsv4_operator.guard.observations import CANARY, Snapshot
-from dsv4_operator.guard.policy import RollbackReason
 from dsv4_operator.names import format_time, revision_name
+from dsv4_operator.reasons import RollbackReason
 from tests.support.builders import NOW, engine_pod
 
 DEPLOYMENT = "x"

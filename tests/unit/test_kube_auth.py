@@ -15,9 +15,9 @@ import pytest
 
 from dsv4_operator.kube.client import (
     KubeAuth,
-    KubeError,
     TokenFile,
 )
+from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.kube.resources import POD
 from tests.support.auth_server import SERVER, AuthServer
 

@@ -22,8 +22,7 @@ from dsv4_operator.runtime.metered import (
 from dsv4_operator.runtime.watched import WATCHED
 from dsv4_operator.runtime.wiring import build_operator
 from dsv4_operator.settings import OperatorSettings
-
-from .conftest import REPO
+from tests.support.paths import REPO
 
 KUBE = REPO / "operator" / "dsv4_operator" / "kube"
 KUBECONFIG = """\
