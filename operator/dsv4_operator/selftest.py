@@ -19,10 +19,10 @@ import click
 
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, Unreachable
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import DEPLOYMENT, LEASE
 from dsv4_operator.names import API_VERSION, KIND
 
-Obj = dict[str, Any]
 # The DSV4-R001 hazard: bf16 index-K read while HiCache streams layers in; always refused.
 UNSAFE_ENGINE = {
     "indexKDtype": "bf16",

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dsv4_devcluster import ControlPlane, report_pod_exited, wait_for
+from dsv4_operator.kube.objects import Obj
 
 from .cluster_support import service_account_kubeconfig
-
-Obj = dict[str, Any]
 
 
 def container_env(dyn: Any, namespace: str, container: Obj) -> dict[str, str]:

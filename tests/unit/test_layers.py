@@ -2,7 +2,8 @@
 
 No two packages import each other, even through others; the detector (leak/) stands alone; the
 guard's decision (guard/) is pure, so it reaches neither the Kubernetes client nor the metrics;
-metrics.py does not reach into the guard.
+metrics.py does not reach into the guard. One alias, `Obj`, names a Kubernetes object as
+JSON, declared once in kube/.
 """
 
 from __future__ import annotations
@@ -154,3 +155,38 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     # A finder that never finds one would pass the test above vacuously.
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _assigned_names(tree: ast.AST) -> set[str]:
+    """Names a module binds by assignment, anywhere in it (`X = ...`, `X: T = ...`)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+OBJ_HOME = PACKAGE / "kube" / "objects.py"
+
+
+def test_one_obj_alias_declared_in_kube() -> None:
+    """`Obj` (a Kubernetes object as JSON) is declared once, in kube/objects.py; every other
+    module imports it from there."""
+    assert "Obj" in _assigned_names(ast.parse(OBJ_HOME.read_text(encoding="utf-8")))
+    declaring = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path != OBJ_HOME and "Obj" in _assigned_names(ast.parse(path.read_text("utf-8")))
+    )
+    assert declaring == []
+
+
+def test_the_alias_finder_finds_an_alias() -> None:
+    # A finder that never finds one would pass the test above vacuously.
+    assert "Obj" in _assigned_names(ast.parse("from typing import Any\nObj = dict[str, Any]\n"))
+    assert "Obj" in _assigned_names(ast.parse("if True:\n    Obj: type = dict\n"))

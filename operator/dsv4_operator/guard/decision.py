@@ -29,8 +29,6 @@ from dsv4_operator.guard.policy import Evidence, GuardVerdict, evaluate
 from dsv4_operator.names import format_time, parse_time, revision_name
 from dsv4_operator.reasons import EventReason, GuardResult, RollbackReason
 
-Obj = dict[str, Any]
-
 
 @dataclass(frozen=True)
 class GuardInput:
@@ -43,7 +41,7 @@ class GuardInput:
     quarantine: list[QuarantineEntry]  # status.quarantine
     conditions: list[Condition]  # status.conditions (Events fire on a condition's change)
     snapshot: Snapshot | None
-    pods: list[Obj]
+    pods: list[dict[str, Any]]  # as the API server reports them
     user_revision: str  # the revision of the spec as the user wrote it
     # The revision the stored last known good config renders to, None when it is not stored
     # (nothing to roll back to).
@@ -85,7 +83,7 @@ def _judge(
     policy: GuardSpec,
     previous: GuardStatus | None,
     snapshot: Snapshot | None,
-    pods: list[Obj],
+    pods: list[dict[str, Any]],
     subject: str,
     baked: bool,
     settled: bool,

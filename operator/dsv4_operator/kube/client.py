@@ -23,7 +23,7 @@ import re
 import ssl
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 from kubernetes import config as kube_config
@@ -31,9 +31,9 @@ from kubernetes.client import Configuration
 from kubernetes.config.incluster_config import SERVICE_TOKEN_FILENAME
 
 from dsv4_operator.kube.errors import KubeError, NotFound, Unreachable, error_for
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import EVENT, Resource, resource_of
 
-Obj = dict[str, Any]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # (verb, resource plural) of every request made, e.g. ("list", "pods"), ("patch", "statefulsets")
 RequestHook = Callable[[str, str], None]

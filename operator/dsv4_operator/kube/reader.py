@@ -7,11 +7,10 @@ kube/ alone, never on the runtime that builds the cache.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import Resource
-
-Obj = dict[str, Any]
 
 
 class Reader(Protocol):

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Conflict
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.reconcile.actions import Decision
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.world import World
 
-Observe = Callable[[dict[str, Any]], None]
+Observe = Callable[[Obj], None]
 
 
-def _ignore(_: dict[str, Any]) -> None:
+def _ignore(_: Obj) -> None:
     return None
 
 

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.events import EventType, Note
 from dsv4_operator.guard.oom import OomEvent
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE
 from dsv4_operator.reasons import RollbackReason
 from dsv4_operator.reconcile.diff import in_place, stamped
-from dsv4_operator.reconcile.world import Obj, World
+from dsv4_operator.reconcile.world import World
 from dsv4_operator.trust import TrustPolicy
 
 

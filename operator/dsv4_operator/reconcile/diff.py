@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.names import APPLIED_ANNOTATION
 from dsv4_operator.revisions.hashing import canonical_hash
 
 APPLIED_HASH_LENGTH = 16
 
 
-def content_hash(obj: dict[str, Any]) -> str:
+def content_hash(obj: Obj) -> str:
     return canonical_hash(obj, APPLIED_HASH_LENGTH)
 
 
-def stamped(desired: dict[str, Any]) -> dict[str, Any]:
+def stamped(desired: Obj) -> Obj:
     """The desired object annotated with the hash of its own content."""
-    out: dict[str, Any] = json.loads(json.dumps(desired))
+    out: Obj = json.loads(json.dumps(desired))
     out["metadata"].setdefault("annotations", {})[APPLIED_ANNOTATION] = content_hash(desired)
     return out
 
@@ -58,7 +59,7 @@ def _subset(want: Any, have: Any) -> bool:
     return bool(want == have or str(want) == str(have))
 
 
-def in_place(desired_stamped: dict[str, Any], live: dict[str, Any] | None) -> bool:
+def in_place(desired_stamped: Obj, live: Obj | None) -> bool:
     """Live carries the same applied hash and still holds every desired field (no drift)."""
     if live is None:
         return False

@@ -7,7 +7,7 @@ import asyncio
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Conflict, KubeError, NotFound, refused
-from dsv4_operator.reconcile.world import Obj
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.render.children import render_spec
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from dsv4_operator.api.status import parse_status
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
@@ -25,7 +26,7 @@ from dsv4_operator.kube.resources import (
     Resource,
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
-from dsv4_operator.reconcile.world import Obj, World, labels_of
+from dsv4_operator.reconcile.world import World, labels_of
 from dsv4_operator.render.weights import WEIGHTS_COMPONENT
 from dsv4_operator.trust import Placement, TrustPolicy
 

@@ -8,8 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.names import parse_time
-from dsv4_operator.reconcile.world import Obj, name_of
+from dsv4_operator.reconcile.world import name_of
 
 MESSAGE_LIMIT = 300
 # A pod not ready this long with nothing in its status is worth a look at its Events.

@@ -11,6 +11,7 @@ from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, refused
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.metrics import GuardMetrics
@@ -23,7 +24,7 @@ from dsv4_operator.reconcile.guarding import served_spec
 from dsv4_operator.reconcile.pod_causes import unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
-from dsv4_operator.reconcile.world import Obj, World
+from dsv4_operator.reconcile.world import World
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]

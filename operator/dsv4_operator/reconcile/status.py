@@ -19,6 +19,7 @@ from dsv4_operator.api.status import (
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.names import (
     PAIR_LABEL,
     REVISION_LABEL,
@@ -30,7 +31,7 @@ from dsv4_operator.names import (
 from dsv4_operator.reasons import ConditionReason
 from dsv4_operator.reconcile.pod_causes import first_problem
 from dsv4_operator.reconcile.weights import WeightsState
-from dsv4_operator.reconcile.world import Obj, World, labels_of
+from dsv4_operator.reconcile.world import World, labels_of
 from dsv4_operator.render.context import RenderContext
 
 

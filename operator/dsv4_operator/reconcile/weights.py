@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.reasons import WeightsReason
 from dsv4_operator.reconcile.pod_causes import first_problem
-from dsv4_operator.reconcile.world import Obj, World, annotations_of, labels_of, name_of
+from dsv4_operator.reconcile.world import World, annotations_of, labels_of, name_of
 from dsv4_operator.render.context import RenderContext
 from dsv4_operator.render.weights import hub_source, job_name
 from dsv4_operator.weights.progress import PROGRESS_ANNOTATION, WeightsProgress

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.observations import Snapshot
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.names import (
     FORMAT_LABEL,
     MAIN_PAIR,
@@ -24,8 +24,6 @@ from dsv4_operator.names import (
     TARGET_PAIR_ANNOTATION,
     router_name,
 )
-
-Obj = dict[str, Any]
 
 
 def labels_of(obj: Obj) -> dict[str, str]:

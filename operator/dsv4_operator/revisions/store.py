@@ -5,11 +5,8 @@ The object itself is a child like any other and is built in render/children.py.
 
 from __future__ import annotations
 
-from typing import Any
-
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.names import REVISION_LABEL
-
-Obj = dict[str, Any]
 
 
 def revision_hash(obj: Obj) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import kopf
 
-from dsv4_operator.kube.reader import Obj
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL
 from dsv4_operator.runtime.kopf_streams import (

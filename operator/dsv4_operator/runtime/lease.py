@@ -22,14 +22,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Conflict, KubeError
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import LEASE
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

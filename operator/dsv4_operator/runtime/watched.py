@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden
+from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -69,7 +69,7 @@ def enqueue_owner(
 ) -> Listener:
     """What a change seen by the watch cache does: enqueue the owner; (re)start its guard."""
 
-    def changed(res: Resource, obj: dict[str, Any], deleted: bool) -> None:
+    def changed(res: Resource, obj: Obj, deleted: bool) -> None:
         meta = obj["metadata"]
         namespace = meta.get("namespace") or ""
         if res == DSV4:
