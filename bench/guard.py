@@ -30,7 +30,6 @@ import random
 import statistics
 from collections.abc import Callable
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
@@ -168,7 +167,7 @@ def main() -> int:
     )
     wilson = wilson_decider(guard)
     per_run = guard.canary.sessions * guard.canary.rounds
-    interval = parse_duration(guard.canary.interval).total_seconds()
+    interval = guard.canary.interval.delta.total_seconds()
     # 17%: the figure; 4.55%: the engine double's per-response plateau, which is
     # what makes 17% of 4-round sessions leak (testsupport/dsv4_engine_double/config.py).
     for rate in (0.17, 0.0455):

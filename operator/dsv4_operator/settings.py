@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dsv4_operator.api.base import DURATION_PATTERN
+from dsv4_operator.api.times import DURATION_PATTERN
 from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE, GROUP, OPERATOR
 from dsv4_operator.trust import TrustPolicy, split_list
 

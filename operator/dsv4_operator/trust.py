@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Finding
+from dsv4_operator.api.times import parse_duration
 from dsv4_operator.names import (
     MAX_DEPLOYMENT_NAME_LENGTH,
     NAME_PATTERN,
@@ -298,7 +298,8 @@ def _host_path_findings(spec: DSV4DeploymentSpec, policy: TrustPolicy) -> list[F
 
 def _interval_findings(spec: DSV4DeploymentSpec, policy: TrustPolicy) -> list[Finding]:
     interval = spec.guard.canary.interval
-    if parse_duration(interval) >= parse_duration(policy.min_canary_interval):
+    # The floor is the operator's setting (a plain string in TrustPolicy), parsed here.
+    if interval.delta >= parse_duration(policy.min_canary_interval):
         return []
     return [
         Finding(

@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 import pytest
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
 from dsv4_operator.guard.decision import GuardInput, decide_guard
@@ -29,8 +28,8 @@ DEPLOYMENT = "x"
 USER = "u5er"  # the revision of the spec as the user wrote it
 GOOD = "g00d"  # the last known good revision (what a rollback goes to)
 POLICY = GuardSpec()
-BAKE = parse_duration(POLICY.bake_time)
-OOM_WINDOW = parse_duration(POLICY.oom.window)
+BAKE = POLICY.bake_time.delta
+OOM_WINDOW = POLICY.oom.window.delta
 UNCHECKED = object()
 BAKED_TOLERATES_ONE_OOM = GuardSpec.model_validate({"oom": {"maxEvents": 2}})
 NO_DATA_FAILS = GuardSpec.model_validate({"noData": "Fail"})

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.crd import openapi_schema
+from dsv4_operator.api.times import parse_duration
 
 _RULE_ID = re.compile(r"\(DSV4-R\d+\)")
 _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {

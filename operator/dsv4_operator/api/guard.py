@@ -16,6 +16,7 @@ from dsv4_operator.api.limits import (
     TapInterval,
 )
 from dsv4_operator.api.roles import Resources
+from dsv4_operator.api.times import Duration
 
 
 class CanarySpec(ApiModel):
@@ -29,7 +30,7 @@ class CanarySpec(ApiModel):
         default=4, ge=1, le=MAX_CANARY_ROUNDS, description="Tool-calling rounds per session."
     )
     interval: CanaryInterval = Field(
-        default="60s",
+        default=Duration("60s"),
         description="Time between canary runs (at least the operator's floor, "
         "10s by default; at most 24h).",
     )
@@ -50,7 +51,8 @@ class TapSpec(ApiModel):
         "traffic through it (it forwards byte for byte and never stores content).",
     )
     interval: TapInterval = Field(
-        default="5s", description="How often the guard reads the taps' counters (1s to 5m)."
+        default=Duration("5s"),
+        description="How often the guard reads the taps' counters (1s to 5m).",
     )
     alpha: float = Field(
         default=0.01,
@@ -103,7 +105,7 @@ class OomSpec(ApiModel):
     max_events: int = Field(
         default=1, ge=1, le=1000, description="OOM events in the window that fail."
     )
-    window: OomWindow = Field(default="10m", description="Sliding window (1m to 24h).")
+    window: OomWindow = Field(default=Duration("10m"), description="Sliding window (1m to 24h).")
 
 
 class PrometheusSpec(ApiModel):
@@ -142,6 +144,6 @@ class GuardSpec(ApiModel):
         default=4, ge=1, le=100, description="Consecutive source errors before GuardBlind."
     )
     bake_time: BakeTime = Field(
-        default="10m",
+        default=Duration("10m"),
         description="Passing time before a revision becomes last known good (0s to 168h).",
     )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from dsv4_operator.api.base import DURATION_SHAPE, DurationBounds
+from dsv4_operator.api.times import Duration, DurationBounds
 
 # The engine's HTTP port inside every engine pod (sglang `--port`); fixed so probes and the
 # router can be rendered without reading the pod.
@@ -20,11 +20,11 @@ TAP_METRICS_PORT = 9100
 # Durations, each with the range that keeps one object's cost to the operator bounded.
 # The canary's hard floor; the operator's configuration sets a higher one (10s by default,
 # trust.TrustPolicy.min_canary_interval) that tests lower to keep their runs short.
-CanaryInterval = Annotated[str, DURATION_SHAPE, DurationBounds("1s", "24h")]
-OomWindow = Annotated[str, DURATION_SHAPE, DurationBounds("1m", "24h")]
-BakeTime = Annotated[str, DURATION_SHAPE, DurationBounds("0s", "168h")]
-ScrapeInterval = Annotated[str, DURATION_SHAPE, DurationBounds("5s", "1h")]
-TapInterval = Annotated[str, DURATION_SHAPE, DurationBounds("1s", "5m")]
+CanaryInterval = Annotated[Duration, DurationBounds("1s", "24h")]
+OomWindow = Annotated[Duration, DurationBounds("1m", "24h")]
+BakeTime = Annotated[Duration, DurationBounds("0s", "168h")]
+ScrapeInterval = Annotated[Duration, DurationBounds("5s", "1h")]
+TapInterval = Annotated[Duration, DurationBounds("1s", "5m")]
 
 # Upper bounds of the numbers (docs/security.md#bounds): far above any real deployment, low
 # enough that one object cannot make the operator render, probe or plan without end.

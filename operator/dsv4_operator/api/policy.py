@@ -10,6 +10,7 @@ from pydantic import Field
 from dsv4_operator.api.base import ApiModel
 from dsv4_operator.api.kube_types import LabelKey, LabelValue
 from dsv4_operator.api.limits import ScrapeInterval
+from dsv4_operator.api.times import Duration
 
 
 class SafetyPolicy(StrEnum):
@@ -46,7 +47,9 @@ class ServiceMonitorSpec(ApiModel):
     """A prometheus-operator ServiceMonitor for the engines and the router."""
 
     enabled: bool = Field(default=False, description="Render a ServiceMonitor.")
-    interval: ScrapeInterval = Field(default="30s", description="Scrape interval (5s to 1h).")
+    interval: ScrapeInterval = Field(
+        default=Duration("30s"), description="Scrape interval (5s to 1h)."
+    )
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, max_length=32, description="Extra labels (for selectors)."
     )

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from dsv4_operator.api.base import ApiModel
+from dsv4_operator.api.times import Timestamp
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class Condition(ApiModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase machine-readable reason.")
     message: str = Field(default="", description="Human-readable explanation.")
-    last_transition_time: str | None = Field(
+    last_transition_time: Timestamp | None = Field(
         default=None, description="RFC 3339 time of the change."
     )
     observed_generation: int | None = Field(
@@ -95,7 +96,7 @@ class GuardStatus(ApiModel):
     """What the guard saw last."""
 
     revision: str | None = Field(default=None, description="Revision the window belongs to.")
-    since: str | None = Field(default=None, description="When that revision went live.")
+    since: Timestamp | None = Field(default=None, description="When that revision went live.")
     leak_rate: float | None = Field(default=None, description="Observed leak rate.")
     samples: int = Field(default=0, description="Canary responses in the current window.")
     leaks: int = Field(default=0, description="Leaked responses in the current window.")
@@ -106,10 +107,10 @@ class GuardStatus(ApiModel):
     last_verdict: str | None = Field(default=None, description="Pass, Fail, NoData or Error.")
     last_reason: str | None = Field(default=None, description="Reason of the last verdict.")
     last_message: str | None = Field(default=None, description="Evidence of the last verdict.")
-    last_sample_time: str | None = Field(default=None, description="RFC 3339 time.")
+    last_sample_time: Timestamp | None = Field(default=None, description="RFC 3339 time.")
     oom_events: int = Field(default=0, description="OOM events in the window.")
     consecutive_errors: int = Field(default=0, description="Source errors in a row.")
-    passing_since: str | None = Field(
+    passing_since: Timestamp | None = Field(
         default=None, description="Start of the current run of Pass verdicts (baking)."
     )
 
@@ -121,7 +122,7 @@ class QuarantineEntry(ApiModel):
     revision: str | None = Field(default=None, description="ControllerRevision name.")
     reason: str = Field(description="LeakRate or OOM.")
     message: str = Field(default="", description="Evidence.")
-    at: str = Field(description="RFC 3339 time.")
+    at: Timestamp = Field(description="RFC 3339 time.")
 
 
 class DSV4DeploymentStatus(ApiModel):

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
+from dsv4_operator.api.times import Timestamp
 from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.guard.oom import OomEvent, oom_events, within
 from dsv4_operator.guard.policy import Evidence, GuardVerdict, evaluate
-from dsv4_operator.names import format_time, parse_time, revision_name
+from dsv4_operator.names import revision_name
 from dsv4_operator.reasons import EventReason, GuardResult, RollbackReason
 
 
@@ -91,10 +91,11 @@ def _judge(
 ) -> _Window:
     """Window bookkeeping and the policy verdict for `subject` (the revision served)."""
     same_window = previous is not None and previous.revision == subject
-    since = parse_time(previous.since) if previous is not None and same_window else now
-    passing_since = (
-        parse_time(previous.passing_since) if previous is not None and same_window else None
-    )
+    since: datetime | None = now
+    passing_since: datetime | None = None
+    if previous is not None and same_window:
+        since = previous.since.at if previous.since else None
+        passing_since = previous.passing_since.at if previous.passing_since else None
     if snapshot is not None and snapshot.revision == subject:
         samples, leaks = snapshot.samples, snapshot.leaks
         traffic = (snapshot.traffic_samples, snapshot.traffic_leaks)
@@ -104,7 +105,7 @@ def _judge(
     else:
         samples, leaks, traffic = 0, 0, (0, 0)
     errors = snapshot.consecutive_errors if snapshot else 0
-    ooms = within(oom_events(pods), subject, now, parse_duration(policy.oom.window))
+    ooms = within(oom_events(pods), subject, now, policy.oom.window.delta)
     evidence = Evidence(
         samples=samples,
         leaks=leaks,
@@ -128,11 +129,11 @@ def _judge(
         and settled
         and not ooms
         and passing_since is not None
-        and now - passing_since >= parse_duration(policy.bake_time)
+        and now - passing_since >= policy.bake_time.delta
     )
     status = GuardStatus(
         revision=subject,
-        since=format_time(since or now),
+        since=Timestamp.of(since or now),
         samples=samples,
         leaks=leaks,
         traffic_samples=traffic[0],
@@ -142,13 +143,13 @@ def _judge(
         last_reason=verdict.reason,
         last_message=verdict.message,
         last_sample_time=(
-            format_time(snapshot.last_run)
+            Timestamp.of(snapshot.last_run)
             if snapshot is not None and snapshot.last_run is not None
             else None
         ),
         oom_events=len(ooms),
         consecutive_errors=errors,
-        passing_since=format_time(passing_since) if passing_since is not None else None,
+        passing_since=Timestamp.of(passing_since) if passing_since is not None else None,
     )
     return _Window(status, verdict, promote, errors >= policy.error_limit, ooms)
 
@@ -212,7 +213,7 @@ def decide_guard(given: GuardInput) -> GuardDecision:
                 revision=revision_name(given.deployment, target),
                 reason=reason.value,
                 message=verdict.message,
-                at=format_time(given.now),
+                at=Timestamp.of(given.now),
             )
             if given.known_good_target is not None and lkg != target:
                 quarantine.append(entry)

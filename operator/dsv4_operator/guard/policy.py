@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
 from dsv4_operator.leak.stats import wilson_interval
@@ -159,7 +158,7 @@ def _no_data_after_bake(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | 
         guard.no_data != "Fail"
         or not evidence.settled
         or evidence.window_age is None
-        or evidence.window_age < parse_duration(guard.bake_time)
+        or evidence.window_age < guard.bake_time.delta
     ):
         return None
     verdict = _leak_rate(evidence, guard)

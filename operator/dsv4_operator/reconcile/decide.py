@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
@@ -35,7 +34,6 @@ from dsv4_operator.names import (
     MAIN_PAIR,
     PAIR_LABEL,
     ROLE_LABEL,
-    parse_time,
     revision_name,
     router_name,
 )
@@ -302,10 +300,7 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> 
     window = guard.guard
     if window is None or not window.passing_since or guard.last_known_good == window.revision:
         return None
-    passing_since = parse_time(window.passing_since)
-    if passing_since is None:
-        return None
-    due = passing_since + parse_duration(spec.guard.bake_time)
+    due = window.passing_since.at + spec.guard.bake_time.delta
     return max((due - world.now).total_seconds(), 1.0)
 
 

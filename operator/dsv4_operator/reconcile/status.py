@@ -16,6 +16,7 @@ from dsv4_operator.api.status import (
     RolesStatus,
     RoleStatus,
 )
+from dsv4_operator.api.times import Timestamp
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
@@ -25,7 +26,6 @@ from dsv4_operator.names import (
     REVISION_LABEL,
     ROLE_LABEL,
     ROUTER,
-    format_time,
     router_name,
 )
 from dsv4_operator.reasons import ConditionReason
@@ -63,7 +63,7 @@ def _condition(
         status=status,
         reason=reason,
         message=message,
-        last_transition_time=since or format_time(world.now),
+        last_transition_time=since or Timestamp.of(world.now),
         observed_generation=world.generation,
     )
 

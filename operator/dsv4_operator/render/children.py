@@ -27,7 +27,9 @@ def service_monitor(ctx: RenderContext) -> Manifest:
     meta = ctx.metadata(service_monitor_name(ctx.name))
     meta["labels"].update(monitor.labels)
     ports = ("http", "metrics", *(("tap-metrics",) if router.tap_enabled(ctx) else ()))
-    endpoints = [{"port": port, "path": "/metrics", "interval": monitor.interval} for port in ports]
+    # The text as written (a manifest holds plain values: YAML dumpers refuse a str subclass).
+    interval = str(monitor.interval)
+    endpoints = [{"port": port, "path": "/metrics", "interval": interval} for port in ports]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",

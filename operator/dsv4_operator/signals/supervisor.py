@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 
 from dsv4_operator import metrics
-from dsv4_operator.api.base import parse_duration
 from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
+from dsv4_operator.api.times import Duration
 from dsv4_operator.guard.observations import CANARY, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.taps import TrafficDeltas, samples_and_leaks
 from dsv4_operator.kube.reader import Reader
@@ -134,9 +134,9 @@ class GuardSupervisor:
         key: Key,
         spec: DSV4DeploymentSpec,
         round_: Callable[[Key, DSV4DeploymentSpec], Awaitable[None]],
-        every: str,
+        every: Duration,
     ) -> None:
-        interval = parse_duration(every).total_seconds()
+        interval = every.delta.total_seconds()
         while True:
             try:
                 await round_(key, spec)
