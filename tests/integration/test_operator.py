@@ -29,7 +29,7 @@ from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example,
 from dsv4_devcluster.operator import OperatorProcess, webhook_operator
 from dsv4_devcluster.process import free_port
 from dsv4_operator.api.limits import TAP_METRICS_PORT
-from dsv4_operator.reconcile.world import statefulset_rolled
+from dsv4_operator.kube.objects import StatefulSetView
 from tests.chart.support import tool
 
 from .cluster_support import engine_flags, statefulset_policy, watch_router
@@ -194,7 +194,7 @@ def test_a_sidecar_injected_by_another_writer_causes_no_write(
     wait_for(
         "the decode StatefulSet to roll the sidecar in",
         lambda: (
-            statefulset_rolled(cluster.children()[("StatefulSet", "dsv4-flash-decode")])
+            StatefulSetView.of(cluster.children()[("StatefulSet", "dsv4-flash-decode")]).rolled
             and cluster.get()["status"].get("phase") == "Ready"
         ),
         timeout=120,

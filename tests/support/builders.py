@@ -44,7 +44,9 @@ def with_changes(spec: Doc, changes: dict[str, Any]) -> Doc:
 
 
 def make_world(spec: Doc, status: DSV4DeploymentStatus | Doc | None = None, **kw: Any) -> World:
-    """A world as gather() builds it: the spec validated and the status parsed."""
+    """A world as gather() builds it: the spec validated, the status parsed, and the children
+    (given as the API server returns them: `statefulsets=[...]`, `pods=[...]`, ...) read
+    through their views."""
     base: dict[str, Any] = {
         "name": "x",
         "namespace": "ns",
@@ -55,7 +57,7 @@ def make_world(spec: Doc, status: DSV4DeploymentStatus | Doc | None = None, **kw
         "now": NOW,
     }
     base.update(kw)
-    return World(**base)
+    return World.from_objects(**base)
 
 
 def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:

@@ -14,6 +14,7 @@ from dsv4_operator.guard.observations import PROMETHEUS, Observations, Snapshot
 from dsv4_operator.guard.oom import oom_events
 from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.leak.stats import wilson_interval
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import GuardResult, RollbackReason
 from dsv4_operator.reconcile.decide import decide
 from tests.support.builders import NOW, as_live, engine_pod, make_world
@@ -96,7 +97,7 @@ def test_oom_signatures() -> None:
             },
         ),
     ]
-    events = oom_events(pods)
+    events = oom_events([PodView.of(p) for p in pods])
     assert sorted(e.kind for e in events) == ["CudaOOM", "OOMKilled"]
     assert all(e.revision == "r1" and e.role == "decode" for e in events)
 

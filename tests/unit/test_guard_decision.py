@@ -21,6 +21,7 @@ from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, Quar
 from dsv4_operator.guard.decision import GuardInput, decide_guard
 from dsv4_operator.guard.observations import CANARY, Snapshot
 from dsv4_operator.names import format_time, revision_name
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import RollbackReason
 from tests.support.builders import NOW, engine_pod
 
@@ -115,7 +116,7 @@ class Situation:
             quarantine=list(self.quarantine),
             conditions=list(self.conditions),
             snapshot=self.snapshot,
-            pods=list(self.pods),
+            pods=[PodView.of(p) for p in self.pods],
             user_revision=USER,
             known_good_target=self.known_good_target,
             settled_revision=self.settled,

@@ -1,4 +1,5 @@
-"""Why a pod is not ready, read from its status the way a kubelet and the scheduler write it."""
+"""Why a pod is not ready, read from its status the way a kubelet and the scheduler write it
+(each pod described as the API server returns it, read through its view)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from dsv4_operator.pods import PodView
 from dsv4_operator.reconcile.pod_causes import (
     MESSAGE_LIMIT,
     first_problem,
@@ -121,7 +123,7 @@ NOT_READY = {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}
     ],
 )
 def test_the_cause_names_the_pod_and_what_kubernetes_says(pod: Any, expected: str) -> None:
-    assert pod_problem(pod) == expected
+    assert pod_problem(PodView.of(pod)) == expected
 
 
 @pytest.mark.parametrize(
@@ -142,7 +144,7 @@ def test_the_cause_names_the_pod_and_what_kubernetes_says(pod: Any, expected: st
     ],
 )
 def test_a_pod_on_its_way_has_no_problem(pod: Any) -> None:
-    assert pod_problem(pod) is None
+    assert pod_problem(PodView.of(pod)) is None
 
 
 def test_the_first_problem_is_stable_and_long_messages_are_cut() -> None:
@@ -173,10 +175,10 @@ def test_the_first_problem_is_stable_and_long_messages_are_cut() -> None:
             [],
         ),
     ]
-    problem = first_problem(pods)
+    problem = first_problem([PodView.of(p) for p in pods])
     assert problem is not None and problem.startswith("pod a: Unschedulable: xxx")
     assert len(problem) < MESSAGE_LIMIT + 40
-    assert first_problem(list(reversed(pods))) == problem
+    assert first_problem([PodView.of(p) for p in reversed(pods)]) == problem
 
 
 def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() -> None:
@@ -213,13 +215,14 @@ def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() ->
             "lastTimestamp": "2026-11-29T11:59:40Z",
         },
     ]
-    assert pod_problem(pod) is None
-    assert pod_problem(pod, events) == (
+    view = PodView.of(pod)
+    assert pod_problem(view) is None
+    assert pod_problem(view, events) == (
         'pod x-decode-0: FailedMount: MountVolume.SetUp failed for volume "models"'
     )
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-    assert unexplained([pod], now) == ["x-decode-0"]
+    assert unexplained([view], now) == ["x-decode-0"]
     # Too young to be called stuck, or ready: no lookup.
-    assert unexplained([pod], datetime(2026, 11, 29, 11, 59, 5, tzinfo=UTC)) == []
+    assert unexplained([view], datetime(2026, 11, 29, 11, 59, 5, tzinfo=UTC)) == []
     ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    assert unexplained([ready], now) == []
+    assert unexplained([PodView.of(ready)], now) == []

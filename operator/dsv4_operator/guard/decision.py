@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
@@ -27,6 +26,7 @@ from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.guard.oom import OomEvent, oom_events, within
 from dsv4_operator.guard.policy import Evidence, GuardVerdict, evaluate
 from dsv4_operator.names import revision_name
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import EventReason, GuardResult, RollbackReason
 
 
@@ -41,7 +41,7 @@ class GuardInput:
     quarantine: list[QuarantineEntry]  # status.quarantine
     conditions: list[Condition]  # status.conditions (Events fire on a condition's change)
     snapshot: Snapshot | None
-    pods: list[dict[str, Any]]  # as the API server reports them
+    pods: list[PodView]
     user_revision: str  # the revision of the spec as the user wrote it
     # The revision the stored last known good config renders to, None when it is not stored
     # (nothing to roll back to).
@@ -83,7 +83,7 @@ def _judge(
     policy: GuardSpec,
     previous: GuardStatus | None,
     snapshot: Snapshot | None,
-    pods: list[dict[str, Any]],
+    pods: list[PodView],
     subject: str,
     baked: bool,
     settled: bool,

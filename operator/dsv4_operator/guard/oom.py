@@ -7,12 +7,12 @@ the log tail of a failed container into its termination message: the CUDA OOM an
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from dsv4_operator.api.roles import ROLES
-from dsv4_operator.names import REVISION_LABEL, ROLE_LABEL, parse_time
+from dsv4_operator.pods import PodView, Terminated
 
 # docs/engine-notes.md: how memory failures show up
 SIGNATURES: tuple[tuple[str, str], ...] = (
@@ -35,37 +35,33 @@ class OomEvent:
     key: str  # stable identity: pod uid + container restart
 
 
-def _kind(terminated: dict[str, Any]) -> str | None:
-    if terminated.get("reason") == "OOMKilled":
+def _kind(terminated: Terminated) -> str | None:
+    if terminated.reason == "OOMKilled":
         return "OOMKilled"
-    message = str(terminated.get("message") or "")
+    message = str(terminated.message or "")
     for needle, kind in SIGNATURES:
         if needle in message:
             return kind
     return None
 
 
-def oom_events(pods: list[dict[str, Any]]) -> list[OomEvent]:
+def oom_events(pods: Iterable[PodView]) -> list[OomEvent]:
     """Every memory-caused termination the pods still report (current or last state)."""
     events: dict[str, OomEvent] = {}
     for pod in pods:
-        labels = pod.get("metadata", {}).get("labels") or {}
-        role, revision = labels.get(ROLE_LABEL), labels.get(REVISION_LABEL)
+        role, revision = pod.role, pod.revision
         if role not in ROLES or not revision:
             continue
-        for status in pod.get("status", {}).get("containerStatuses") or []:
-            for state_key in ("state", "lastState"):
-                terminated = (status.get(state_key) or {}).get("terminated")
-                if not terminated:
+        for container in pod.containers:
+            for terminated in (container.terminated, container.last_terminated):
+                if terminated is None:
                     continue
                 kind = _kind(terminated)
-                at = parse_time(terminated.get("finishedAt"))
-                if kind is None or at is None:
+                if kind is None or terminated.finished is None:
                     continue
-                uid, container = pod["metadata"].get("uid"), status.get("name")
-                key = f"{uid}/{container}/{terminated.get('finishedAt')}"
+                key = f"{pod.uid}/{container.name}/{terminated.finished}"
                 events[key] = OomEvent(
-                    pod["metadata"]["name"], str(role), str(revision), kind, at, key
+                    pod.name, str(role), str(revision), kind, terminated.finished.at, key
                 )
     return sorted(events.values(), key=lambda e: e.at)
 

@@ -18,6 +18,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
+from dsv4_operator.kube.objects import labels_of, name_of
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
@@ -42,7 +43,7 @@ from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
-from dsv4_operator.reconcile.world import Pair, World, deployment_rolled, labels_of, name_of
+from dsv4_operator.reconcile.world import Pair, World
 from dsv4_operator.render.children import (
     controller_revision,
     render_role,
@@ -126,8 +127,8 @@ def _roll_in_place(
             )
     stale = [pid for pid in pairs if pid != active.id]
     if stale:
-        router = actions.world.live("Deployment", router_name(ctx.name))
-        if not router_done or router is None or not deployment_rolled(router):
+        router = actions.world.router()
+        if not router_done or router is None or not router.rolled:
             actions.wait()
             return Progress(
                 ConditionReason.SWITCHING_ROUTER, "waiting for the router to roll before cleanup"
@@ -265,7 +266,7 @@ def _revisions(
     world = actions.world
     number = next_number(world.revisions)
     for ctx in {c.revision: c for c in contexts}.values():
-        if world.live("ControllerRevision", revision_name(ctx.name, ctx.revision)) is None:
+        if world.revision(revision_name(ctx.name, ctx.revision)) is None:
             actions.decision.create.append(controller_revision(ctx, number))
             number += 1
             actions.note(

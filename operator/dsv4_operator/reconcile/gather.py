@@ -1,7 +1,8 @@
 """gather(): read the owner and everything it owns into a World (from the watch cache).
 
 The typed boundary: the owner's spec is validated (parsed, checked, planned) and its status
-parsed here, once per pass; nothing after this reads them as dicts.
+parsed here, once per pass, and the children a decision reads become views
+(`World.from_objects`); nothing after this reads them as dicts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from datetime import datetime
 from dsv4_operator.api.status import parse_status
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.kube.objects import Obj
+from dsv4_operator.kube.objects import Obj, labels_of
 from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
@@ -26,7 +27,7 @@ from dsv4_operator.kube.resources import (
     Resource,
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
-from dsv4_operator.reconcile.world import World, labels_of
+from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.weights import WEIGHTS_COMPONENT
 from dsv4_operator.trust import Placement, TrustPolicy
 
@@ -66,7 +67,7 @@ async def gather(
         # A list item carries no kind: the World looks its weights objects up by kind.
         kind = {"apiVersion": res.api_version, "kind": res.kind}
         weights += [{**o, **kind} for o in await owned(res)]
-    return World(
+    return World.from_objects(
         name=name,
         namespace=namespace,
         uid=uid,

@@ -18,10 +18,10 @@ def _stored_json(world: World, revision: str | None) -> str | None:
     """The spec stored with `revision`'s ControllerRevision, as canonical JSON (a cache key)."""
     if not revision:
         return None
-    stored = world.live("ControllerRevision", revision_name(world.name, revision))
+    stored = world.revision(revision_name(world.name, revision))
     if stored is None:
         return None
-    return json.dumps(stored.get("data", {}).get("spec", {}), sort_keys=True)
+    return json.dumps(stored.spec, sort_keys=True)
 
 
 @lru_cache(maxsize=256)

@@ -87,7 +87,7 @@ class Reconciler:
     async def _with_pod_events(self, world: World) -> World:
         """The Warning Events of the few pods whose status does not say why they are stuck
         (FailedMount, FailedAttachVolume, ...): read on demand, never watched."""
-        pods = world.pods + world.weights_objects("Pod")
+        pods = world.pods + world.weights_pods
         names = unexplained(pods, world.now)
         if not names or self._events_forbidden:
             return world

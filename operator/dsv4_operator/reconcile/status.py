@@ -20,18 +20,12 @@ from dsv4_operator.api.times import Timestamp
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
-from dsv4_operator.kube.objects import Obj
-from dsv4_operator.names import (
-    PAIR_LABEL,
-    REVISION_LABEL,
-    ROLE_LABEL,
-    ROUTER,
-    router_name,
-)
+from dsv4_operator.names import ROUTER
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
 from dsv4_operator.reconcile.pod_causes import first_problem
 from dsv4_operator.reconcile.weights import WeightsState
-from dsv4_operator.reconcile.world import World, labels_of
+from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import RenderContext
 
 
@@ -68,13 +62,10 @@ def _condition(
     )
 
 
-def _pods(world: World, component: str, pair: str | None) -> list[Obj]:
+def _pods(world: World, component: str, pair: str | None) -> list[PodView]:
     """The pods of one role of `pair` (the router's when `pair` is None)."""
     return [
-        pod
-        for pod in world.pods
-        if labels_of(pod).get(ROLE_LABEL) == component
-        and (pair is None or labels_of(pod).get(PAIR_LABEL) == pair)
+        pod for pod in world.pods if pod.role == component and (pair is None or pod.pair == pair)
     ]
 
 
@@ -90,10 +81,10 @@ def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
     missing: list[str] = []
     for role in ROLES:
         sts = active.statefulsets.get(role) if active else None
-        want = int(sts["spec"].get("replicas", 0)) if sts else 0
-        ready = int((sts or {}).get("status", {}).get("readyReplicas", 0))
+        want = (sts.replicas or 0) if sts else 0
+        ready = sts.ready if sts else 0
         roles[role] = RoleStatus(
-            revision=labels_of(sts).get(REVISION_LABEL) if sts else None,
+            revision=sts.revision if sts else None,
             replicas=want,
             ready=ready,
         )
@@ -102,9 +93,9 @@ def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
             missing.append(
                 _because(f"{role} {ready}/{want} ready", first_problem(pods, world.pod_events))
             )
-    router = world.live("Deployment", router_name(world.name))
-    router_want = int(router["spec"].get("replicas", 0)) if router else 0
-    router_ready = int((router or {}).get("status", {}).get("availableReplicas", 0))
+    router = world.router()
+    router_want = (router.replicas or 0) if router else 0
+    router_ready = router.available if router else 0
     if router is None or router_ready < router_want:
         problem = first_problem(_pods(world, ROUTER, None), world.pod_events)
         missing.append(_because(f"router {router_ready}/{router_want} available", problem))

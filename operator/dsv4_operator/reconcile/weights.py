@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.kube.objects import Obj
+from dsv4_operator.kube.objects import Obj, annotations_of, name_of
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import WeightsReason
 from dsv4_operator.reconcile.pod_causes import first_problem
-from dsv4_operator.reconcile.world import World, annotations_of, labels_of, name_of
+from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import RenderContext
 from dsv4_operator.render.weights import hub_source, job_name
 from dsv4_operator.weights.progress import PROGRESS_ANNOTATION, WeightsProgress
@@ -37,8 +38,8 @@ def _job_condition(job: Obj, type_: str) -> Obj | None:
     return None
 
 
-def _job_pods(world: World, job: str) -> list[Obj]:
-    return [pod for pod in world.weights_objects("Pod") if labels_of(pod).get("job-name") == job]
+def _job_pods(world: World, job: str) -> list[PodView]:
+    return [pod for pod in world.weights_pods if pod.labels.get("job-name") == job]
 
 
 def weights_state(world: World, ctx: RenderContext) -> WeightsState | None:

@@ -1,66 +1,31 @@
 """The facts one reconcile pass decides on, gathered from the API server.
 
-The owner's spec and status arrive as models (parsed once, in gather); the children stay
-the plain objects the API server returned.
+The owner's spec and status arrive as models (parsed once, in gather); the children it reads
+arrive as typed views (kube/objects.py, pods.py), built once from the objects the API server
+returned, which they keep for what goes back as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.observations import Snapshot
-from dsv4_operator.kube.objects import Obj
-from dsv4_operator.names import (
-    FORMAT_LABEL,
-    MAIN_PAIR,
-    PAIR_LABEL,
-    REVISION_LABEL,
-    ROLE_LABEL,
-    TARGET_PAIR_ANNOTATION,
-    router_name,
+from dsv4_operator.kube.objects import (
+    DeploymentView,
+    Obj,
+    RevisionView,
+    StatefulSetView,
+    name_of,
 )
-
-
-def labels_of(obj: Obj) -> dict[str, str]:
-    return dict(obj.get("metadata", {}).get("labels") or {})
-
-
-def annotations_of(obj: Obj) -> dict[str, str]:
-    return dict(obj.get("metadata", {}).get("annotations") or {})
-
-
-def name_of(obj: Obj) -> str:
-    return str(obj["metadata"]["name"])
-
-
-def statefulset_rolled(sts: Obj) -> bool:
-    """Every replica runs the current template and is ready."""
-    spec, status = sts.get("spec", {}), sts.get("status", {})
-    want = int(spec.get("replicas", 1))
-    return (
-        int(status.get("observedGeneration", 0)) >= int(sts["metadata"].get("generation", 1))
-        and int(status.get("updatedReplicas", 0)) == want
-        and int(status.get("readyReplicas", 0)) == want
-        and int(status.get("replicas", 0)) == want
-        and status.get("currentRevision") == status.get("updateRevision")
-    )
-
-
-def deployment_rolled(dep: Obj) -> bool:
-    """The new ReplicaSet is fully available and no old pod remains."""
-    spec, status = dep.get("spec", {}), dep.get("status", {})
-    want = int(spec.get("replicas", 1))
-    return (
-        int(status.get("observedGeneration", 0)) >= int(dep["metadata"].get("generation", 1))
-        and int(status.get("updatedReplicas", 0)) == want
-        and int(status.get("availableReplicas", 0)) == want
-        and int(status.get("replicas", 0)) == want
-    )
+from dsv4_operator.names import MAIN_PAIR, router_name
+from dsv4_operator.pods import PodView
 
 
 @dataclass(frozen=True)
@@ -68,15 +33,15 @@ class Pair:
     """A live prefill/decode pair: the StatefulSets that share one pair label."""
 
     id: str
-    statefulsets: dict[Role, Obj]
+    statefulsets: dict[Role, StatefulSetView]
 
     def revision(self, role: Role) -> str | None:
         sts = self.statefulsets.get(role)
-        return labels_of(sts).get(REVISION_LABEL) if sts else None
+        return sts.revision if sts else None
 
     @property
     def formats(self) -> set[str]:
-        return {annotations_of(s).get(FORMAT_LABEL, "") for s in self.statefulsets.values()}
+        return {s.format for s in self.statefulsets.values()}
 
     @property
     def complete(self) -> bool:
@@ -84,12 +49,13 @@ class Pair:
 
     def rolled(self, role: Role) -> bool:
         sts = self.statefulsets.get(role)
-        return sts is not None and statefulset_rolled(sts)
+        return sts is not None and sts.rolled
 
 
 @dataclass(frozen=True)
 class World:
-    """Everything decide() reads. Built by gather(); tests build it by hand."""
+    """Everything decide() reads. Built by gather() through `from_objects`, as are the
+    tests' worlds (tests/support/builders.py)."""
 
     name: str
     namespace: str
@@ -99,16 +65,17 @@ class World:
     validation: Validation
     status: DSV4DeploymentStatus  # the previous status (the guard's durable memory)
     now: datetime
-    statefulsets: list[Obj] = field(default_factory=list)
-    deployments: list[Obj] = field(default_factory=list)
+    statefulsets: list[StatefulSetView] = field(default_factory=list)
+    deployments: list[DeploymentView] = field(default_factory=list)
     services: list[Obj] = field(default_factory=list)
     pdbs: list[Obj] = field(default_factory=list)
     service_monitors: list[Obj] = field(default_factory=list)
-    revisions: list[Obj] = field(default_factory=list)
-    pods: list[Obj] = field(default_factory=list)
-    # Weights from the Hub (render/weights.py): claim, download Jobs and their pods, the
-    # Jobs' rights; each with its kind.
+    revisions: list[RevisionView] = field(default_factory=list)
+    pods: list[PodView] = field(default_factory=list)  # the engines' and the router's
+    # Weights from the Hub (render/weights.py): claim, download Jobs, the Jobs' rights; each
+    # with its kind. The Jobs' pods are in `weights_pods`.
     weights: list[Obj] = field(default_factory=list)
+    weights_pods: list[PodView] = field(default_factory=list)
     # Warning Events of pods whose status explains nothing (pod_causes.unexplained), by name.
     pod_events: dict[str, list[Obj]] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
@@ -116,43 +83,82 @@ class World:
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
     monitoring_served: bool = True
 
+    @classmethod
+    def from_objects(
+        cls,
+        *,
+        statefulsets: Iterable[Obj] = (),
+        deployments: Iterable[Obj] = (),
+        revisions: Iterable[Obj] = (),
+        pods: Iterable[Obj] = (),
+        weights: Iterable[Obj] = (),
+        **facts: Any,
+    ) -> World:
+        """The world of these objects as the API server returns them: the children a
+        decision reads become views once, here; `weights` objects of kind Pod (the download
+        Jobs' pods) go to `weights_pods`."""
+        weights = list(weights)
+        return cls(
+            statefulsets=[StatefulSetView.of(o) for o in statefulsets],
+            deployments=[DeploymentView.of(o) for o in deployments],
+            revisions=[RevisionView.of(o) for o in revisions],
+            pods=[PodView.of(o) for o in pods],
+            weights=[o for o in weights if o.get("kind") != "Pod"],
+            weights_pods=[PodView.of(o) for o in weights if o.get("kind") == "Pod"],
+            **facts,
+        )
+
     @property
     def spec(self) -> DSV4DeploymentSpec | None:
         """The parsed spec; None when it does not even parse."""
         return self.validation.spec
 
     def live(self, kind: str, name: str) -> Obj | None:
-        pools = {
+        """The object of that kind and name as the API server holds it (what an apply is
+        compared with), or None."""
+        views: dict[str, list[StatefulSetView] | list[DeploymentView] | list[RevisionView]] = {
             "StatefulSet": self.statefulsets,
             "Deployment": self.deployments,
+            "ControllerRevision": self.revisions,
+        }
+        if kind in views:
+            return next((v.raw for v in views[kind] if v.name == name), None)
+        pools = {
             "Service": self.services,
             "PodDisruptionBudget": self.pdbs,
             "ServiceMonitor": self.service_monitors,
-            "ControllerRevision": self.revisions,
         }
         pool = pools.get(kind)
         if pool is None:
-            pool = [o for o in self.weights if o.get("kind") == kind]
+            pool = self.weights_objects(kind)
         return next((o for o in pool if name_of(o) == name), None)
 
     def weights_objects(self, kind: str) -> list[Obj]:
         return [o for o in self.weights if o.get("kind") == kind]
 
+    def router(self) -> DeploymentView | None:
+        """The router Deployment, if it exists."""
+        name = router_name(self.name)
+        return next((d for d in self.deployments if d.name == name), None)
+
+    def revision(self, name: str) -> RevisionView | None:
+        """The ControllerRevision of that name, if it exists."""
+        return next((r for r in self.revisions if r.name == name), None)
+
     def pairs(self) -> dict[str, Pair]:
-        grouped: dict[str, dict[Role, Obj]] = {}
+        grouped: dict[str, dict[Role, StatefulSetView]] = {}
         for sts in self.statefulsets:
-            lab = labels_of(sts)
             for role in ROLES:
-                if lab.get(ROLE_LABEL) == role:
-                    grouped.setdefault(lab.get(PAIR_LABEL, MAIN_PAIR), {})[role] = sts
+                if sts.role == role:
+                    grouped.setdefault(sts.pair, {})[role] = sts
         return {pid: Pair(pid, members) for pid, members in grouped.items()}
 
     def active_pair_id(self) -> str | None:
         """The pair the router targets; else the only pair; else `main` if present."""
         pairs = self.pairs()
-        router = self.live("Deployment", router_name(self.name))
+        router = self.router()
         if router is not None:
-            target = annotations_of(router).get(TARGET_PAIR_ANNOTATION)
+            target = router.target_pair
             if target is not None and target in pairs:
                 return target
         if len(pairs) == 1:

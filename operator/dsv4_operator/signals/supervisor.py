@@ -38,6 +38,7 @@ from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import DSV4, POD
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
+from dsv4_operator.pods import PodView
 from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
 from dsv4_operator.signals.taps import pod_tap_url, scrape_tap
@@ -152,12 +153,14 @@ class GuardSupervisor:
         if spec.guard.tap.metrics_endpoints:
             return self.http, list(spec.guard.tap.metrics_endpoints)
         namespace, name = key
-        pods = await self.client.list(POD, namespace, {DEPLOYMENT_LABEL: name, ROLE_LABEL: ROUTER})
+        listed = await self.client.list(
+            POD, namespace, {DEPLOYMENT_LABEL: name, ROLE_LABEL: ROUTER}
+        )
+        pods = [PodView.of(pod) for pod in listed]
         return self.pod_http, sorted(
-            pod_tap_url(pod["status"]["podIP"], TAP_METRICS_PORT)
+            pod_tap_url(pod.ip, TAP_METRICS_PORT)
             for pod in pods
-            if (pod.get("status") or {}).get("phase") == "Running"
-            and (pod.get("status") or {}).get("podIP")
+            if pod.phase == "Running" and pod.ip
         )
 
     async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
