@@ -1,17 +1,25 @@
 """The controller runtime's wiring: `build_operator` makes one fully wired Operator from the
 settings without I/O, kube/ (the REST client) reaches metrics only through callbacks, and
-kopf's private modules are imported in one file."""
+kopf's private modules are imported in one file. The guards get each deployment's spec
+parsed once per generation, not once per watch event."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import copy
 from pathlib import Path
+from typing import Any
 
 import kopf
 import pytest
 from kubernetes.config import kube_config
 
-from dsv4_operator.kube.resources import DSV4
+from dsv4_operator import metrics
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.guard.observations import Observations
+from dsv4_operator.kube.resources import DSV4, STATEFULSET
+from dsv4_operator.runtime.leadership import Leadership
 from dsv4_operator.runtime.lease import Timing
 from dsv4_operator.runtime.metered import (
     CountedReconciler,
@@ -19,9 +27,12 @@ from dsv4_operator.runtime.metered import (
     count_request,
     count_watch_error,
 )
-from dsv4_operator.runtime.watched import WATCHED
+from dsv4_operator.runtime.specs import OwnerSpecs
+from dsv4_operator.runtime.watched import WATCHED, enqueue_owner
 from dsv4_operator.runtime.wiring import build_operator
 from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.signals.supervisor import GuardSupervisor
+from tests.support.builders import example_doc, with_changes
 from tests.support.paths import REPO
 
 KUBE = REPO / "operator" / "dsv4_operator" / "kube"
@@ -141,3 +152,173 @@ def test_kopf_private_modules_are_imported_in_one_file() -> None:
         if any(m.startswith("kopf._cogs") for m in _imported_modules(path))
     )
     assert importers == ["runtime/kopf_streams.py"]
+
+
+def _owner(spec: dict[str, Any], generation: int | None = 1, uid: str = "u1") -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": "ns", "name": "x", "uid": uid}
+    if generation is not None:
+        meta["generation"] = generation
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def test_the_spec_is_parsed_once_per_generation() -> None:
+    specs, doc = OwnerSpecs(), example_doc()["spec"]
+    first = specs.spec(_owner(doc))
+    assert isinstance(first, DSV4DeploymentSpec)
+    # A status write (or any change without a new generation) is not parsed again.
+    restated = _owner(doc)
+    restated["status"] = {"phase": "Ready"}
+    assert specs.spec(restated) is first
+    # A new generation is, and so is a new object of the same name at the same generation.
+    changed = with_changes(doc, {"guard.canary.interval": "90s"})
+    second = specs.spec(_owner(changed, generation=2))
+    assert second is not None and second is not first
+    assert second.guard.canary.interval == "90s"
+    recreated = specs.spec(_owner(doc, generation=2, uid="u2"))
+    assert recreated is not None and recreated.guard.canary.interval != "90s"
+    # An object without a generation is parsed each time; a forgotten one too.
+    assert specs.spec(_owner(doc, generation=None)) is not specs.spec(_owner(doc, generation=None))
+    kept = specs.spec(_owner(doc, generation=3))
+    specs.forget(("ns", "x"))
+    assert specs.spec(_owner(doc, generation=3)) is not kept
+
+
+def test_a_spec_that_does_not_parse_is_none_until_its_next_generation() -> None:
+    specs, doc = OwnerSpecs(), example_doc()["spec"]
+    broken = with_changes(doc, {"guard.canary.interval": "soon"})
+    assert specs.spec(_owner(broken)) is None
+    assert specs.spec(_owner(broken)) is None
+    assert specs.spec(_owner(doc, generation=2)) is not None
+
+
+class _Guards:
+    """Records what the listener asks of the guard supervisor."""
+
+    def __init__(self) -> None:
+        self.ensured: list[tuple[tuple[str, str], DSV4DeploymentSpec | None]] = []
+        self.stopped: list[tuple[str, str]] = []
+
+    def ensure(self, key: tuple[str, str], spec: DSV4DeploymentSpec | None) -> None:
+        self.ensured.append((key, spec))
+
+    def stop(self, key: tuple[str, str]) -> None:
+        self.stopped.append(key)
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.added: list[tuple[tuple[str, str], int | None]] = []
+
+    def add(self, key: tuple[str, str], generation: int | None = None) -> None:
+        self.added.append((key, generation))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        pass
+
+
+class _Reconciler:
+    def forget(self, key: tuple[str, str]) -> None:
+        pass
+
+
+class _Leadership:
+    def __init__(self, leading: bool) -> None:
+        self.leading = asyncio.Event()
+        if leading:
+            self.leading.set()
+
+
+def test_the_listener_hands_the_guards_the_spec_parsed_once_per_generation() -> None:
+    guards, queue, specs = _Guards(), _Queue(), OwnerSpecs()
+    listener = enqueue_owner(queue, guards, _Reconciler(), _Leadership(True), specs)
+    doc = example_doc()["spec"]
+    owner = _owner(doc)
+    listener(DSV4, owner, False)
+    listener(DSV4, {**copy.deepcopy(owner), "status": {"phase": "Ready"}}, False)
+    [(key, first), (_, again)] = guards.ensured
+    assert key == ("ns", "x") and isinstance(first, DSV4DeploymentSpec) and again is first
+    listener(DSV4, _owner(with_changes(doc, {"guard.canary.interval": "soon"}), 2), False)
+    assert guards.ensured[-1] == (("ns", "x"), None)  # invalid: the guard stops
+    # A child's change enqueues its owner and leaves the guard alone.
+    child = {
+        "metadata": {"namespace": "ns", "name": "x-decode", "labels": {"dsv4.io/deployment": "x"}}
+    }
+    listener(STATEFULSET, child, False)
+    assert len(guards.ensured) == 3 and queue.added[-1] == (("ns", "x"), None)
+    listener(DSV4, owner, True)
+    assert guards.stopped == [("ns", "x")]
+
+
+def test_a_standby_runs_no_guard() -> None:
+    guards = _Guards()
+    listener = enqueue_owner(_Queue(), guards, _Reconciler(), _Leadership(False), OwnerSpecs())
+    listener(DSV4, _owner(example_doc()["spec"]), False)
+    assert guards.ensured == []
+
+
+class _Cache:
+    """A synced watch cache holding two deployments."""
+
+    def __init__(self, owners: list[dict[str, Any]]) -> None:
+        self.owners = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in owners}
+
+    async def wait_synced(self) -> None:
+        pass
+
+    def keys(self, res: Any) -> list[tuple[str, str]]:
+        return sorted(self.owners)
+
+    async def get(self, res: Any, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.owners.get((namespace, name))
+
+
+class _RunQueue(_Queue):
+    async def run(self) -> None:
+        pass
+
+
+async def test_on_becoming_leader_guards_start_for_every_known_deployment() -> None:
+    doc = example_doc()["spec"]
+    other = _owner(doc)
+    other["metadata"]["name"] = "y"
+    guards, queue, specs = _Guards(), _RunQueue(), OwnerSpecs()
+    leadership = Leadership(_Cache([_owner(doc), other]), queue, guards, None, specs)
+    try:
+        await leadership.run()
+    finally:
+        metrics.LEADER.set(0)  # the process-wide gauge, as a fresh process has it
+    assert [key for key, _ in guards.ensured] == [("ns", "x"), ("ns", "y")]
+    assert all(isinstance(spec, DSV4DeploymentSpec) for _, spec in guards.ensured)
+    assert queue.added == [(("ns", "x"), 1), (("ns", "y"), 1)]
+    # The listener that runs next shares the parses: the same generation is not parsed again.
+    assert specs.spec(_owner(doc)) is guards.ensured[0][1]
+
+
+class _EmptyReader:
+    async def get(self, res: Any, namespace: str, name: str) -> None:
+        return None
+
+    async def list(self, res: Any, namespace: str, selector: Any = None) -> list[Any]:
+        return []
+
+    async def serves(self, res: Any) -> bool:
+        return True
+
+
+async def test_the_guard_supervisor_runs_on_a_parsed_spec_the_policy_allows() -> None:
+    guards = GuardSupervisor(_EmptyReader(), Observations(), wake=lambda key: None)
+    key, doc = ("ns", "x"), example_doc()["spec"]
+    spec = DSV4DeploymentSpec.model_validate(doc)
+    try:
+        guards.ensure(key, spec)
+        loop = guards._tasks[key][1]
+        guards.ensure(key, spec)
+        assert guards._tasks[key][1] is loop  # same settings: the same loop goes on
+        guards.ensure(key, None)  # the spec no longer parses
+        assert key not in guards._tasks
+        guards.ensure(key, spec)
+        elsewhere = with_changes(doc, {"guard.canary.endpoint": "http://elsewhere.example/v1"})
+        guards.ensure(key, DSV4DeploymentSpec.model_validate(elsewhere))
+        assert key not in guards._tasks  # the trust policy forbids the endpoint
+    finally:
+        await guards.close()

@@ -14,6 +14,7 @@ from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.runtime.cache import WatchCache
 from dsv4_operator.runtime.lease import LeaderElector
 from dsv4_operator.runtime.queue import WorkQueue
+from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.signals.supervisor import GuardSupervisor
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,10 @@ class Leadership:
         queue: WorkQueue,
         guards: GuardSupervisor,
         elector: LeaderElector | None,
+        specs: OwnerSpecs,
     ) -> None:
         self.cache, self.queue, self.guards, self.elector = cache, queue, guards, elector
+        self.specs = specs
         self.leading = asyncio.Event()
         self.work: asyncio.Task[None] | None = None
         self.renewing: asyncio.Task[None] | None = None
@@ -46,7 +49,7 @@ class Leadership:
         for namespace, name in self.cache.keys(DSV4):
             owner = await self.cache.get(DSV4, namespace, name)
             if owner is not None:
-                self.guards.ensure((namespace, name), dict(owner.get("spec") or {}))
+                self.guards.ensure((namespace, name), self.specs.spec(owner))
                 self.queue.add((namespace, name), owner["metadata"].get("generation"))
         self.work = work = asyncio.create_task(self.queue.run())
         if self.elector is None:

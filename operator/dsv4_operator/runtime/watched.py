@@ -24,6 +24,7 @@ from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.runtime.cache import Discover, Listener, Watched
 from dsv4_operator.runtime.leadership import Leadership
 from dsv4_operator.runtime.queue import WorkQueue
+from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.signals.supervisor import GuardSupervisor
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,14 @@ def watchable(client: KubeClient, namespaces: list[str]) -> Discover:
 
 
 def enqueue_owner(
-    queue: WorkQueue, guards: GuardSupervisor, reconciler: Reconciler, leadership: Leadership
+    queue: WorkQueue,
+    guards: GuardSupervisor,
+    reconciler: Reconciler,
+    leadership: Leadership,
+    specs: OwnerSpecs,
 ) -> Listener:
-    """What a change seen by the watch cache does: enqueue the owner; (re)start its guard."""
+    """What a change seen by the watch cache does: enqueue the owner; (re)start its guard with
+    the spec, parsed once per generation."""
 
     def changed(res: Resource, obj: Obj, deleted: bool) -> None:
         meta = obj["metadata"]
@@ -77,11 +83,12 @@ def enqueue_owner(
             if deleted:
                 queue.forget(key)
                 guards.stop(key)
+                specs.forget(key)
                 reconciler.forget(key)  # its canary window and metric series
             else:
                 queue.add(key, meta.get("generation"))
                 if leadership.leading.is_set():  # a standby runs no canary
-                    guards.ensure(key, dict(obj.get("spec") or {}))
+                    guards.ensure(key, specs.spec(obj))
             return
         owner = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
         if owner:

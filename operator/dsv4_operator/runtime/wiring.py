@@ -23,6 +23,7 @@ from dsv4_operator.runtime.metered import (
     count_watch_error,
 )
 from dsv4_operator.runtime.queue import WorkQueue
+from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.runtime.watched import WATCHED, enqueue_owner, watchable
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.signals.supervisor import GuardSupervisor
@@ -97,9 +98,10 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         if op.leader_election
         else None
     )
-    leadership = Leadership(cache, queue, guards, elector)
+    specs = OwnerSpecs()
+    leadership = Leadership(cache, queue, guards, elector, specs)
     # The cache is read by all of the above and tells them of changes: its listener last.
-    cache.listener = enqueue_owner(queue, guards, reconciler, leadership)
+    cache.listener = enqueue_owner(queue, guards, reconciler, leadership, specs)
     return Operator(
         op, client, cache, observations, reconciler, queue, guards, leadership, leading=None
     )

@@ -23,7 +23,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
 
@@ -78,11 +77,10 @@ class GuardSupervisor:
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
 
-    def ensure(self, key: Key, spec_raw: dict[str, Any]) -> None:
-        """Start, restart or stop the loop of `key` for its current spec."""
-        try:
-            spec = DSV4DeploymentSpec.model_validate(spec_raw)
-        except ValueError:
+    def ensure(self, key: Key, spec: DSV4DeploymentSpec | None) -> None:
+        """Start, restart or stop the loop of `key` for its current spec (parsed once per
+        generation by the caller; None when it does not parse)."""
+        if spec is None:
             self.stop(key)  # an invalid spec is reported by reconcile; nothing to probe
             return
         # Never fetch a URL the trust policy refuses, even if the object got past admission
