@@ -1,4 +1,5 @@
-"""The catalogue of reasons (reasons.py): complete, described, and the only source of reasons."""
+"""The catalogue of reasons (reasons.py): complete, described, the only source of reasons, and
+the type of the guard verdicts in status."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from dsv4_operator import reasons
+from dsv4_operator.api.crd import openapi_schema
+from dsv4_operator.api.status import DSV4DeploymentStatus, GuardStatus
 from dsv4_operator.reasons import (
     CATALOGUE,
     ConditionReason,
     EventReason,
+    GuardReason,
+    GuardResult,
     Reason,
+    RollbackReason,
     WeightsReason,
     weights_event_reason,
 )
@@ -199,3 +206,40 @@ def test_no_reason_is_a_string_literal_in_the_operator() -> None:
             ]
     assert not left, "reasons written as literals, not reasons.py members:\n" + "\n".join(left)
     assert checked >= 60, checked  # the walk still finds the call sites
+
+
+def test_guard_verdicts_in_status_are_catalogue_members_and_plain_strings_on_the_wire() -> None:
+    status = DSV4DeploymentStatus.model_validate(
+        {
+            "guard": {"lastVerdict": "Fail", "lastReason": "OOMEvents"},
+            "quarantine": [{"hash": "h", "reason": "OOM", "at": "2026-11-29T12:00:00Z"}],
+        }
+    )
+    assert status.guard is not None
+    assert status.guard.last_verdict is GuardResult.FAIL
+    assert status.guard.last_reason is GuardReason.OOM_EVENTS
+    assert status.quarantine[0].reason is RollbackReason.OOM
+    wire = status.to_wire()
+    assert wire["guard"] == {  # plain strings, as before
+        "lastVerdict": "Fail",
+        "lastReason": "OOMEvents",
+        "samples": 0,
+        "leaks": 0,
+        "trafficSamples": 0,
+        "trafficLeaks": 0,
+        "oomEvents": 0,
+        "consecutiveErrors": 0,
+    }
+    assert all(type(v) is str for v in (wire["guard"]["lastVerdict"], wire["guard"]["lastReason"]))
+    with pytest.raises(ValidationError):
+        GuardStatus(last_verdict="Maybe")
+
+
+def test_the_crd_keeps_the_verdict_fields_plain_strings() -> None:
+    """Typed in the model, the CRD's status schema is what it was: strings, no `enum:`."""
+    status = openapi_schema()["properties"]["status"]["properties"]
+    guard = status["guard"]["properties"]
+    for field in (guard["lastVerdict"], guard["lastReason"]):
+        assert field["type"] == "string" and "enum" not in field
+    reason = status["quarantine"]["items"]["properties"]["reason"]
+    assert reason["type"] == "string" and "enum" not in reason

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, WithJsonSchema
 
 from dsv4_operator.api.base import ApiModel
 from dsv4_operator.api.times import Timestamp
+from dsv4_operator.reasons import GuardReason, GuardResult, RollbackReason
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,12 @@ ConditionType = Literal[
     "WeightsReady",
 ]
 Severity = Literal["error", "warning"]
+# Guard verdicts typed with the catalogue's enums (reasons.py) and written as their values; the
+# CRD keeps these fields plain strings, as they always were (an `enum:` would change it).
+_WireString = WithJsonSchema({"type": "string"})
+Verdict = Annotated[GuardResult, _WireString]
+VerdictReason = Annotated[GuardReason, _WireString]
+QuarantineReason = Annotated[RollbackReason, _WireString]
 
 
 class Condition(ApiModel):
@@ -104,8 +111,10 @@ class GuardStatus(ApiModel):
         default=0, description="Production tool-calling responses the leak taps classified."
     )
     traffic_leaks: int = Field(default=0, description="Of those, leaked ones.")
-    last_verdict: str | None = Field(default=None, description="Pass, Fail, NoData or Error.")
-    last_reason: str | None = Field(default=None, description="Reason of the last verdict.")
+    last_verdict: Verdict | None = Field(default=None, description="Pass, Fail, NoData or Error.")
+    last_reason: VerdictReason | None = Field(
+        default=None, description="Reason of the last verdict."
+    )
     last_message: str | None = Field(default=None, description="Evidence of the last verdict.")
     last_sample_time: Timestamp | None = Field(default=None, description="RFC 3339 time.")
     oom_events: int = Field(default=0, description="OOM events in the window.")
@@ -120,7 +129,7 @@ class QuarantineEntry(ApiModel):
 
     hash: str = Field(description="Config hash.")
     revision: str | None = Field(default=None, description="ControllerRevision name.")
-    reason: str = Field(description="LeakRate or OOM.")
+    reason: QuarantineReason = Field(description="LeakRate or OOM.")
     message: str = Field(default="", description="Evidence.")
     at: Timestamp = Field(description="RFC 3339 time.")
 

@@ -139,7 +139,7 @@ def _judge(
         traffic_samples=traffic[0],
         traffic_leaks=traffic[1],
         leak_rate=round(leaks / samples, 4) if samples else None,
-        last_verdict=verdict.outcome.value,
+        last_verdict=verdict.outcome,
         last_reason=verdict.reason,
         last_message=verdict.message,
         last_sample_time=(
@@ -211,7 +211,7 @@ def decide_guard(given: GuardInput) -> GuardDecision:
             entry = QuarantineEntry(
                 hash=target,
                 revision=revision_name(given.deployment, target),
-                reason=reason.value,
+                reason=reason,
                 message=verdict.message,
                 at=Timestamp.of(given.now),
             )
