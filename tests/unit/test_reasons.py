@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from dsv4_operator import reasons
 from dsv4_operator.api.crd import openapi_schema
-from dsv4_operator.api.status import DSV4DeploymentStatus, GuardStatus
+from dsv4_operator.api.status import DSV4DeploymentStatus, parse_status
 from dsv4_operator.reasons import (
     CATALOGUE,
     ConditionReason,
@@ -231,8 +230,25 @@ def test_guard_verdicts_in_status_are_catalogue_members_and_plain_strings_on_the
         "consecutiveErrors": 0,
     }
     assert all(type(v) is str for v in (wire["guard"]["lastVerdict"], wire["guard"]["lastReason"]))
-    with pytest.raises(ValidationError):
-        GuardStatus(last_verdict="Maybe")
+
+
+def test_a_reason_this_operator_does_not_know_keeps_the_status_and_its_quarantine() -> None:
+    """A newer operator may write a reason this one lacks (read after a downgrade): the status
+    still parses, the quarantine stays (losing it would roll the rejected revision out again)
+    and the unknown value is written back as it was."""
+    raw = {
+        "lastKnownGoodRevision": "good",
+        "guard": {"lastVerdict": "Fail", "lastReason": "KVChecksum"},
+        "quarantine": [{"hash": "bad", "reason": "KVIntegrity", "at": "2026-11-29T12:00:00Z"}],
+    }
+    status = parse_status(raw)
+    assert status.last_known_good_revision == "good"
+    assert [q.hash for q in status.quarantine] == ["bad"]
+    assert status.quarantine[0].reason == "KVIntegrity"
+    assert status.guard is not None and status.guard.last_verdict is GuardResult.FAIL
+    wire = status.to_wire()
+    assert wire["quarantine"][0]["reason"] == "KVIntegrity"
+    assert wire["guard"]["lastReason"] == "KVChecksum"
 
 
 def test_the_crd_keeps_the_verdict_fields_plain_strings() -> None:

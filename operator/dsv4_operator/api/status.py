@@ -6,11 +6,11 @@ import logging
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, WithJsonSchema
+from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema
 
 from dsv4_operator.api.base import ApiModel
 from dsv4_operator.api.times import Timestamp
-from dsv4_operator.reasons import GuardReason, GuardResult, RollbackReason
+from dsv4_operator.reasons import GuardReason, GuardResult, Reason, RollbackReason
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,22 @@ ConditionType = Literal[
 Severity = Literal["error", "warning"]
 # Guard verdicts typed with the catalogue's enums (reasons.py) and written as their values; the
 # CRD keeps these fields plain strings, as they always were (an `enum:` would change it).
+# A value the catalogue does not know (written by a newer operator, read after a downgrade) is
+# kept as the string it is: one unknown reason must not make the whole status unparseable, which
+# would drop the quarantine and roll a rejected revision out again.
 _WireString = WithJsonSchema({"type": "string"})
-Verdict = Annotated[GuardResult, _WireString]
-VerdictReason = Annotated[GuardReason, _WireString]
-QuarantineReason = Annotated[RollbackReason, _WireString]
+
+
+def _known(catalogue: type[Reason]) -> BeforeValidator:
+    def member(value: Any) -> Any:
+        return catalogue(value) if value in catalogue._value2member_map_ else value
+
+    return BeforeValidator(member)
+
+
+Verdict = Annotated[GuardResult | str, _known(GuardResult), _WireString]
+VerdictReason = Annotated[GuardReason | str, _known(GuardReason), _WireString]
+QuarantineReason = Annotated[RollbackReason | str, _known(RollbackReason), _WireString]
 
 
 class Condition(ApiModel):
