@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.runtime.webhook_certs import self_signed
+from dsv4_operator.settings import OperatorSettings
 
 # kopf serves the handler at /<id>; the chart's ValidatingWebhookConfiguration points there.
 ADMISSION_HANDLER_ID = "rules"
