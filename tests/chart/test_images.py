@@ -111,7 +111,7 @@ def test_engine_image_declares_capabilities_the_crd_knows() -> None:
     steps = _instructions(ENGINE / "Dockerfile")
     args = dict(s[1].split("=", 1) for s in steps if s[0] == "ARG" and "=" in s[1])
     declared = args["CAPABILITIES"].split(",")
-    assert declared == ["bf16IndexK", "poolSizingFix"]
+    assert declared == ["bf16IndexK", "poolSizingFix", "toolCallDropCounter"]
     assert set(declared) <= _capabilities_enum()
     label = next(s[1] for s in steps if s[0] == "LABEL")
     assert 'dsv4.io/capabilities="${CAPABILITIES}"' in label

@@ -32,6 +32,10 @@ class Capability(StrEnum):
     """The pool configurator sizes index-K with the real dtype (docs/engine-notes.md)."""
     MULTI_STREAM_INDEX_K_FIX = "multiStreamIndexKFix"
     """The alt-stream indexer does not alias bf16 transients in the CUDA-graph pool."""
+    TOOL_CALL_DROP_COUNTER = "toolCallDropCounter"
+    """The DeepSeek tool-call parsers count the responses they parse and the calls they drop
+    (`sglang:dsv4_tool_call_responses_total`, `sglang:dsv4_tool_call_drops_total{reason}`;
+    docs/engine-notes.md#leak-shapes)."""
 
 
 class EnvVar(ApiModel):
@@ -99,7 +103,8 @@ class EngineSpec(ApiModel):
     capabilities: list[Capability] = Field(
         default_factory=list,
         description="What the image declares it has (its `dsv4.io/capabilities` label): "
-        "bf16IndexK, indexKHiCacheGate, poolSizingFix, multiStreamIndexKFix.",
+        "bf16IndexK, indexKHiCacheGate, poolSizingFix, multiStreamIndexKFix, "
+        "toolCallDropCounter.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     index_k_dtype: IndexKDtype = Field(
