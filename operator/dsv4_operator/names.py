@@ -39,6 +39,9 @@ REVISION_LABEL = f"{LABEL_PREFIX}/revision"
 # StatefulSets and the router Deployment.
 FORMAT_LABEL = f"{LABEL_PREFIX}/transfer-format"
 MAX_TOTAL_TOKENS_ANNOTATION = f"{LABEL_PREFIX}/max-total-tokens"
+# On engine StatefulSets: the SGLang release the image carries (spec.engine.sglangVersion, the
+# image's label of the same name); the engine test double reads it to answer as that release.
+SGLANG_VERSION_ANNOTATION = f"{LABEL_PREFIX}/sglang-version"
 # On the router Deployment: the prefill/decode pair its arguments target.
 TARGET_PAIR_ANNOTATION = f"{LABEL_PREFIX}/target-pair"
 # On every applied child: the hash of the content the operator applied (no-op detection).

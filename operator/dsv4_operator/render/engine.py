@@ -10,6 +10,7 @@ from dsv4_operator.names import (
     MAX_TOTAL_TOKENS_ANNOTATION,
     PAIR_LABEL,
     REVISION_LABEL,
+    SGLANG_VERSION_ANNOTATION,
     weights_claim_name,
 )
 from dsv4_operator.render.context import Manifest, RenderContext
@@ -135,6 +136,7 @@ def statefulset(ctx: RenderContext, role: Role) -> Manifest:
     meta["annotations"] = {
         FORMAT_LABEL: ctx.transfer_format,
         MAX_TOTAL_TOKENS_ANNOTATION: str(ctx.plan.roles[role].max_total_tokens),
+        SGLANG_VERSION_ANNOTATION: ctx.spec.engine.sglang_version,
     }
     spec: Manifest = {
         "serviceName": ctx.role_name(role),
