@@ -125,6 +125,7 @@ class EngineKubelet:
         capabilities = stored["data"]["spec"]["engine"].get("capabilities", [])
         env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
         env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(capabilities)
+        env["DSV4_DOUBLE_SGLANG_VERSION"] = stored["data"]["spec"]["engine"]["sglangVersion"]
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"  # no effect on verdicts; keeps canary runs short
         command = _with_pair_hicache(list(container["command"]), list(prefill_command))

@@ -20,7 +20,17 @@ so the same conversation at the same declared load always gets the same answer, 
 laptop or a saturated CI runner alike. (`DSV4_DOUBLE_LOAD=observed` measures overlap instead:
 non-deterministic, for hand-run benchmarks only.)
 - everything else (fp8, fp4, the gated/fixed images) never corrupts;
-- `DSV4_DOUBLE_OOM_AFTER=N` crashes the process with SGLang's CUDA OOM log lines.
+- `DSV4_DOUBLE_OOM_AFTER=N` crashes the process with SGLang's CUDA OOM log lines;
+- a corrupted tool call is answered as the SGLang release the double runs as
+  (`DSV4_DOUBLE_SGLANG_VERSION`, which `process.launch_from_statefulset` takes from the engine
+  StatefulSet's `dsv4.io/sglang-version` annotation): 0.5.16 leaks the DSML into `content`,
+  0.5.23 drops it (prose only, `finish_reason: "stop"`, no `tool_calls`) with its log lines and,
+  on an image with `toolCallDropCounter`, `sglang:dsv4_tool_call_responses_total` and
+  `sglang:dsv4_tool_call_drops_total{reason}` on `/metrics` (parsers.py);
+- with `--disaggregation-enable-kv-checksum` (0.5.23), `DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB`
+  of the chat requests fail the transfer checksum: HTTP 500, counted in
+  `sglang:num_transfer_failed_reqs_total`; `/get_server_info` reports `version` and
+  `max_total_num_tokens` (`DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS` makes it disagree with the plan).
 
 Run:  python -m dsv4_engine_double --model-path M --served-model-name S --host 127.0.0.1
 --port 0 [any other sglang flags]   (port 0 picks a free port; the log line

@@ -4,8 +4,9 @@ Argv: the operator's engine command line after the entrypoint (`--model-path`,
 `--served-model-name`, `--host`, `--port`, `--tp-size`, `--disaggregation-mode`, `--kv-cache-dtype`,
 `--max-running-requests`, `--cuda-graph-max-bs`, `--context-length`, `--max-total-tokens`,
 `--tool-call-parser`, `--reasoning-parser`, `--enable-metrics`, `--disable-overlap-schedule`,
-`--enable-hierarchical-cache`, `--hicache-*`, `--enable-deepseek-v4-fp4-indexer`, ...). Unknown
-flags are kept in `unknown_args` and echoed by `/get_server_info`.
+`--enable-hierarchical-cache`, `--hicache-*`, `--enable-deepseek-v4-fp4-indexer`,
+`--disaggregation-enable-kv-checksum`, ...). Unknown flags are kept in `unknown_args` and echoed
+by `/get_server_info`.
 
 Engine env (as rendered by the operator):
 - `SGLANG_DSV4_BF16_INDEX_K=1`: bf16 index-K, honoured only when the image has `bf16IndexK`
@@ -14,8 +15,29 @@ Engine env (as rendered by the operator):
 
 Double-only knobs:
 - `DSV4_DOUBLE_CAPABILITIES`: comma list of the image's capabilities (`bf16IndexK`,
-  `indexKHiCacheGate`, `poolSizingFix`, `multiStreamIndexKFix`). Unset means `bf16IndexK`
-  (the incident's patched fork without any fix); set it to the spec's `engine.capabilities`.
+  `indexKHiCacheGate`, `poolSizingFix`, `multiStreamIndexKFix`, `toolCallDropCounter`). Unset
+  means `bf16IndexK` (the incident's patched fork without any fix); set it to the spec's
+  `engine.capabilities` (the image's `dsv4.io/capabilities` label).
+- `DSV4_DOUBLE_SGLANG_VERSION` (default `0.5.16`): the SGLang release the double runs as (the
+  image's `dsv4.io/sglang-version` label, `spec.engine.sglangVersion`; the operator writes it on
+  each engine StatefulSet as the annotation `dsv4.io/sglang-version`, which
+  `process.launch_from_statefulset` turns into this variable). It decides what a corrupted tool
+  call looks like (parsers.py): before 0.5.21 the DSML markup leaks into `content` (the
+  incident); from 0.5.21 on (0.5.23) SGLang's DeepSeek detector fails closed and drops it. It
+  is also `/get_server_info`'s `version`, and `--disaggregation-enable-kv-checksum` exists
+  from 0.5.21 on only.
+- `DSV4_DOUBLE_UNTERMINATED_SHARE` (default 0.25): in a release that drops corrupted calls, the
+  share of them that take the unterminated-section shape (a `<｜DSML｜tool_calls>` that never
+  closes: dropped with no log line of the parser's own); the rest are unclosed or malformed
+  invokes, half each (dropped with a warning). 1 and 0 make each shape on demand.
+- `DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB` (default 0; upstream's test hook is
+  `SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB`): with `--disaggregation-enable-kv-checksum` on a
+  release that has it, this share of chat requests (a draw of the seed and the conversation,
+  like the others) fails the transfer checksum: HTTP 500 `KV checksum mismatch`, counted in
+  `sglang:num_transfer_failed_reqs_total`.
+- `DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS`: the KV pool size the engine reports
+  (`/get_server_info`'s `max_total_num_tokens`, `sglang:max_total_num_tokens`) instead of
+  `--max-total-tokens`: an engine that disagrees with its plan.
 - `DSV4_DOUBLE_LOAD=N` (default 1): the declared load, i.e. the number of chat requests the
   engine is to be taken as running (all clients together) while it serves each request. The
   corruption curve below reads this number; it never reads the clock or the requests actually
@@ -71,6 +93,11 @@ MULTI_STREAM_ALIASING = "multi-stream-aliasing"
 HICACHE_P_MAX, HICACHE_LOW, HICACHE_HIGH = 0.0455, 4.0, 40.0
 MULTI_STREAM_P_MAX, MULTI_STREAM_LOW, MULTI_STREAM_HIGH = 0.032, 8.0, 80.0
 DEFAULT_CAPABILITIES = "bf16IndexK"
+DEFAULT_SGLANG_VERSION = "0.5.16"
+DEFAULT_UNTERMINATED_SHARE = 0.25
+# The release whose DeepSeek detector drops a corrupted call instead of returning its markup,
+# and which has --disaggregation-enable-kv-checksum.
+FAILS_CLOSED_SINCE = (0, 5, 21)
 DEFAULT_MAX_TOTAL_TOKENS = 1_000_000
 LOAD_ENV = "DSV4_DOUBLE_LOAD"
 LOAD_HEADER = "X-DSV4-Double-Load"
@@ -104,6 +131,7 @@ class DoubleConfig:
     hicache_size: int = 0
     hicache_write_policy: str = "write_through"
     enable_deepseek_v4_fp4_indexer: bool = False
+    disaggregation_enable_kv_checksum: bool = False
     unknown_args: tuple[str, ...] = ()
     # env
     bf16_index_k_requested: bool = False
@@ -116,6 +144,36 @@ class DoubleConfig:
     startup_s: float = 0.0
     oom_after: int | None = None
     oom_kind: str = "cuda"
+    sglang_version: str = DEFAULT_SGLANG_VERSION
+    unterminated_share: float = DEFAULT_UNTERMINATED_SHARE
+    kv_checksum_mismatch_prob: float = 0.0
+    reported_max_total_tokens: int | None = None
+
+    @property
+    def fails_closed(self) -> bool:
+        """Whether this release's DeepSeek detector drops a corrupted call (else: leaks it)."""
+        return release_tuple(self.sglang_version) >= FAILS_CLOSED_SINCE
+
+    @property
+    def kv_checksum(self) -> bool:
+        """Whether transfers are checksummed: the flag, on a release that has it."""
+        return self.disaggregation_enable_kv_checksum and self.fails_closed
+
+    @property
+    def counts_tool_call_drops(self) -> bool:
+        """The image's toolCallDropCounter patch, with a DSML tool-call parser configured."""
+        return "toolCallDropCounter" in self.capabilities and self.tool_call_parser in (
+            "deepseekv32",
+            "deepseekv4",
+            "deepseekv41",
+        )
+
+    @property
+    def reported_max_total(self) -> int:
+        """The KV pool size the engine reports (its plan's, unless the knob overrides it)."""
+        if self.reported_max_total_tokens is not None:
+            return self.reported_max_total_tokens
+        return self.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
 
     @property
     def name(self) -> str:
@@ -151,8 +209,17 @@ class DoubleConfig:
         info["unknown_args"] = list(self.unknown_args)
         info["index_k_dtype"] = self.index_k_dtype
         info["faults"] = list(self.faults)
-        info["max_total_num_tokens"] = self.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+        info["max_total_num_tokens"] = self.reported_max_total
+        info["version"] = self.sglang_version  # as SGLang's: its __version__
         return info
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """`0.5.23` -> (0, 5, 23); a `.postN` suffix is ignored."""
+    try:
+        return tuple(int(part) for part in version.split(".")[:3])
+    except ValueError as error:
+        raise ValueError(f"not an SGLang release: {version!r}") from error
 
 
 def _smoothstep(x: float) -> float:
@@ -212,7 +279,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hicache-size", type=int, default=0)
     p.add_argument("--hicache-write-policy", default="write_through")
     p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true")
+    p.add_argument("--disaggregation-enable-kv-checksum", action="store_true")
     return p
+
+
+def _share(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise SystemExit(f"{name} must be a number in [0, 1], got {raw!r}")
+    return value
 
 
 def parse_load(raw: str, source: str, *, allow_observed: bool) -> int | None:
@@ -253,8 +332,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         oom_after = 0
     try:
         load = parse_load(env.get(LOAD_ENV, "") or "1", LOAD_ENV, allow_observed=True)
+        version = env.get("DSV4_DOUBLE_SGLANG_VERSION", "").strip() or DEFAULT_SGLANG_VERSION
+        release_tuple(version)
     except ValueError as error:
         raise SystemExit(str(error)) from error
+    reported = env.get("DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "").strip()
     return DoubleConfig(
         **{k: v for k, v in vars(args).items()},
         unknown_args=tuple(unknown),
@@ -268,4 +350,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         startup_s=float(env.get("DSV4_DOUBLE_STARTUP_S", "0") or 0),
         oom_after=oom_after,
         oom_kind=oom_kind,
+        sglang_version=version,
+        unterminated_share=_share(
+            env, "DSV4_DOUBLE_UNTERMINATED_SHARE", DEFAULT_UNTERMINATED_SHARE
+        ),
+        kv_checksum_mismatch_prob=_share(env, "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", 0.0),
+        reported_max_total_tokens=int(reported) if reported else None,
     )

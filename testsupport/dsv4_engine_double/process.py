@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from dsv4_operator.names import SGLANG_VERSION_ANNOTATION
+
 _LISTENING = re.compile(r"Uvicorn running on http://([^:\s]+):(\d+)")
 
 
@@ -32,7 +34,9 @@ def launch_from_statefulset(
 ) -> tuple[list[str], dict[str, str]]:
     """The engine argv (after `python3 -m sglang.launch_server`) and env of a rendered engine
     StatefulSet, plus `DSV4_DOUBLE_CAPABILITIES` (the image's capabilities, which the
-    StatefulSet does not carry: pass the spec's `engine.capabilities`)."""
+    StatefulSet does not carry: pass the spec's `engine.capabilities`) and
+    `DSV4_DOUBLE_SGLANG_VERSION` (the release the image carries: the StatefulSet's
+    `dsv4.io/sglang-version` annotation, so the double answers as that release)."""
     containers = statefulset["spec"]["template"]["spec"]["containers"]
     container = next((c for c in containers if c.get("name") == "engine"), containers[0])
     command = [*container.get("command", []), *container.get("args", [])]
@@ -41,6 +45,9 @@ def launch_from_statefulset(
     args = command[command.index(ENGINE_MODULE) + 1 :]
     env = {e["name"]: str(e.get("value", "")) for e in container.get("env", []) if "name" in e}
     env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(capabilities)
+    release = (statefulset["metadata"].get("annotations") or {}).get(SGLANG_VERSION_ANNOTATION)
+    if release:
+        env["DSV4_DOUBLE_SGLANG_VERSION"] = release
     return args, env
 
 

@@ -17,23 +17,20 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import random
 import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from dsv4_engine_double import shapes
+from dsv4_engine_double import parsers, shapes
 from dsv4_engine_double.config import (
-    DEFAULT_MAX_TOTAL_TOKENS,
     HICACHE_RACE,
     LOAD_HEADER,
     DoubleConfig,
@@ -42,61 +39,8 @@ from dsv4_engine_double.config import (
     parse_config,
     parse_load,
 )
-
-VERSION = "0.5.16-engine-double"
-# SGLang's time_to_first_token buckets (0.1 ... 400 s), with finer ones below for the double.
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60,
-                80, 100, 200, 400)  # fmt: skip
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
-
-def log(message: str) -> None:
-    """SGLang-style log line on stderr, flushed (the test reads it like a kubelet would)."""
-    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    sys.stderr.write(f"[{stamp}] {message}\n")
-    sys.stderr.flush()
-
-
-# --- crash ----------------------------------------------------------------------------------
-
-_TRACEBACK = """Traceback (most recent call last):
-  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 3024, in run_scheduler_process
-    scheduler.event_loop_normal_disagg_decode()
-  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 1187, in run_batch
-    batch_result = self.model_worker.forward_batch_generation(model_worker_batch)
-  File "/usr/local/lib/python3.12/dist-packages/torch/utils/_contextlib.py", line 120, in decorate_context
-    return func(*args, **kwargs)"""  # noqa: E501
-
-
-def crash(config: DoubleConfig, where: str) -> NoReturn:
-    """Die like SGLang on an OOM: scheduler traceback, SIGQUIT to the parent, kill_process_tree."""
-    tp = "TP0" if config.tp_size > 1 else ""
-    prefix = f" {tp}" if tp else ""
-    log(f"engine double: simulated OOM ({config.oom_kind}) {where}")
-    if config.oom_kind == "pool":
-        error = (
-            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-            f"Current value: mem_fraction_static={config.mem_fraction_static or 0.85}"
-        )
-    else:
-        error = (
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.07 GiB. GPU 0 has a "
-            "total capacity of 94.97 GiB of which 612.31 MiB is free. Including non-PyTorch "
-            "memory, this process has 94.36 GiB memory in use. Of the allocated memory 90.12 GiB "
-            "is allocated by PyTorch, and 2.81 GiB is reserved by PyTorch but unallocated. If "
-            "reserved but unallocated memory is large try setting "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
-        )
-    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    sys.stderr.write(f"[{stamp}{prefix}] Scheduler hit an exception: {_TRACEBACK}\n{error}\n\n")
-    sys.stderr.write(
-        f"[{stamp}] Received sigquit from a child process. It usually means the child failed.\n"
-    )
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-    raise SystemExit(137)  # not reached
-
+from dsv4_engine_double.logs import crash, log
+from dsv4_engine_double.metrics import Metrics
 
 # --- load -----------------------------------------------------------------------------------
 
@@ -140,108 +84,6 @@ class Load:
             self.running -= 1
             self.used_tokens -= tokens
             self._gate.release()
-
-
-# --- metrics --------------------------------------------------------------------------------
-
-
-class Metrics:
-    """Real `sglang:*` names (docs/engine-notes.md#failure-logs-and-metrics) in a registry of
-    this server's own."""
-
-    def __init__(self, config: DoubleConfig) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        sched = ["model_name", "engine_type", "tp_rank", "pp_rank"]
-        self.sched = {
-            "model_name": config.name,
-            "engine_type": "unified",
-            "tp_rank": "0",
-            "pp_rank": "0",
-        }
-        self.model = {"model_name": config.name}
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, sched, registry=r)
-
-        self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
-        self.queued = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-        self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
-        self.token_usage = gauge("sglang:token_usage", "The token usage.")
-        self.max_tokens = gauge("sglang:max_total_num_tokens", "Maximum total number of tokens.")
-        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
-        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.is_cuda_graph = gauge("sglang:is_cuda_graph", "Whether the batch used a CUDA graph.")
-        self.retracted = Counter(
-            "sglang:num_retracted_requests_total", "Retracted requests.", sched, registry=r
-        )
-        self.graph_passes = Counter(
-            "sglang:cuda_graph_passes_total",
-            "Decode passes by mode.",
-            [*sched, "mode"],
-            registry=r,
-        )
-        self.bootstrap_failed = Counter(
-            "sglang:num_bootstrap_failed_reqs_total", "PD bootstrap failures.", sched, registry=r
-        )
-        self.transfer_failed = Counter(
-            "sglang:num_transfer_failed_reqs_total", "PD KV transfer failures.", sched, registry=r
-        )
-        tok = ["model_name"]
-        self.prompt_tokens = Counter(
-            "sglang:prompt_tokens_total", "Prefill tokens processed.", tok, registry=r
-        )
-        self.generation_tokens = Counter(
-            "sglang:generation_tokens_total", "Generation tokens processed.", tok, registry=r
-        )
-        self.cached_tokens = Counter(
-            "sglang:cached_tokens_total", "Prefix-cache hit tokens.", tok, registry=r
-        )
-        self.requests = Counter("sglang:num_requests_total", "Requests processed.", tok, registry=r)
-        self.aborted = Counter(
-            "sglang:num_aborted_requests_total", "Requests aborted.", tok, registry=r
-        )
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            tok,
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of end-to-end request latency in seconds.",
-            tok,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.evicted = self.load_back = None
-        if config.enable_hierarchical_cache:
-            self.evicted = Counter(
-                "sglang:evicted_tokens_total", "HiCache evicted tokens.", tok, registry=r
-            )
-            self.load_back = Counter(
-                "sglang:load_back_tokens_total", "HiCache loaded-back tokens.", tok, registry=r
-            )
-        # Touch every labelled child so the series exist before the first request.
-        self.max_tokens.labels(**self.sched).set(
-            config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
-        )
-        self.is_cuda_graph.labels(**self.sched).set(1)
-        for counter in (self.retracted, self.bootstrap_failed, self.transfer_failed):
-            counter.labels(**self.sched)
-        for mode in ("decode_cuda_graph", "decode_none"):
-            self.graph_passes.labels(**self.sched, mode=mode)
-        for metric in (self.prompt_tokens, self.generation_tokens, self.cached_tokens):
-            metric.labels(**self.model)
-        for family in (self.requests, self.aborted, self.ttft, self.e2e):
-            family.labels(**self.model)
-
-    def observe_load(self, load: Load, max_total: int) -> None:
-        self.running.labels(**self.sched).set(load.running)
-        self.queued.labels(**self.sched).set(load.queued)
-        self.used_tokens.labels(**self.sched).set(load.used_tokens)
-        self.token_usage.labels(**self.sched).set(min(1.0, load.used_tokens / max_total))
 
 
 # --- answers --------------------------------------------------------------------------------
@@ -290,6 +132,7 @@ class Answer:
     response: dict[str, Any]
     shape: shapes.Shape | None
     load: int
+    tool: str | None = None  # the call the model meant to make
 
 
 def answer(
@@ -318,7 +161,7 @@ def answer(
                     fault = candidate
                     break
             table = shapes.HICACHE_SHAPES if fault == HICACHE_RACE else shapes.MULTI_STREAM_SHAPES
-            shape = shapes.pick_shape(table, rng)
+            shape = parsers.release_shape(config, shapes.pick_shape(table, rng), rng)
             message, finish = shapes.corrupted(shape, tools, call, rng)
         else:
             reasoning = shapes.reasoning_for(*call, rng) if reasoning_on else None
@@ -326,7 +169,7 @@ def answer(
     response = shapes.completion(
         message, finish, model=config.name, rng=rng, prompt_tokens=prompt_tokens
     )
-    return Answer(response, shape, load)
+    return Answer(response, shape, load, name)
 
 
 # --- app ------------------------------------------------------------------------------------
@@ -345,7 +188,7 @@ class EngineDouble:
 
     @property
     def max_total(self) -> int:
-        return self.config.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
+        return self.config.reported_max_total
 
     def ready(self) -> bool:
         return time.monotonic() - self.started >= self.config.startup_s
@@ -380,7 +223,6 @@ class EngineDouble:
 
     async def server_info(self, request: web.Request) -> web.Response:
         info = self.config.server_info()
-        info["version"] = VERSION
         info["engine_double"] = True
         info["internal_states"] = [
             {
@@ -398,7 +240,9 @@ class EngineDouble:
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         if not self.config.enable_metrics:
             raise web.HTTPNotFound(text="metrics are off (start with --enable-metrics)")
-        self.metrics.observe_load(self.load, self.max_total)
+        self.metrics.observe_load(
+            self.load.running, self.load.queued, self.load.used_tokens, self.max_total
+        )
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -408,12 +252,29 @@ class EngineDouble:
         return web.Response(text="Cache flushed.")
 
     @staticmethod
-    def _error(status: int, message: str) -> web.Response:
+    def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
         return web.json_response(
-            {"object": "error", "message": message, "type": "BadRequestError", "param": None,
-             "code": status},
+            {"object": "error", "message": message, "type": kind, "param": None, "code": status},
             status=status,
-        )  # fmt: skip
+        )
+
+    def _kv_checksum_mismatch(self, body: dict[str, Any]) -> web.Response | None:
+        """A transfer whose KV pages fail the checksum (the double's stand-in for upstream's
+        SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB): aborted with HTTP 500, counted."""
+        prob = self.config.kv_checksum_mismatch_prob
+        if not self.config.kv_checksum or prob <= 0:
+            return None
+        draw = conversation_rng(self.config.seed, body, "kv-checksum")
+        if draw.random() >= prob:
+            return None
+        room = draw.getrandbits(63)
+        expected = draw.getrandbits(32)
+        log(
+            f"KV checksum mismatch req={draw.getrandbits(128):032x} bootstrap_room={room} "
+            f"expected={expected:#x} got={expected ^ 1:#x}"
+        )
+        self.metrics.transfer_failed.labels(**self.metrics.sched).inc()
+        return self._error(500, "KV checksum mismatch", "InternalServerError")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -449,9 +310,14 @@ class EngineDouble:
                 f"The input ({prompt_tokens} tokens) is longer than the model's context length "
                 f"({limit} tokens).",
             )
+        mismatch = self._kv_checksum_mismatch(body)
+        if mismatch is not None:
+            return mismatch
         began = time.monotonic()
         async with self.load.admit(prompt_tokens) as slot:
-            self.metrics.observe_load(self.load, self.max_total)
+            self.metrics.observe_load(
+                self.load.running, self.load.queued, self.load.used_tokens, self.max_total
+            )
             if body.get("stream"):
                 return await self._stream(
                     request, body, rng, slot, declared, latency, began, prompt_tokens
@@ -460,6 +326,7 @@ class EngineDouble:
             load = self.config.capped(slot.peak if declared is None else declared)
             result = answer(self.config, body, rng, load, prompt_tokens)
             self._account(result, time.monotonic() - began, 0.4 * latency)
+            self._parsed(body, result, stream=False)
             return web.json_response(result.response, headers={LOAD_HEADER: str(result.load)})
 
     async def _stream(
@@ -500,7 +367,17 @@ class EngineDouble:
             self.metrics.aborted.labels(**self.metrics.model).inc()
             raise
         self._account(result, time.monotonic() - began, ttft)
+        self._parsed(body, result, stream=True)
         return response
+
+    def _parsed(self, body: dict[str, Any], result: Answer, *, stream: bool) -> None:
+        """What the release's tool-call parser logs and the image counts for this answer."""
+        if not parsers.offers_tools(body):
+            return
+        for line in parsers.log_lines(self.config, result.shape, result.tool or "", stream=stream):
+            log(f"WARNING {line}")
+        if self.config.counts_tool_call_drops:
+            self.metrics.count_tool_call_response(parsers.drop_reason(self.config, result.shape))
 
     def _account(self, result: Answer, seconds: float, ttft: float) -> None:
         m = self.metrics
@@ -543,7 +420,8 @@ async def serve(config: DoubleConfig) -> None:
     log(f"server_args={json.dumps(config.server_info(), sort_keys=True)}")
     log(
         "engine double (a test double standing in for SGLang; no GPU): "
-        f"index_k={config.index_k_dtype} hicache={config.enable_hierarchical_cache} "
+        f"sglang={config.sglang_version} index_k={config.index_k_dtype} "
+        f"hicache={config.enable_hierarchical_cache} "
         f"multi_stream={config.multi_stream_overlap} capabilities={sorted(config.capabilities)} "
         f"faults={list(config.faults) or 'none'} "
         + (

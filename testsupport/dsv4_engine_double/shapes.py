@@ -48,6 +48,7 @@ REASONING = [
     "Next step: {what}. I should use {tool} with the right arguments.",
     "I have the previous result. Now {what}, which needs {tool}.",
 ]
+PREAMBLES = ["Let me check that.", "I'll look that up now.", "One moment, calling the tool."]
 PROSE = [
     "Here is a summary of what I found. The service is healthy and the numbers look normal.",
     "I checked the data you asked about; nothing unusual stands out in the latest results.",
@@ -77,6 +78,11 @@ class Shape(StrEnum):
     DEGENERATE_ARGS = "degenerate_args"
     REPEATED_CALLS = "repeated_calls"
     PROSE_ONLY = "prose_only"
+    # A release whose detector fails closed (parsers.py) drops the corrupted DSML: the prose
+    # before it only, finish_reason "stop", no tool_calls.
+    DROPPED_UNCLOSED = "dropped_unclosed"
+    DROPPED_MALFORMED = "dropped_malformed"
+    DROPPED_UNTERMINATED = "dropped_unterminated"
 
 
 _MARKUP = "leaked_markup"
@@ -100,6 +106,9 @@ EXPECTED_KIND: dict[Shape, str] = {
     Shape.DEGENERATE_ARGS: "degenerate",
     Shape.REPEATED_CALLS: "degenerate",
     Shape.PROSE_ONLY: "missing_call",
+    Shape.DROPPED_UNCLOSED: "missing_call",
+    Shape.DROPPED_MALFORMED: "missing_call",
+    Shape.DROPPED_UNTERMINATED: "missing_call",
 }
 
 # Which shapes each seed fault produces, with weights.
@@ -404,6 +413,9 @@ def corrupted(
             "tool_calls",
         ),
         Shape.PROSE_ONLY: lambda: prose_answer(rng),
+        Shape.DROPPED_UNCLOSED: lambda: _leak(rng.choice(PREAMBLES)),
+        Shape.DROPPED_MALFORMED: lambda: _leak(rng.choice(PREAMBLES)),
+        Shape.DROPPED_UNTERMINATED: lambda: _leak(rng.choice(PREAMBLES)),
     }
     return builders[shape]()
 
