@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_engine_double import shapes
+from dsv4_engine_double import parsers, shapes
 from dsv4_engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
 from dsv4_engine_double.examples import (
     BF16_HICACHE,
@@ -25,6 +25,7 @@ from dsv4_engine_double.examples import (
     rendered,
 )
 from dsv4_engine_double.process import DoubleFailedToStart, DoubleProcess
+from dsv4_engine_double.server import answer, conversation_rng
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 from dsv4_operator.leak.classifier import classify_response
 from dsv4_operator.leak.sse import assemble_stream
@@ -250,3 +251,154 @@ def test_oom_at_startup_never_listens() -> None:
         "Current value: mem_fraction_static=0.91"
     ) in pool.value.log
     assert all(line in pool.value.log for line in OOM_LINES)
+
+
+# --- the release it runs as: tool-call drops, KV checksum, server info -------------------------
+
+NEW_RELEASE = {
+    **BF16_HICACHE,
+    "engine.sglangVersion": "0.5.23",
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix", "toolCallDropCounter"],
+}
+DROP_COUNTERS = ("sglang:dsv4_tool_call_responses_total", "sglang:dsv4_tool_call_drops_total")
+
+
+def _launch(changes: dict[str, Any], **env: str) -> tuple[DoubleProcess, Any]:
+    """A double started from the example's rendered StatefulSet with `changes`, and its config."""
+    args, rendered_env = rendered(changes)
+    full = {**rendered_env, "DSV4_DOUBLE_LATENCY_MS": "5", "DSV4_DOUBLE_LOAD": "60", **env}
+    return DoubleProcess(args, full), parse_config(args, full)
+
+
+def _drop_samples(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        sample.name + (f"[{sample.labels['reason']}]" if "reason" in sample.labels else ""): (
+            sample.value
+        )
+        for family in text_string_to_metric_families(text)
+        if family.name in {n.removesuffix("_total") for n in DROP_COUNTERS}
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def _by_shape(config: Any, count: int = 1500) -> dict[shapes.Shape | None, Doc]:
+    """One conversation per answer shape the double, so configured, gives at load 60."""
+    found: dict[shapes.Shape | None, Doc] = {}
+    for body in map(conversation, range(count)):
+        found.setdefault(
+            answer(config, body, conversation_rng(config.seed, body), 60, 10).shape, body
+        )
+    return found
+
+
+def test_0_5_23_drops_a_corrupted_call_logs_and_counts_it() -> None:
+    process, config = _launch(NEW_RELEASE, DSV4_DOUBLE_UNTERMINATED_SHARE="0.5")
+    assert config.sglang_version == "0.5.23" and config.counts_tool_call_drops
+    found = _by_shape(config)
+    drops = {s: found[s] for s in parsers.DROPS}  # KeyError: a shape the double never gives
+    with process as double:
+        before = _drop_samples(double.url)
+        assert before == {"sglang:dsv4_tool_call_responses_total": 0.0} | {
+            f"sglang:dsv4_tool_call_drops_total[{r}]": 0.0
+            for r in ("unclosed", "malformed", "unterminated_section", "exception")
+        }
+        for shape, body in drops.items():
+            reply = httpx.post(f"{double.url}/v1/chat/completions", json=body, timeout=10)
+            assert reply.status_code == 200, shape
+            choice = reply.json()["choices"][0]
+            assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
+            assert choice["message"]["content"] in shapes.PREAMBLES  # the prose before the DSML
+        clean = httpx.post(f"{double.url}/v1/chat/completions", json=found[None], timeout=10)
+        assert clean.json()["choices"][0]["finish_reason"] == "tool_calls"
+        streamed = httpx.post(
+            f"{double.url}/v1/chat/completions",
+            json={**drops[shapes.Shape.DROPPED_MALFORMED], "stream": True},
+            timeout=10,
+        )
+        assembled = assemble_stream(streamed.text)["choices"][0]
+        assert assembled["finish_reason"] == "stop"
+        assert not assembled["message"].get("tool_calls")
+        plain = httpx.post(
+            f"{double.url}/v1/chat/completions",
+            json={**found[None], "tool_choice": "none"},
+            timeout=10,
+        )
+        assert plain.status_code == 200
+        after = _drop_samples(double.url)
+    # every response that offered tools, dropped or not, streamed or not; not tool_choice none
+    assert after["sglang:dsv4_tool_call_responses_total"] == len(drops) + 2
+    assert after["sglang:dsv4_tool_call_drops_total[unclosed]"] == 1
+    assert after["sglang:dsv4_tool_call_drops_total[malformed]"] == 2
+    assert after["sglang:dsv4_tool_call_drops_total[unterminated_section]"] == 1
+    assert after["sglang:dsv4_tool_call_drops_total[exception]"] == 0
+    log = double.log
+    assert "WARNING Dropping unclosed DeepSeek invoke '" in log
+    assert log.count("Dropping malformed DeepSeek invoke: Malformed DeepSeek tool parameter") == 2
+    assert log.count("Dropping unterminated DeepSeek tool-call section") == 1  # the patch's line
+    assert log.count("Tool call marker present but no complete call parsed") == 3  # not streamed
+
+
+def test_0_5_16_leaks_the_markup_into_content() -> None:
+    changes = {**BF16_HICACHE, "engine.capabilities": ["bf16IndexK", "toolCallDropCounter"]}
+    process, config = _launch(changes)
+    assert config.sglang_version == "0.5.16" and not config.fails_closed
+    found = _by_shape(config)
+    leak = found[shapes.Shape.DSML_BLOCK]
+    with process as double:
+        reply = httpx.post(f"{double.url}/v1/chat/completions", json=leak, timeout=10).json()
+        after = _drop_samples(double.url)
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
+    assert "<｜DSML｜tool_calls>" in choice["message"]["content"]
+    verdict = classify_response(reply, tools=CANARY_TOOLS, must_call=True)
+    assert verdict.kind is VerdictKind.LEAKED_MARKUP
+    # 0.5.16's patched parser counts the exception path that returned the markup
+    assert after["sglang:dsv4_tool_call_responses_total"] == 1
+    assert after["sglang:dsv4_tool_call_drops_total[exception]"] == 1
+    assert "Dropping" not in double.log
+
+
+def test_kv_checksum_mismatches_are_500_and_counted() -> None:
+    args, env = rendered(NEW_RELEASE)
+    args = [*args, "--disaggregation-enable-kv-checksum"]
+    env = {**env, "DSV4_DOUBLE_LATENCY_MS": "5", "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB": "0.5"}
+    bodies = [conversation(i) for i in range(12)]
+    with DoubleProcess(args, env) as double:
+        url = f"{double.url}/v1/chat/completions"
+        first = [httpx.post(url, json=b, timeout=10).status_code for b in bodies]
+        again = [httpx.post(url, json=b, timeout=10).status_code for b in bodies]
+        samples = _samples(double.url)
+        failed = httpx.post(url, json=bodies[first.index(500)], timeout=10).json()
+    assert first == again  # drawn from the seed and the conversation
+    assert set(first) == {200, 500}
+    assert failed["message"] == "KV checksum mismatch" and failed["code"] == 500
+    assert samples["sglang:num_transfer_failed_reqs_total"] == 2 * first.count(500)
+    assert double.log.count("KV checksum mismatch req=") == 2 * first.count(500) + 1
+    # 0.5.16 has no --disaggregation-enable-kv-checksum: nothing is checked, nothing fails
+    old_args, old_env = rendered(BF16_HICACHE)
+    old_env = {
+        **old_env,
+        "DSV4_DOUBLE_LATENCY_MS": "5",
+        "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB": "1",
+    }
+    with DoubleProcess([*old_args, "--disaggregation-enable-kv-checksum"], old_env) as old:
+        assert (
+            httpx.post(f"{old.url}/v1/chat/completions", json=bodies[0], timeout=10).status_code
+            == 200
+        )
+
+
+def test_server_info_reports_the_release_and_its_pool() -> None:
+    args, env = rendered(NEW_RELEASE)
+    planned = parse_config(args, env).max_total_tokens
+    env = {**env, "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS": "4000000"}
+    with DoubleProcess(args, env) as double:
+        info = httpx.get(f"{double.url}/get_server_info").json()
+        samples = _samples(double.url)
+    assert info["version"] == "0.5.23" and info["engine_double"] is True
+    assert info["max_total_tokens"] == planned and planned != 4000000  # the plan's flag
+    assert info["max_total_num_tokens"] == 4000000  # what the engine says it has
+    assert samples["sglang:max_total_num_tokens"] == 4000000
+    assert "sglang=0.5.23" in double.log
