@@ -94,6 +94,7 @@ _COMMON = [
     "orjson==3.13.0",
     "packaging==26.4",
     "pillow==13.0.0",
+    "prometheus-client==0.26.0",
     "propcache==0.5.4",
     "psutil==7.2.2",
     "pybase64==1.5.1",
@@ -166,11 +167,21 @@ RELEASES = {
             "nvidia-nvshmem-cu13==3.4.5",
             *_COMMON,
             "compressed-tensors==0.18.0",
+            # deepseek-recipe parses DeepSeek-V4 chat output (sglang/srt/parser); openai's
+            # types, the HTTP client it imports and partial-json-parser are what the tool-call
+            # parsers import (tests/conformance/test_patches.py, toolCallDropCounter)
+            "deepseek-recipe==0.2.0",
+            "distro==1.9.0",
+            "httpcore==1.0.9",
             "httpcore2==2.16.2",
+            "httpx==0.28.1",
             "httpx2==2.16.2",
             "huggingface-hub==2.4.0",
+            "openai==2.8.0",
+            "partial-json-parser==0.2.1.1.post7",
             "pyyaml==6.0.4",
             "sentencepiece==0.2.1",
+            "sniffio==1.3.1",
             "tokenizers==0.23.2",
             "transformers==5.19.0",
             "truststore==0.10.5",
@@ -218,6 +229,8 @@ SMOKE_IMPORTS = [
     "sglang.srt.server_args",
     "sglang.srt.configs.deepseek_v4",
     "sglang.srt.model_executor.pool_configurator",
+    "sglang.srt.function_call.deepseekv4_detector",
+    "prometheus_client",
     "sglang_router.launch_router",
 ]
 

@@ -1,16 +1,15 @@
 """The engine image's patches, applied to each release's own wheel the way the image build does.
 
-`images/engine/patches/<version>/` must apply with `git apply` (no fuzz) to that release's
-`pool_configurator.py`; the Dockerfile's patch step (run here with bash against a copy of the
-wheel's module) applies them and checks its markers; and the patched configurator then sizes
-index-K exactly as the operator's planner does for an image with `poolSizingFix`.
+`images/engine/patches/<version>/` must apply in order with `git apply` (no fuzz) to that
+release's modules; the Dockerfile's patch step (run here with bash against a copy of the wheel's
+modules) applies them and checks the markers of the capabilities it declares; and the patched
+configurator then sizes index-K exactly as the operator's planner does for an image with
+`poolSizingFix` (toolCallDropCounter's behaviour: test_tool_call_patch.py).
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,93 +17,41 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dsv4_operator.api.engine import Capability
 from dsv4_operator.api.roles import ROLES
 
+from .image_build import (
+    CONFIGURATOR,
+    TOOL_PARSER,
+    patched_modules,
+    patches,
+    run_steps,
+    site_copy,
+    wheel_root,
+)
 from .matrix import EAGLE, EXAMPLES, cases_from
-from .release_env import MODEL_DIR, REPO, ask, release_python
+from .release_env import MODEL_DIR, ask
 
 pytestmark = pytest.mark.conformance
 
-ENGINE = REPO / "images" / "engine"
-MODULE = Path("sglang") / "srt" / "model_executor" / "pool_configurator.py"
+# Each patch file's capability, by its number: the image declares these names.
+PATCH_CAPABILITIES = {"0001": Capability.POOL_SIZING_FIX, "0002": Capability.TOOL_CALL_DROP_COUNTER}
+PATCHED = "poolSizingFix,toolCallDropCounter"
 
 
-def _wheel_module(version: str) -> Path:
-    out = subprocess.run(
-        [
-            release_python(version),
-            "-c",
-            "import sglang, os; print(os.path.dirname(sglang.__file__))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return Path(out).parent / MODULE
-
-
-def _site_copy(version: str, root: Path) -> Path:
-    """A site-packages holding the wheel's pool_configurator.py (and its dist-info version)."""
-    site = root / "site-packages"
-    target = site / MODULE
-    target.parent.mkdir(parents=True)
-    for package in (site / "sglang", site / "sglang" / "srt", target.parent):
-        (package / "__init__.py").touch()
-    shutil.copy(_wheel_module(version), target)
-    info = site / f"sglang-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
-    return site
-
-
-def _patch_steps() -> str:
-    """The Dockerfile's RUN steps that check the version and apply the patches."""
-    text = (ENGINE / "Dockerfile").read_text()
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-    runs = [m.replace("\\\n", " ") for m in re.findall(r"^RUN (.*?)(?=^\S|\Z)", text, re.S | re.M)]
-    return " && ".join(f"( {r.strip()} )" for r in runs).replace(
-        "/opt/dsv4/patches", str(ENGINE / "patches")
-    )
-
-
-def _run_steps(site: Path, version: str, capabilities: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(site),
-        "SGLANG_VERSION": version,
-        "CAPABILITIES": capabilities,
-    }
-    return subprocess.run(
-        ["bash", "-o", "pipefail", "-c", _patch_steps()],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
-def test_every_release_has_patches_and_they_apply_without_fuzz(
+def test_every_release_has_patches_and_they_apply_in_order_without_fuzz(
     version: str, tmp_path: Path
 ) -> None:
-    patches = sorted((ENGINE / "patches" / version).glob("*.patch"))
-    assert patches, f"no patches for sglang {version}"
+    found = patches(version)
+    assert [p.name[:4] for p in found] == sorted(PATCH_CAPABILITIES), found
     checkout = tmp_path / "sglang"
-    (checkout / "python" / MODULE).parent.mkdir(parents=True)
-    shutil.copy(_wheel_module(version), checkout / "python" / MODULE)
+    for module in patched_modules(version):
+        (checkout / "python" / module).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(wheel_root(version) / module, checkout / "python" / module)
     subprocess.run(["git", "init", "-q", str(checkout)], check=True)
-    for patch in patches:
-        assert "Capability: poolSizingFix" in patch.read_text()
-        proc = subprocess.run(
-            ["git", "apply", "--check", "-v", str(patch)],
-            cwd=checkout,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
     other = [v for v in ("0.5.16", "0.5.23") if v != version]
     for foreign in other:  # a release's patch is not silently taken for another's
-        for patch in sorted((ENGINE / "patches" / foreign).glob("*.patch")):
+        for patch in patches(foreign):
             proc = subprocess.run(
                 ["git", "apply", "--check", str(patch)],
                 cwd=checkout,
@@ -112,30 +59,61 @@ def test_every_release_has_patches_and_they_apply_without_fuzz(
                 check=False,
             )
             assert proc.returncode != 0, (patch, version)
+    for patch in found:  # each on top of the ones before it, as the image build does
+        assert f"Capability: {PATCH_CAPABILITIES[patch.name[:4]].value} " in patch.read_text()
+        proc = subprocess.run(
+            ["git", "apply", "-v", str(patch)],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "with fuzz" not in proc.stderr and "offset" not in proc.stderr, proc.stderr
 
 
 def test_image_patch_step_applies_checks_and_refuses(version: str, tmp_path: Path) -> None:
-    site = _site_copy(version, tmp_path / "ok")
-    proc = _run_steps(site, version, "poolSizingFix")
+    site = site_copy(version, tmp_path / "ok")
+    proc = run_steps(site, version, PATCHED)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "dsv4-operator poolSizingFix" in (site / MODULE).read_text()
+    assert "dsv4-operator poolSizingFix" in (site / CONFIGURATOR).read_text()
+    assert "dsv4-operator toolCallDropCounter" in (site / TOOL_PARSER).read_text()
     # applying twice fails (git apply is strict), so a base that already has it is noticed
-    assert _run_steps(site, version, "poolSizingFix").returncode != 0
+    assert run_steps(site, version, PATCHED).returncode != 0
     # a base carrying another release is refused before any patch is tried
-    wrong = _site_copy(version, tmp_path / "wrong")
-    proc = _run_steps(wrong, "0.0.1", "poolSizingFix")
+    wrong = site_copy(version, tmp_path / "wrong")
+    proc = run_steps(wrong, "0.0.1", PATCHED)
     assert proc.returncode != 0 and "not SGLANG_VERSION" in proc.stderr
     # bf16IndexK must come from the base: upstream wheels have no SGLANG_DSV4_BF16_INDEX_K
-    proc = _run_steps(
-        _site_copy(version, tmp_path / "upstream"), version, "bf16IndexK,poolSizingFix"
-    )
+    proc = run_steps(site_copy(version, tmp_path / "upstream"), version, f"bf16IndexK,{PATCHED}")
     assert proc.returncode != 0
     assert "bf16IndexK is declared but the base has no SGLANG_DSV4_BF16_INDEX_K" in proc.stderr
+    # a declared toolCallDropCounter needs its patch: a patch set without 0002 is refused
+    only_pool = tmp_path / "patches"
+    (only_pool / version).mkdir(parents=True)
+    shutil.copy(patches(version)[0], only_pool / version)
+    proc = run_steps(site_copy(version, tmp_path / "no-0002"), version, PATCHED, only_pool)
+    assert proc.returncode != 0
+    assert "toolCallDropCounter is declared but its patch is not in" in proc.stderr
+    # and a patch that does not apply stops the build at once: 0002 is never tried
+    broken = tmp_path / "broken"
+    (broken / version).mkdir(parents=True)
+    for patch in patches(version):
+        shutil.copy(patch, broken / version)
+    first = broken / version / patches(version)[0].name
+    lines = first.read_text().splitlines(keepends=True)
+    hunk = next(i for i, line in enumerate(lines) if line.startswith("@@"))
+    context = next(i for i in range(hunk + 1, len(lines)) if lines[i].startswith(" "))
+    lines[context] = " # not the release's line\n"
+    first.write_text("".join(lines))
+    stopped = site_copy(version, tmp_path / "broken-site")
+    assert run_steps(stopped, version, "", broken).returncode != 0
+    assert "dsv4-operator toolCallDropCounter" not in (stopped / TOOL_PARSER).read_text()
 
 
 def test_patched_configurator_sizes_index_k_like_the_planner(version: str, tmp_path: Path) -> None:
-    site = _site_copy(version, tmp_path)
-    assert _run_steps(site, version, "poolSizingFix").returncode == 0
+    site = site_copy(version, tmp_path)
+    assert run_steps(site, version, PATCHED).returncode == 0
     base = yaml.safe_load((EXAMPLES / "dsv4.yaml").read_text())["spec"]
     specs = []
     for dtype in ("fp8", "bf16", "fp4"):
@@ -166,7 +144,7 @@ def test_patched_configurator_sizes_index_k_like_the_planner(version: str, tmp_p
                 "modelDir": str(MODEL_DIR),
                 "availableBytes": plan.available_bytes,
                 "gpuArch": "sm100",
-                "patchedSource": str(site / MODULE),
+                "patchedSource": str(site / CONFIGURATOR),
             }
             expected[key] = (plan.bytes_per_full_token, plan.max_total_tokens)
     answer = ask(version, request)["pools"]
