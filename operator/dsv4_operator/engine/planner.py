@@ -15,6 +15,13 @@ from dsv4_operator.api.engine import Capability
 from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import EffectiveRole, effective_role
+from dsv4_operator.engine.kv_layout import (
+    ATTN_BACKEND_FLAG,
+    DEFAULT_LAYOUTS,
+    KvLayouts,
+    LayoutRefused,
+    select_layouts,
+)
 from dsv4_operator.engine.pools import (
     STATE_DTYPE_BYTES,
     PoolSettings,
@@ -23,7 +30,7 @@ from dsv4_operator.engine.pools import (
     pool_sizing,
 )
 from dsv4_operator.engine.profiles import GpuProfile, ModelProfile, gpu_profiles, model_profiles
-from dsv4_operator.engine.releases import EngineRelease, release, versions_text
+from dsv4_operator.engine.releases import EngineRelease, PoolArithmetic, release, versions_text
 
 GIB = 1 << 30
 # CUDA context, NCCL and custom all-reduce buffers live outside the weights but inside what the
@@ -191,7 +198,28 @@ class MemoryPlan:
         }
 
 
-def pool_settings(eff: EffectiveRole, indexer_bytes: int) -> PoolSettings:
+def select_role_layouts(eff: EffectiveRole, profiles: Profiles) -> KvLayouts:
+    """The paged KV layouts a role's settings select on the spec's release and GPU; raises
+    LayoutRefused where the release would refuse them (DSV4-R024)."""
+    if profiles.release.pool_arithmetic is not PoolArithmetic.PAGED:
+        return DEFAULT_LAYOUTS  # one layout only: the release has no layout settings
+    backend = eff.flags.get(ATTN_BACKEND_FLAG, (0, None))[1]
+    arch = profiles.gpu.compute_capability if profiles.gpu is not None else None
+    return select_layouts(eff.env_map, backend, arch)
+
+
+def role_layouts(eff: EffectiveRole, profiles: Profiles) -> KvLayouts:
+    """The layouts the planner plans with: the default where the release refuses the settings
+    (the spec is refused then, so no engine runs with them)."""
+    try:
+        return select_role_layouts(eff, profiles)
+    except LayoutRefused:
+        return DEFAULT_LAYOUTS
+
+
+def pool_settings(
+    eff: EffectiveRole, indexer_bytes: int, kv_layouts: KvLayouts = DEFAULT_LAYOUTS
+) -> PoolSettings:
     """The engine settings the pool arithmetic reads, as the release resolves them."""
     mrr = eff.max_running_requests // eff.attention_dp
     return PoolSettings(
@@ -203,6 +231,7 @@ def pool_settings(eff: EffectiveRole, indexer_bytes: int) -> PoolSettings:
         max_running_requests=mrr,
         mode=eff.role,
         decode_extra_slots=2 * max(1, mrr) if mrr <= SMALL_BATCH else 0,
+        kv_layouts=kv_layouts,
     )
 
 
@@ -212,7 +241,7 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
     eff = effective_role(spec, role)
     role_spec = spec.role(role)
     actual_indexer = indexer_bytes_per_token(spec.engine.index_k_dtype, model.index_head_dim)
-    settings = pool_settings(eff, actual_indexer)
+    settings = pool_settings(eff, actual_indexer, role_layouts(eff, profiles))
     sizing = pool_sizing(arithmetic, model, spec.engine.kv_cache_dtype, settings)
     # What the engine's own configurator reserves: the fp8 formula unless the image is fixed.
     if Capability.POOL_SIZING_FIX in spec.engine.capabilities:

@@ -11,15 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dsv4_operator.engine.kv_layout import DEFAULT_LAYOUTS, KvLayouts
 from dsv4_operator.engine.profiles import ModelProfile
 from dsv4_operator.engine.releases import PoolArithmetic
 
 FP8_QUANT_BLOCK = 128  # quant_block_size = 128: one fp32 scale per 128 index-K values
 STATE_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2}
-# SGLang 0.5.23 kernels/ops/attention/dsv4/kv_layout.py, layout V4 (SGLANG_DSV4_KV_LAYOUT=v4,
-# the default): 576 data + 8 scale bytes per token, page stride padded to 576.
-V4_ROW_BYTES = 584
-V4_PAGE_ALIGN = 576
 
 
 @dataclass(frozen=True)
@@ -32,6 +29,9 @@ class PoolSettings:
     max_running_requests: int
     mode: str  # "prefill" | "decode"
     decode_extra_slots: int
+    # The paged KV layouts (0.5.23's SGLANG_DSV4_KV_LAYOUT & co.); the ratio arithmetic of
+    # earlier releases has one layout only and does not read them.
+    kv_layouts: KvLayouts = DEFAULT_LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -126,16 +126,12 @@ def dsv4_ratio(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
     )
 
 
-def _v4_paged_bytes_per_token(page_tokens: int) -> float:
-    """`KVLayout.V4.page_bytes(page) / page`: a page's rows padded to the TMA stride."""
-    padded = math.ceil(page_tokens * V4_ROW_BYTES / V4_PAGE_ALIGN) * V4_PAGE_ALIGN
-    return padded / page_tokens
-
-
 def dsv4_paged(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
-    """SGLang 0.5.23 `DSV4PoolConfigurator` (V4 KV layout, no HiSparse, no encoder replay).
+    """SGLang 0.5.23 `DSV4PoolConfigurator` (any KV layout, no HiSparse, no encoder replay).
 
-    Rows are page-padded per pool and the C4 compress state is priced per storage page. The
+    Rows are page-padded per pool in the layout the settings select (engine/kv_layout.py:
+    V4 by default, the V4.1 layouts on SM100) and the C4 compress state is priced per storage
+    page. The
     SWA pool stays a ratio of the full pool: 0.5.23 also has a request-cap mode, but its DSV4
     override sets the ratio before the cap is considered, so the release never uses it for
     DeepSeek-V4 (docs/engine-notes.md; tests/conformance checks it).
@@ -144,12 +140,13 @@ def dsv4_paged(model: ModelProfile, settings: PoolSettings) -> PoolSizing:
     c4_state = 2 * 2 * attn_head_dim * settings.state_bytes
     c4_indexer_state = 2 * 2 * model.index_head_dim * settings.state_bytes
     state_ratio = _c4_ring(model, settings) / model.page_size
-    swa_token_bytes = _v4_paged_bytes_per_token(model.page_size) * model.layers + (
+    layouts = settings.kv_layouts
+    swa_token_bytes = layouts.main.bytes_per_token(model.page_size) * model.layers + (
         state_ratio * (c4_state + c4_indexer_state) * model.c4_layers
     )
-    c4_row = _v4_paged_bytes_per_token(model.page_size // 4)
+    c4_row = layouts.compressed(4).bytes_per_token(model.page_size // 4)
     c4 = 1 / 4 * c4_row + 1 / 4 * settings.indexer_bytes
-    c128 = 1 / 128 * _v4_paged_bytes_per_token(model.page_size // 128)
+    c128 = 1 / 128 * layouts.compressed(128).bytes_per_token(model.page_size // 128)
     swa = model.swa_full_tokens_ratio
     total = swa * swa_token_bytes + (c4 * model.c4_layers + c128 * model.c128_layers)
     inflation = _speculative_inflation(model, settings)
