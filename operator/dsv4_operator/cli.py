@@ -339,9 +339,10 @@ def rules(output: str) -> None:
     for r in CATALOGUE:
         ack = "" if r.acknowledgeable else " (never acknowledgeable)"
         fixed = f"; retired by capability {r.fixed_by.value}" if r.fixed_by else ""
+        history = f"\n           history: {r.history()}" if r.history() else ""
         click.echo(
             f"{r.id}  {r.severity:7}  {r.title}{ack}\n           ref: {r.reference}{fixed}\n"
-            f"           releases: {', '.join(r.releases)}"
+            f"           releases: {', '.join(r.releases) or 'none supported'}{history}"
         )
 
 

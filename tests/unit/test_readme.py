@@ -101,7 +101,7 @@ def test_rule_table_matches_catalogue() -> None:
     expected = [
         f"| {r.id} | {r.severity} | {'yes' if r.acknowledgeable else 'never'} | {r.title} | "
         f"{r.fixed_by.value if r.fixed_by else '-'} | {', '.join(r.releases)} | "
-        f"{', '.join(f'`{f}`' for f in r.reads)} | {r.reference} |"
+        f"{r.history() or '-'} | {', '.join(f'`{f}`' for f in r.reads)} | {r.reference} |"
         for r in CATALOGUE
     ]
     assert rows == expected

@@ -8,12 +8,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_operator.engine import rules
-from dsv4_operator.engine.ownership import (
-    OWNED_ENV,
-    OWNED_FLAGS,
-    TRANSFER_FORMAT_ENV,
-    TRANSFER_FORMAT_FLAGS,
-)
+from dsv4_operator.engine.ownership import OWNED_ENV, OWNED_FLAGS
 from dsv4_operator.engine.releases import FORK_ENV, releases, supported_versions
 from dsv4_operator.engine.rules import memory
 
@@ -44,10 +39,7 @@ def test_supported_releases() -> None:
 
 @pytest.mark.parametrize(
     "flag",
-    sorted(
-        {*OWNED_FLAGS, *TRANSFER_FORMAT_FLAGS, *memory._UNMODELLED_FLAGS}
-        | _named_in_rules(r'"(--[a-z0-9-]+)"')
-    ),
+    sorted({*OWNED_FLAGS, *memory._UNMODELLED_FLAGS} | _named_in_rules(r'"(--[a-z0-9-]+)"')),
 )
 def test_every_flag_the_operator_names_exists_in_a_release(flag: str) -> None:
     assert flag in _all_flags(), f"{flag} is no flag of any supported release (typo?)"
@@ -56,10 +48,7 @@ def test_every_flag_the_operator_names_exists_in_a_release(flag: str) -> None:
 @pytest.mark.parametrize(
     "name",
     sorted(
-        (
-            {*OWNED_ENV, *TRANSFER_FORMAT_ENV, *memory._UNMODELLED_ENV}
-            | _named_in_rules(r"(SGLANG_[A-Z0-9_]+)")
-        )
+        ({*OWNED_ENV, *memory._UNMODELLED_ENV} | _named_in_rules(r"(SGLANG_[A-Z0-9_]+)"))
         - OPERATOR_ONLY_ENV
         - set(FORK_ENV)
     ),

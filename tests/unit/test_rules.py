@@ -24,6 +24,7 @@ EAGLE = [
     "4",
 ]
 V0523 = {"engine.sglangVersion": "0.5.23", "engine.capabilities": []}
+POLICY = "--disaggregation-decode-allocation-policy"
 V32 = {
     "model.profile": "deepseek-v3.2",
     "model.checkpoint": "fp8",
@@ -87,8 +88,8 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"engine.indexKDtype": "fp4", "engine.capabilities": []},
     ),
     "DSV4-R011": (
-        {"prefill.overrides": {"extraArgs": ["--page-size", "128"]}},
-        {"engine.extraArgs": ["--page-size", "256"]},
+        {**V0523, "decode.overrides": {"extraArgs": [POLICY, "prefill_complete"]}},
+        {**V0523, "engine.extraArgs": [POLICY, "prefill_complete"]},
     ),
     "DSV4-R012": (
         {**V0523, "engine.env": [{"name": "SGLANG_DSV4_UNIFIED_KV_FP8", "value": "1"}]},
@@ -135,6 +136,20 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "DSV4-R020": (
         {"engine.extraArgs": ["--enable-hisparse"]},
         {"engine.extraArgs": ["--enable-mixed-chunk"]},
+    ),
+    # HiSparse PD page indices (#31482) are fixed in 0.5.23 (PR #31901): the rule is 0.5.16's
+    "DSV4-R022": (
+        {"decode.overrides": {"extraArgs": ["--enable-hisparse"]}},
+        {**V0523, "decode.overrides": {"extraArgs": ["--enable-hisparse"]}},
+    ),
+    "DSV4-R023": ({"transfer.kvChecksum": True}, {**V0523, "transfer.kvChecksum": True}),
+    "DSV4-R024": (
+        {**V0523, "engine.env": [{"name": "SGLANG_DSV4_KV_LAYOUT", "value": "v41"}]},
+        {
+            **V0523,
+            "gpu.product": "NVIDIA-B200",
+            "engine.env": [{"name": "SGLANG_DSV4_KV_LAYOUT", "value": "v41"}],
+        },
     ),
 }
 

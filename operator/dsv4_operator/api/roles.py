@@ -161,6 +161,14 @@ class TransferSpec(ApiModel):
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535, description="--disaggregation-bootstrap-port on prefill."
     )
+    kv_checksum: bool | None = Field(
+        default=None,
+        description="--disaggregation-enable-kv-checksum on both roles: prefill digests each "
+        "request's KV pages (Adler-32) and decode verifies them, aborting a request whose KV "
+        "arrived corrupted. null: on where the release has the flag (0.5.23 has it, 0.5.16 not); "
+        "false: off; true: required (refused on a release without it). Cost: "
+        "docs/engine-notes.md#kv-checksum.",
+    )
 
 
 class WorkloadSpec(ApiModel):

@@ -10,10 +10,12 @@ from dsv4_operator.api.roles import Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.planner import MemoryPlan
+from dsv4_operator.engine.releases import EngineRelease
 
 MODEL_MOUNT = "/models"  # where spec.model.cache is mounted; HF_HOME points here
 ENGINE_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
 ROUTER_ENTRYPOINT = ("python3", "-m", "sglang_router.launch_router")
+KV_CHECKSUM_FLAG = "--disaggregation-enable-kv-checksum"
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,13 @@ class Launch:
 
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+
+
+def kv_checksum_on(spec: DSV4DeploymentSpec, release: EngineRelease) -> bool:
+    """Whether both roles render the KV checksum: spec.transfer.kvChecksum, null meaning on
+    where the release has the flag (true on a release without it is DSV4-R023)."""
+    wanted = spec.transfer.kv_checksum
+    return release.has_flag(KV_CHECKSUM_FLAG) and wanted is not False
 
 
 def served_name(spec: DSV4DeploymentSpec, profile_served_name: str) -> str:
@@ -51,6 +60,9 @@ def engine_launch(
     ]  # fmt: skip
     if transfer.ib_devices:
         args += ["--disaggregation-ib-device", transfer.ib_devices]
+    # Both roles or neither: the checksum adds a metadata buffer, paired by position.
+    if kv_checksum_on(spec, release):
+        args.append(KV_CHECKSUM_FLAG)
     args += [
         "--kv-cache-dtype", engine.kv_cache_dtype,
         "--mem-fraction-static", f"{eff.mem_fraction_static:g}",

@@ -1,4 +1,5 @@
-"""Which sglang flags and env names the operator owns, and which fix the P/D transfer format."""
+"""Which sglang flags and env names the operator owns (the settings both roles share are each
+release's `pairing`, engine/data/releases.yaml)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ OWNED_FLAGS: dict[str, str] = {
     "--disaggregation-bootstrap-port": "spec.transfer.bootstrapPort",
     "--disaggregation-transfer-backend": "spec.transfer.backend",
     "--disaggregation-ib-device": "spec.transfer.ibDevices",
+    "--disaggregation-enable-kv-checksum": "spec.transfer.kvChecksum",
     "--kv-cache-dtype": "spec.engine.kvCacheDtype",
+    # An input of the pool arithmetic: DeepSeek-V4 runs the page size its release sets (256 on
+    # CUDA), which is what the planner plans with; no spelling of it may reach the engine.
+    "--page-size": "nothing: the release sets the model's page size and the planner plans "
+    "with it (see `dsv4 plan`)",
     "--enable-deepseek-v4-fp4-indexer": "spec.engine.indexKDtype (fp4)",
     "--enable-hierarchical-cache": "spec.engine.hicache.enabled",
     "--hicache-ratio": "spec.engine.hicache.ratio",
@@ -54,30 +60,12 @@ OWNED_ENV: dict[str, str] = {
     "verified snapshot only)",
 }
 
-# Passthrough settings that change what travels between prefill and decode (docs/engine-notes.md:
-# page size, attention backend layout, speculative state, compress-state dtype, KV layout).
-TRANSFER_FORMAT_FLAGS: frozenset[str] = frozenset(
-    {
-        "--page-size",
-        "--attention-backend",
-        "--dsv4-attn-backend",
-        "--speculative-algorithm",
-    }
-)
-TRANSFER_FORMAT_ENV: frozenset[str] = frozenset(
-    {
-        "SGLANG_DSV4_COMPRESS_STATE_DTYPE",
-        "SGLANG_DSV4_UNIFIED_KV_FP8",
-        "SGLANG_OPT_USE_ONLINE_COMPRESS",
-    }
-)
-
 # Role-override fields that would change the transfer format: the schema refuses them; the
 # validator turns that refusal into DSV4-R011 with this hint.
 TRANSFER_FORMAT_SPEC_FIELDS: dict[str, str] = {
     "indexKDtype": "spec.engine.indexKDtype",
     "kvCacheDtype": "spec.engine.kvCacheDtype",
-    "pageSize": "spec.engine.extraArgs (--page-size, both roles)",
+    "pageSize": "nothing: the release sets the page size (see `dsv4 plan`)",
     "model": "spec.model",
     "attentionBackend": "spec.engine.extraArgs (--attention-backend, both roles)",
     "hicache": "spec.engine.hicache",

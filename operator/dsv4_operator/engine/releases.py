@@ -43,6 +43,7 @@ class Resolution:
     token: str
     options: tuple[Option, ...]
     exact: bool
+    matched_flags: tuple[str, ...] = ()
 
     @property
     def unknown(self) -> bool:
@@ -50,7 +51,9 @@ class Resolution:
 
     @property
     def ambiguous(self) -> bool:
-        return len({o.dest for o in self.options}) > 1
+        """More than one option string starts with the token: argparse (Python 3.11, the
+        releases' own) refuses it even when the strings are aliases of one option."""
+        return not self.exact and len(self.matched_flags) > 1
 
     @property
     def dests(self) -> frozenset[str]:
@@ -80,15 +83,40 @@ class ParserCatalog:
             return Resolution(token, (exact,), exact=True)
         if not self.allow_abbrev:
             return Resolution(token, (), exact=False)
-        matches = tuple(
-            dict.fromkeys(o for flag, o in sorted(self._by_flag.items()) if flag.startswith(name))
-        )
-        return Resolution(token, matches, exact=False)
+        flags = tuple(flag for flag in sorted(self._by_flag) if flag.startswith(name))
+        options = tuple(dict.fromkeys(self._by_flag[flag] for flag in flags))
+        return Resolution(token, options, exact=False, matched_flags=flags)
 
     def closest(self, token: str, n: int = 3) -> list[str]:
         """The real flags nearest to a misspelled one (for error messages)."""
         name = token.split("=", 1)[0]
         return difflib.get_close_matches(name, sorted(self._by_flag), n=n, cutoff=0.6)
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    """Text the release's own source holds (a path under the `sglang` package): the proof of a
+    fact, read by tests/conformance from the installed wheel."""
+
+    file: str
+    text: str
+
+
+@dataclass(frozen=True)
+class PairedSetting:
+    """A setting the release requires or recommends to be equal on prefill and decode.
+
+    `handshake` names the field of the PD bootstrap handshake (`PrefillServerInfo`) in which
+    the decode server compares it; None when nothing compares it. `flags` and `env` are the
+    spellings that set it (flags canonical, as in the release's parser).
+    """
+
+    setting: str
+    flags: tuple[str, ...]
+    env: tuple[str, ...]
+    handshake: str | None
+    on_mismatch: str
+    proof: SourceLine | None
 
 
 @dataclass(frozen=True)
@@ -104,7 +132,19 @@ class EngineRelease:
     engine: ParserCatalog
     router: ParserCatalog
     env: frozenset[str]
+    pairing: tuple[PairedSetting, ...]
     sources: Mapping[str, str]
+
+    @property
+    def paired_flags(self) -> frozenset[str]:
+        return frozenset(f for p in self.pairing for f in p.flags)
+
+    @property
+    def paired_env(self) -> frozenset[str]:
+        return frozenset(e for p in self.pairing for e in p.env)
+
+    def has_flag(self, flag: str) -> bool:
+        return flag in self.engine.flags
 
 
 # Env names only a patched image understands, and the capability that declares them.
@@ -128,6 +168,24 @@ def _parser(raw: Mapping[str, Any]) -> ParserCatalog:
     return ParserCatalog(options=options, allow_abbrev=raw["allowAbbrev"])
 
 
+def _source_line(raw: Mapping[str, str] | None) -> SourceLine | None:
+    return SourceLine(file=raw["file"], text=raw["text"]) if raw else None
+
+
+def _pairing(raw: list[Mapping[str, Any]]) -> tuple[PairedSetting, ...]:
+    return tuple(
+        PairedSetting(
+            setting=p["setting"],
+            flags=tuple(p.get("flags", ())),
+            env=tuple(p.get("env", ())),
+            handshake=p.get("handshake"),
+            on_mismatch=p["onMismatch"],
+            proof=_source_line(p.get("proof")),
+        )
+        for p in raw
+    )
+
+
 def _release(version: str, table: Mapping[str, Any]) -> EngineRelease:
     catalog = json.loads(_data(f"sglang/{version}.json"))
     return EngineRelease(
@@ -140,6 +198,7 @@ def _release(version: str, table: Mapping[str, Any]) -> EngineRelease:
         engine=_parser(catalog["engine"]),
         router=_parser(catalog["router"]),
         env=frozenset(catalog["env"]),
+        pairing=_pairing(table["pairing"]),
         sources=dict(table["sources"]),
     )
 
@@ -157,6 +216,11 @@ def supported_versions() -> list[str]:
 
 def release(version: str) -> EngineRelease | None:
     return releases().get(version)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """Sortable form of a release version: "0.5.16" < "0.5.16.post1" < "0.5.23"."""
+    return tuple(int(part.removeprefix("post")) for part in version.split("."))
 
 
 def versions_text() -> str:

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from dsv4_operator.api.roles import Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role
-from dsv4_operator.engine.flags import Launch
-from dsv4_operator.engine.ownership import TRANSFER_FORMAT_ENV, TRANSFER_FORMAT_FLAGS
+from dsv4_operator.engine.flags import Launch, kv_checksum_on
 from dsv4_operator.engine.profiles import model_profiles
+from dsv4_operator.engine.releases import release
 from dsv4_operator.names import REVISION_HASH_LENGTH
 
 HASH_LENGTH = REVISION_HASH_LENGTH
@@ -43,21 +43,27 @@ def transfer_format_key(spec: DSV4DeploymentSpec) -> str:
     must never be mixed (transfer-format epochs, docs/engine-notes.md#transfer-format).
     """
     profile = model_profiles().get(spec.model.profile)
-    # Rules DSV4-R011 keep these equal across roles; decode's view is the shared one.
+    engine_release = release(spec.engine.sglang_version)
+    paired_flags = engine_release.paired_flags if engine_release else frozenset()
+    paired_env = engine_release.paired_env if engine_release else frozenset()
+    # DSV4-R011 keeps the release's paired settings equal across roles; decode's view is the
+    # shared one. Settings that are not set leave the payload as it was before they existed,
+    # so a release that gains a setting does not move the key of specs that do not use it.
     eff = effective_role(spec, "decode")
     flags = eff.flags
-    return canonical_hash(
-        {
-            "model": spec.model.name,
-            "profile": spec.model.profile,
-            "checkpoint": spec.model.checkpoint,
-            "indexKDtype": spec.engine.index_k_dtype,
-            "kvCacheDtype": spec.engine.kv_cache_dtype,
-            "pageSize": flags.get("--page-size", (0, str(profile.page_size if profile else "")))[1],
-            "flags": {f: flags[f][1] for f in sorted(TRANSFER_FORMAT_FLAGS) if f in flags},
-            "env": {k: v for k, v in eff.env if k in TRANSFER_FORMAT_ENV},
-        }
-    )
+    payload: dict[str, object] = {
+        "model": spec.model.name,
+        "profile": spec.model.profile,
+        "checkpoint": spec.model.checkpoint,
+        "indexKDtype": spec.engine.index_k_dtype,
+        "kvCacheDtype": spec.engine.kv_cache_dtype,
+        "pageSize": flags.get("--page-size", (0, str(profile.page_size if profile else "")))[1],
+        "flags": {f: flags[f][1] for f in sorted(paired_flags) if f in flags},
+        "env": {k: v for k, v in eff.env if k in paired_env},
+    }
+    if engine_release is not None and kv_checksum_on(spec, engine_release):
+        payload["kvChecksum"] = True
+    return canonical_hash(payload)
 
 
 __all__ = ["canonical_hash", "config_hash", "transfer_format_key"]

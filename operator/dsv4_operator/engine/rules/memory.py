@@ -6,8 +6,15 @@ from collections.abc import Iterator
 
 from dsv4_operator.api.engine import Capability
 from dsv4_operator.engine.effective import gpus_needed
-from dsv4_operator.engine.planner import GIB
-from dsv4_operator.engine.rules.catalogue import NOTES, Hit, RuleContext, rule
+from dsv4_operator.engine.kv_layout import (
+    ATTN_BACKEND_FLAG,
+    COMPRESSED_KV_LAYOUT_ENV,
+    KV_LAYOUT_ENV,
+    LayoutRefused,
+)
+from dsv4_operator.engine.planner import GIB, select_role_layouts
+from dsv4_operator.engine.releases import SourceLine
+from dsv4_operator.engine.rules.catalogue import NOTES, Change, Hit, RuleContext, rule
 
 
 @rule(
@@ -115,11 +122,7 @@ _UNMODELLED_FLAGS = {
     "--enable-hisparse": "HiSparse shrinks the device C4 pool",
     "--enable-encoder-swa-bounded-replay": "encoder replay moves the SWA pool into request windows",
 }
-_UNMODELLED_ENV = {
-    "SGLANG_DSV4_KV_LAYOUT": "v4",
-    "SGLANG_DSV4_COMPRESSED_KV_LAYOUT": "auto",
-    "SGLANG_OPT_USE_ONLINE_COMPRESS": "",
-}
+_UNMODELLED_ENV = {"SGLANG_OPT_USE_ONLINE_COMPRESS": ""}
 
 
 @rule(
@@ -136,7 +139,7 @@ def pool_arithmetic_not_modelled(ctx: RuleContext) -> Iterator[Hit]:
         for flag, why in _UNMODELLED_FLAGS.items():
             if flag in eff.flags:
                 yield Hit(
-                    "spec.engine.extraArgs",
+                    ctx.flag_field(role, flag),
                     f"{flag} on {role}: {why}, which the operator's memory plan does not model, "
                     "so the pinned --max-total-tokens would be wrong. Remove it, or acknowledge "
                     "this rule and check the engine's `DSV4 pool sizes` log line yourself.",
@@ -145,8 +148,49 @@ def pool_arithmetic_not_modelled(ctx: RuleContext) -> Iterator[Hit]:
             value = eff.env_map.get(name)
             if value is not None and value.strip().lower() not in (default, "", "0", "false"):
                 yield Hit(
-                    "spec.engine.env",
+                    ctx.env_field(role, name),
                     f"{name}={value} on {role} changes the KV pool layout or state sizing, which "
                     "the operator's memory plan does not model. Remove it, or acknowledge this "
                     "rule and check the engine's `DSV4 pool sizes` log line yourself.",
                 )
+
+
+@rule(
+    "DSV4-R024",
+    "KV layout the release or the GPU refuses",
+    "error",
+    reference=f"{NOTES}#kv-layouts",
+    reads=("engine.env", "<role>.overrides.env", "extraArgs --dsv4-attn-backend", "gpu.product"),
+    ack=False,
+    introduced_in=Change(
+        "0.5.23",
+        proof=SourceLine(
+            "srt/mem_cache/deepseek_v4_memory_pool.py",
+            "the V4.1 KV cache layouts need an SM100 / SM103 GPU",
+        ),
+    ),
+)
+def kv_layout_refused(ctx: RuleContext) -> Iterator[Hit]:
+    if ctx.profiles.model.family != "dsv4":
+        return
+    reported: set[tuple[str, str]] = set()
+    for role, eff in ctx.roles.items():
+        try:
+            select_role_layouts(eff, ctx.profiles)
+        except LayoutRefused as refusal:
+            names = [n for n in (KV_LAYOUT_ENV, COMPRESSED_KV_LAYOUT_ENV) if n in eff.env_map]
+            field = (
+                ctx.env_field(role, names[0]) if names else ctx.flag_field(role, ATTN_BACKEND_FLAG)
+            )
+            if (field, str(refusal)) in reported:
+                continue  # set engine-wide: one finding for both roles
+            reported.add((field, str(refusal)))
+            whose = f"{role}'s" if ".overrides." in field else "the"
+            gpu = ctx.profiles.gpu
+            on = f"{gpu.name} ({gpu.compute_capability})" if gpu else repr(ctx.spec.gpu.product)
+            yield Hit(
+                field,
+                f"{whose} KV layout settings on {on}: SGLang {ctx.release.version} refuses to "
+                f'start ("{refusal}"). Use the default layout (unset {KV_LAYOUT_ENV} and '
+                f"{COMPRESSED_KV_LAYOUT_ENV}), or the V4.1 layouts on an SM100 GPU.",
+            )

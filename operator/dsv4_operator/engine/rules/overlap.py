@@ -4,15 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_operator.engine.rules.catalogue import NOTES, Hit, RuleContext, rule
+from dsv4_operator.engine.releases import SourceLine
+from dsv4_operator.engine.rules.catalogue import NOTES, Change, Hit, RuleContext, rule
 
 
 @rule(
     "DSV4-R005",
     "overlap scheduler with PD disaggregation",
     "warning",
-    reference="sglang #27938, #28039, #32209",
+    reference="sglang #27938, PR #32209 (open); fixed since 0.5.14: PR #26380, PR #28039",
     reads=("engine.overlap.scheduler", "<role>.overrides.overlap"),
+    related_fixes=(
+        Change(
+            "0.5.14",
+            ref="PR #26380 (overlap-schedule write-after-read race)",
+            proof=SourceLine("srt/managers/scheduler.py", "def _apply_war_barrier(self):"),
+        ),
+        Change(
+            "0.5.14",
+            ref="PR #28039 (PD decode speculative + grammar deadlock)",
+            proof=SourceLine(
+                "srt/disaggregation/decode.py",
+                "overlap + spec + grammar is unsupported (would desync DP ranks).",
+            ),
+        ),
+    ),
 )
 def overlap_scheduler_with_pd(ctx: RuleContext) -> Iterator[Hit]:
     for role, eff in ctx.roles.items():
@@ -27,8 +43,8 @@ def overlap_scheduler_with_pd(ctx: RuleContext) -> Iterator[Hit]:
                 field,
                 f"overlap scheduler on for {role} with PD disaggregation: PD decode with overlap "
                 "has deadlocked (watchdog kill) with DP attention and speculative decoding "
-                "(sglang #27938, #28039, #32209). Keep overlap.scheduler false unless you have "
-                "load-tested this combination.",
+                "(sglang #27938; PR #32209 is not merged). Keep overlap.scheduler false unless "
+                "you have load-tested this combination.",
             )
 
 

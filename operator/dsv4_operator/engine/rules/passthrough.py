@@ -29,12 +29,19 @@ def passthrough_sets_owned(ctx: RuleContext) -> Iterator[Hit]:
                 {f for o in resolution.options for f in _spellings(o) if f in OWNED_FLAGS}
             )
             if owned:
+                one_sided = ""
+                if prefix != "spec.engine" and owned[0] in ctx.release.paired_flags:
+                    role = prefix.split(".")[1]
+                    one_sided = (
+                        f" Set for {role} only it would also differ between the roles, and "
+                        f"SGLang {ctx.release.version} needs it equal on prefill and decode."
+                    )
                 yield Hit(
                     f"{prefix}.extraArgs",
                     f"{token.split('=', 1)[0]} "
                     f"{'can resolve' if resolution.ambiguous else 'resolves'} to {owned[0]}, "
                     "which the operator owns; "
-                    f"use {OWNED_FLAGS[owned[0]]} instead.",
+                    f"use {OWNED_FLAGS[owned[0]]} instead.{one_sided}",
                 )
         for name in env_names:
             if name in OWNED_ENV:
@@ -44,6 +51,21 @@ def passthrough_sets_owned(ctx: RuleContext) -> Iterator[Hit]:
                 )
 
 
+def _invalid_choice(option: Option, args: tuple[str, ...], index: int) -> str | None:
+    """The value given to an option with choices when it is not one of them (argparse checks
+    the first value against `choices` and exits)."""
+    if option.choices is None or not option.takes_value:
+        return None
+    _, eq, inline = args[index].partition("=")
+    if eq:
+        value: str | None = inline
+    elif index + 1 < len(args) and not args[index + 1].startswith("--"):
+        value = args[index + 1]
+    else:
+        value = None
+    return value if value is not None and value not in option.choices else None
+
+
 def _spellings(option: Option) -> set[str]:
     """Every name of an option, including the canonical one the ownership table uses."""
     return {*option.flags, "--" + option.dest.replace("_", "-")}
@@ -51,7 +73,7 @@ def _spellings(option: Option) -> set[str]:
 
 @rule(
     "DSV4-R018",
-    "passthrough flag the release's parser does not accept",
+    "passthrough flag or value the release's parser does not accept",
     "error",
     reference=f"{NOTES}#supported-releases",
     reads=("engine.extraArgs", "<role>.overrides.extraArgs", "engine.sglangVersion"),
@@ -60,7 +82,7 @@ def _spellings(option: Option) -> set[str]:
 def flag_unknown_to_release(ctx: RuleContext) -> Iterator[Hit]:
     parser, version = ctx.release.engine, ctx.release.version
     for prefix, args, _ in ctx.passthrough():
-        for token in args:
+        for index, token in enumerate(args):
             if not token.startswith("--"):
                 continue
             resolution = parser.resolve(token)
@@ -80,6 +102,15 @@ def flag_unknown_to_release(ctx: RuleContext) -> Iterator[Hit]:
                     f"{name} is an ambiguous abbreviation for SGLang {version} (could match "
                     f"{matches}): its parser would refuse to start. Spell the flag out.",
                 )
+            else:
+                invalid = _invalid_choice(resolution.options[0], args, index)
+                if invalid is not None:
+                    choices = ", ".join(resolution.options[0].choices or ())
+                    yield Hit(
+                        f"{prefix}.extraArgs",
+                        f"{name} {invalid}: not a choice of SGLang {version} ({choices}), so its "
+                        "parser would refuse to start.",
+                    )
 
 
 @rule(
