@@ -160,13 +160,15 @@ def main() -> int:
     rng = random.Random(args.seed)
     guard = GuardSpec()
     lr = guard.leak_rate
+    # The default canary of a one-rank decode engine (engine/canary_load.py: DP 1 x per rank).
+    sessions = guard.canary.sessions or guard.canary.sessions_per_rank
     print(
         f"defaults: threshold {lr.threshold}, minSamples {lr.min_samples}, confidence "
-        f"{lr.confidence}, canary {guard.canary.sessions}x{guard.canary.rounds} every "
+        f"{lr.confidence}, canary {sessions}x{guard.canary.rounds} every "
         f"{guard.canary.interval}"
     )
     wilson = wilson_decider(guard)
-    per_run = guard.canary.sessions * guard.canary.rounds
+    per_run = sessions * guard.canary.rounds
     interval = guard.canary.interval.delta.total_seconds()
     # 17%: the figure; 4.55%: the engine double's per-response plateau, which is
     # what makes 17% of 4-round sessions leak (testsupport/dsv4_engine_double/config.py).

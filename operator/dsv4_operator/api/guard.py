@@ -23,8 +23,21 @@ class CanarySpec(ApiModel):
     """Multi-turn tool-calling canary sessions against the router."""
 
     enabled: bool = Field(default=True, description="Run the canary.")
-    sessions: int = Field(
-        default=8, ge=1, le=MAX_CANARY_SESSIONS, description="Concurrent canary sessions."
+    sessions: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_CANARY_SESSIONS,
+        description="Concurrent canary sessions. Default: the decode engine's data-parallel "
+        "ranks (--dp-size, else 1) x sessionsPerRank, at most the plan's sessions capacity "
+        "and 64; status.guard.canarySessions says what ran (docs/guard.md).",
+    )
+    sessions_per_rank: int = Field(
+        default=9,
+        ge=1,
+        le=MAX_CANARY_SESSIONS,
+        description="Concurrent sessions per data-parallel rank when sessions is unset: "
+        "DeepSeek-V4 with DP attention corrupted output only at 8-9 concurrent requests per "
+        "rank (sglang #33397).",
     )
     rounds: int = Field(
         default=4, ge=1, le=MAX_CANARY_ROUNDS, description="Tool-calling rounds per session."

@@ -130,6 +130,12 @@ class GuardStatus(ApiModel):
     last_message: str | None = Field(default=None, description="Evidence of the last verdict.")
     last_sample_time: Timestamp | None = Field(default=None, description="RFC 3339 time.")
     oom_events: int = Field(default=0, description="OOM events in the window.")
+    canary_sessions: int | None = Field(
+        default=None,
+        description="Concurrent sessions each canary run opens (spec.guard.canary.sessions, or "
+        "the decode engine's DP ranks x sessionsPerRank capped by the plan); unset while the "
+        "canary is off.",
+    )
     consecutive_errors: int = Field(default=0, description="Source errors in a row.")
     passing_since: Timestamp | None = Field(
         default=None, description="Start of the current run of Pass verdicts (baking)."

@@ -10,6 +10,7 @@ from dsv4_operator.api.status import (
     Condition,
     ConditionType,
     DSV4DeploymentStatus,
+    GuardStatus,
     Phase,
     PlanStatus,
     RoleNumbers,
@@ -17,6 +18,7 @@ from dsv4_operator.api.status import (
     RoleStatus,
 )
 from dsv4_operator.api.times import Timestamp
+from dsv4_operator.engine.canary_load import canary_load
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
@@ -293,8 +295,16 @@ def rollout_status(
         # The guard's durable memory, as it decided it this pass.
         last_known_good_revision=guard.last_known_good,
         quarantine=list(guard.quarantine),
-        guard=guard.guard,
+        guard=_with_canary_load(guard.guard, ctx),
     )
+
+
+def _with_canary_load(guard: GuardStatus | None, ctx: RenderContext) -> GuardStatus | None:
+    """The guard's status with the canary's concurrency, the one the canary runner uses."""
+    if guard is None or not ctx.spec.guard.canary.enabled:
+        return guard
+    load = canary_load(ctx.spec, ctx.plan)
+    return guard.model_copy(update={"canary_sessions": load.sessions})
 
 
 def with_rejection(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import httpx
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.engine.canary_load import canary_load
 from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.names import router_url
 
@@ -44,7 +45,7 @@ async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> C
             client,
             endpoint,
             model=model,
-            sessions=canary.sessions,
+            sessions=canary_load(spec).sessions,  # what status.guard.canarySessions says
             rounds=canary.rounds,
             seed=random.randrange(1 << 30),
         )
