@@ -14,7 +14,7 @@ import yaml
 from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
 from dsv4_operator.engine.planner import MemoryPlan
-from dsv4_operator.engine.validation import validate_spec
+from dsv4_operator.engine.validation import Validation, validate_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -106,11 +106,44 @@ def cases_from(sources: list[tuple[str, dict[str, Any]]]) -> list[Case]:
     out: list[Case] = []
     for name, spec in sources:
         validation = validate_spec(spec)
-        if not validation.valid or validation.spec is None or validation.plan is None:
-            continue
-        parsed, plan = validation.spec, validation.plan
-        served = served_name(parsed, plan.profiles.model.served_name)
-        launches = {role: engine_launch(parsed, plan, role, served) for role in ROLES}
-        router = router_launch(parsed, ["http://p-0.p.ns.svc:30000"], ["http://d-0.d.ns.svc:30000"])
-        out.append(Case(name, spec, plan, launches, router))
+        if validation.valid:
+            out.append(_rendered(name, spec, validation))
+    return out
+
+
+def _rendered(name: str, spec: dict[str, Any], validation: Validation) -> Case:
+    """What the operator would render for a spec (the validator refuses invalid ones: this is
+    for showing that the release refuses them too)."""
+    assert validation.spec is not None and validation.plan is not None, name
+    parsed, plan = validation.spec, validation.plan
+    served = served_name(parsed, plan.profiles.model.served_name)
+    launches = {role: engine_launch(parsed, plan, role, served) for role in ROLES}
+    router = router_launch(parsed, ["http://p-0.p.ns.svc:30000"], ["http://d-0.d.ns.svc:30000"])
+    return Case(name, spec, plan, launches, router)
+
+
+KV_LAYOUTS = (None, "v4", "auto", "v41", "v41_new", "v5")
+COMPRESSED_KV_LAYOUTS = (None, "fp8", "fp4")
+LAYOUT_GPUS = ("NVIDIA-B200", "NVIDIA-H200")
+
+
+def layout_cases(version: str) -> list[tuple[Case, list[str]]]:
+    """SGLANG_DSV4_KV_LAYOUT x SGLANG_DSV4_COMPRESSED_KV_LAYOUT x an SM100 and an SM90 GPU on
+    the example, rendered, each with the rules that refuse it (DSV4-R024 where the release
+    would not start)."""
+    base = yaml.safe_load((EXAMPLES / "dsv4.yaml").read_text())["spec"]
+    out: list[tuple[Case, list[str]]] = []
+    for gpu, main, compressed in itertools.product(LAYOUT_GPUS, KV_LAYOUTS, COMPRESSED_KV_LAYOUTS):
+        spec = copy.deepcopy(base)
+        _set(spec, "engine.sglangVersion", version)
+        _set(spec, "engine.capabilities", [])
+        _set(spec, "model.weightsGiB", 40)
+        _set(spec, "gpu.product", gpu)
+        env = [{"name": "SGLANG_DSV4_KV_LAYOUT", "value": main}] if main else []
+        if compressed:
+            env.append({"name": "SGLANG_DSV4_COMPRESSED_KV_LAYOUT", "value": compressed})
+        _set(spec, "engine.env", env)
+        validation = validate_spec(spec)
+        name = f"layout-{gpu}-{main or 'unset'}-{compressed or 'unset'}"
+        out.append((_rendered(name, spec, validation), validation.rule_ids()))
     return out

@@ -46,6 +46,47 @@ def declared_gpu(arch: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def declared_device(arch: str) -> Iterator[None]:
+    """What `select_dsv4_kv_layout` asks torch about the device (0.5.23: the V4.1 layouts exist
+    only where `torch.cuda.get_device_capability()[0] == 10`), answered for the declared GPU.
+    Scoped to the configurator: nothing else runs while it holds."""
+    import torch
+
+    major = int(arch.removeprefix("sm")) // 10
+    saved = torch.cuda.is_available, torch.cuda.get_device_capability
+    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+    torch.cuda.get_device_capability = lambda *_: (major, 0)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.is_available, torch.cuda.get_device_capability = saved  # type: ignore[assignment]
+
+
+def pd_kv_layout(compress_ratios: list[int]) -> str | None:
+    """The release's own `pd_kv_layout` string for the layouts it selects now (None where the
+    release has one layout only), built from its `select_dsv4_kv_layout` and
+    `resolve_compressed_kv_layout` as `DeepSeekV4TokenToKVPool.pd_kv_layout` does."""
+    try:
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import (
+            resolve_compressed_kv_layout,
+            select_dsv4_kv_layout,
+        )
+    except ImportError:
+        return None
+    from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
+    from sglang.srt.runtime_context import get_exec
+
+    if get_exec().kernel.dsv4_attn_backend == "trtllm":
+        return str(KVLayout.UNIFORM_FP8.value)
+    layout, option = select_dsv4_kv_layout()
+    compressed = [
+        f"c{ratio}:{resolve_compressed_kv_layout(layout, ratio, option).value}"
+        for ratio in sorted(set(compress_ratios) - {0})
+    ]
+    return ",".join([layout.value, *compressed])
+
+
 def server_args(argv: list[str], model_dir: str, gpu_arch: str) -> Any:
     """The release's own server args for an operator-rendered argv, hooks resolved."""
     from sglang.srt.server_args import prepare_server_args
@@ -117,9 +158,11 @@ def compute_pools(item: dict[str, Any]) -> dict[str, Any]:
         model_dir = item["modelDir"]
         config = json.loads((Path(model_dir) / "config.json").read_text())
         args = server_args(item["argv"], model_dir, item["gpuArch"])
-        configurator = _configurator_class(item.get("patchedSource"))(_kvc(args, config))
-        sizes = configurator.calculate_pool_sizes(item["availableBytes"], args.page_size or 256)
-        return {
+        with declared_device(item["gpuArch"]):
+            configurator = _configurator_class(item.get("patchedSource"))(_kvc(args, config))
+            sizes = configurator.calculate_pool_sizes(item["availableBytes"], args.page_size or 256)
+            layout = pd_kv_layout(config["compress_ratios"])
+        answer = {
             "ok": True,
             "bytesPerFullToken": configurator.bytes_per_full_token,
             "full": sizes.full_max_total_num_tokens,
@@ -128,6 +171,9 @@ def compute_pools(item: dict[str, Any]) -> dict[str, Any]:
             "c128": sizes.c128_max_total_num_tokens,
             "c4State": sizes.c4_state_pool_size,
         }
+        if item.get("kvLayout"):
+            answer["kvLayout"] = layout
+        return answer
     except Exception as error:  # reported to the test, which fails on it
         return {"ok": False, "error": f"{type(error).__name__}: {error}"[:800]}
     finally:

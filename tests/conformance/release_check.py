@@ -56,6 +56,76 @@ def parse_router(argv: list[str]) -> dict[str, Any]:
     return {"ok": True, "pdDisaggregation": bool(getattr(args, "pd_disaggregation", False))}
 
 
+def _engine_parser() -> Any:
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def resolve_tokens(tokens: list[str]) -> dict[str, str]:
+    """What the engine's parser makes of each `--token` (alone or `--token=value`): the option's
+    dest, "unknown" or "ambiguous". `_parse_optional` is argparse's own resolution step (no
+    public API exposes it); it exits on an ambiguous prefix."""
+    parser = _engine_parser()
+    out: dict[str, str] = {}
+    for token in tokens:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                found = parser._parse_optional(token)
+        except SystemExit:
+            out[token] = "ambiguous"
+            continue
+        if isinstance(found, list):  # newer Pythons return every candidate
+            found = found[0] if len(found) == 1 else None
+        action = found[0] if found else None
+        out[token] = action.dest if action is not None else "unknown"
+    return out
+
+
+def refused_values(pairs: list[list[str]]) -> list[bool]:
+    """Whether the engine's parser refuses the value of each [flag, value]: it exits 2 with
+    "argument --flag: invalid choice" (or "invalid int value" where the option converts
+    first); the other errors, such as the missing --model-path, are not about the value."""
+    parser = _engine_parser()
+    out: list[bool] = []
+    for pair in pairs:
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                parser.parse_known_args(pair)
+        except SystemExit:
+            pass
+        out.append("error: argument " in stderr.getvalue())
+    return out
+
+
+def source_lines(items: list[dict[str, str]]) -> list[bool]:
+    """Whether each {file, text} is in the installed release's source (`file` under the
+    `sglang` package)."""
+    from pathlib import Path
+
+    import sglang
+
+    root = Path(sglang.__file__).parent
+    return [
+        (root / item["file"]).is_file() and item["text"] in (root / item["file"]).read_text()
+        for item in items
+    ]
+
+
+def handshake_fields() -> list[str]:
+    """The fields of the PD bootstrap handshake the decode server reads from a prefill."""
+    import dataclasses
+
+    from sglang.srt.disaggregation.common.conn import PrefillServerInfo
+
+    return [f.name for f in dataclasses.fields(PrefillServerInfo)]
+
+
 def env_names() -> list[str]:
     from sglang.srt import environ
 
@@ -76,6 +146,14 @@ def main() -> None:
     }
     if request.get("env"):
         answer["env"] = env_names()
+    if request.get("resolve"):
+        answer["resolve"] = resolve_tokens(request["resolve"])
+    if request.get("values"):
+        answer["values"] = refused_values(request["values"])
+    if request.get("sources"):
+        answer["sources"] = source_lines(request["sources"])
+    if request.get("handshake"):
+        answer["handshake"] = handshake_fields()
     if request.get("pools"):
         from pool_check import compute_pools
 
