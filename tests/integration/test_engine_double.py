@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_engine_double import parsers, shapes
+from dsv4_engine_double import outputs, shapes
 from dsv4_engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
 from dsv4_engine_double.examples import (
     BF16_HICACHE,
@@ -283,38 +283,40 @@ def _drop_samples(url: str) -> dict[str, float]:
     }
 
 
-def _by_shape(config: Any, count: int = 1500) -> dict[shapes.Shape | None, Doc]:
-    """One conversation per answer shape the double, so configured, gives at load 60."""
-    found: dict[shapes.Shape | None, Doc] = {}
+def _by_output(config: Any, count: int = 1500) -> dict[outputs.Generated | None, Doc]:
+    """One conversation per model output the double, so configured, generates at load 60
+    (None: an uncorrupted one)."""
+    found: dict[outputs.Generated | None, Doc] = {}
     for body in map(conversation, range(count)):
-        found.setdefault(
-            answer(config, body, conversation_rng(config.seed, body), 60, 10).shape, body
-        )
+        drawn = answer(config, body, conversation_rng(config.seed, body), 60, 10).output
+        found.setdefault(drawn.kind if drawn else None, body)
     return found
 
 
-def test_0_5_23_drops_a_corrupted_call_logs_and_counts_it() -> None:
-    process, config = _launch(NEW_RELEASE, DSV4_DOUBLE_UNTERMINATED_SHARE="0.5")
+def test_0_5_23_drops_what_recipe_cannot_read_silently_logs_and_counts_it() -> None:
+    process, config = _launch(NEW_RELEASE, DSV4_DOUBLE_SILENT_DROP_SHARE="1")
     assert config.sglang_version == "0.5.23" and config.counts_tool_call_drops
-    found = _by_shape(config)
-    drops = {s: found[s] for s in parsers.DROPS}  # KeyError: a shape the double never gives
+    found = _by_output(config)
+    drops = {kind: found[kind] for kind in outputs.SILENT_DROPS}  # KeyError: never generated
     with process as double:
         before = _drop_samples(double.url)
         assert before == {"sglang:dsv4_tool_call_responses_total": 0.0} | {
             f"sglang:dsv4_tool_call_drops_total[{r}]": 0.0
             for r in ("unclosed", "malformed", "unterminated_section", "exception")
         }
-        for shape, body in drops.items():
+        for kind, body in drops.items():
             reply = httpx.post(f"{double.url}/v1/chat/completions", json=body, timeout=10)
-            assert reply.status_code == 200, shape
+            assert reply.status_code == 200, kind
             choice = reply.json()["choices"][0]
             assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
             assert choice["message"]["content"] in shapes.PREAMBLES  # the prose before the DSML
+            tap = classify_response(reply.json(), tools=CANARY_TOOLS, must_call=False)
+            assert tap.kind is VerdictKind.OK  # nothing to see on tool_choice auto traffic
         clean = httpx.post(f"{double.url}/v1/chat/completions", json=found[None], timeout=10)
         assert clean.json()["choices"][0]["finish_reason"] == "tool_calls"
         streamed = httpx.post(
             f"{double.url}/v1/chat/completions",
-            json={**drops[shapes.Shape.DROPPED_MALFORMED], "stream": True},
+            json={**drops[outputs.Generated.NAMELESS_SECTION], "stream": True},
             timeout=10,
         )
         assembled = assemble_stream(streamed.text)["choices"][0]
@@ -330,34 +332,58 @@ def test_0_5_23_drops_a_corrupted_call_logs_and_counts_it() -> None:
     # every response that offered tools, dropped or not, streamed or not; not tool_choice none
     assert after["sglang:dsv4_tool_call_responses_total"] == len(drops) + 2
     assert after["sglang:dsv4_tool_call_drops_total[unclosed]"] == 1
-    assert after["sglang:dsv4_tool_call_drops_total[malformed]"] == 2
+    assert after["sglang:dsv4_tool_call_drops_total[malformed]"] == 2  # and the streamed one
     assert after["sglang:dsv4_tool_call_drops_total[unterminated_section]"] == 1
     assert after["sglang:dsv4_tool_call_drops_total[exception]"] == 0
-    log = double.log
-    assert "WARNING Dropping unclosed DeepSeek invoke '" in log
-    assert log.count("Dropping malformed DeepSeek invoke: Malformed DeepSeek tool parameter") == 2
-    assert log.count("Dropping unterminated DeepSeek tool-call section") == 1  # the patch's line
-    assert log.count("Tool call marker present but no complete call parsed") == 3  # not streamed
+    log = double.log  # the patch's lines: recipe itself logs none
+    assert log.count("WARNING Dropping unclosed DeepSeek invoke") == 1
+    assert log.count("Dropping malformed DeepSeek invoke: 0 call(s) parsed from 1 invoke(s)") == 2
+    assert log.count("WARNING Dropping unterminated DeepSeek tool-call section") == 1
+    assert "Tool call marker present" not in log  # serving_chat's text path does not run
+
+
+def test_0_5_23_returns_a_cut_off_call_with_its_broken_arguments() -> None:
+    process, config = _launch(NEW_RELEASE)
+    cut = _by_output(config)[outputs.Generated.CUT_IN_VALUE]
+    with process as double:
+        reply = httpx.post(f"{double.url}/v1/chat/completions", json=cut, timeout=10).json()
+        after = _drop_samples(double.url)
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"]
+    (call,) = choice["message"]["tool_calls"]
+    assert not call["function"]["arguments"].endswith("}")  # recipe stopped where the model did
+    verdict = classify_response(reply, tools=CANARY_TOOLS, must_call=False)
+    assert verdict.kind is VerdictKind.MALFORMED_CALL  # visible, to the tap too
+    assert after["sglang:dsv4_tool_call_responses_total"] == 1
+    assert "Dropping" not in double.log  # nothing was dropped, nothing is counted
 
 
 def test_0_5_16_leaks_the_markup_into_content() -> None:
     changes = {**BF16_HICACHE, "engine.capabilities": ["bf16IndexK", "toolCallDropCounter"]}
     process, config = _launch(changes)
-    assert config.sglang_version == "0.5.16" and not config.fails_closed
-    found = _by_shape(config)
-    leak = found[shapes.Shape.DSML_BLOCK]
+    assert config.sglang_version == "0.5.16" and not config.parses_with_recipe
+    found = _by_output(config)
+    leak = found[outputs.Generated.BROKEN_JSON_BODY]
+    unterminated = found[outputs.Generated.UNCLOSED_SECTION]
     with process as double:
         reply = httpx.post(f"{double.url}/v1/chat/completions", json=leak, timeout=10).json()
+        dropped = httpx.post(f"{double.url}/v1/chat/completions", json=unterminated, timeout=10)
         after = _drop_samples(double.url)
     choice = reply["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
     assert "<｜DSML｜tool_calls>" in choice["message"]["content"]
     verdict = classify_response(reply, tools=CANARY_TOOLS, must_call=True)
     assert verdict.kind is VerdictKind.LEAKED_MARKUP
-    # 0.5.16's patched parser counts the exception path that returned the markup
-    assert after["sglang:dsv4_tool_call_responses_total"] == 1
+    assert "ERROR Error in detect_and_parse: Expecting property name" in double.log
+    # a section that never closes: dropped silently, the prose before it only
+    silent = dropped.json()["choices"][0]
+    assert silent["finish_reason"] == "stop" and silent["message"]["tool_calls"] is None
+    assert silent["message"]["content"] in shapes.PREAMBLES
+    # 0.5.16's patched parser counts the exception path that returned the markup, and the drop
+    assert after["sglang:dsv4_tool_call_responses_total"] == 2
     assert after["sglang:dsv4_tool_call_drops_total[exception]"] == 1
-    assert "Dropping" not in double.log
+    assert after["sglang:dsv4_tool_call_drops_total[unterminated_section]"] == 1
+    assert double.log.count("WARNING Dropping unterminated DeepSeek tool-call section") == 1
 
 
 def test_kv_checksum_mismatches_are_500_and_counted() -> None:

@@ -21,12 +21,14 @@ laptop or a saturated CI runner alike. (`DSV4_DOUBLE_LOAD=observed` measures ove
 non-deterministic, for hand-run benchmarks only.)
 - everything else (fp8, fp4, the gated/fixed images) never corrupts;
 - `DSV4_DOUBLE_OOM_AFTER=N` crashes the process with SGLang's CUDA OOM log lines;
-- a corrupted tool call is answered as the SGLang release the double runs as
+- a corrupted model output (outputs.py) is answered as the SGLang release the double runs as
   (`DSV4_DOUBLE_SGLANG_VERSION`, which `process.launch_from_statefulset` takes from the engine
-  StatefulSet's `dsv4.io/sglang-version` annotation): 0.5.16 leaks the DSML into `content`,
-  0.5.23 drops it (prose only, `finish_reason: "stop"`, no `tool_calls`) with its log lines and,
-  on an image with `toolCallDropCounter`, `sglang:dsv4_tool_call_responses_total` and
-  `sglang:dsv4_tool_call_drops_total{reason}` on `/metrics` (parsers.py);
+  StatefulSet's `dsv4.io/sglang-version` annotation) parses it (parsers.py, checked against each
+  release's wheel by tests/conformance/test_engine_double.py): 0.5.16's detector leaks the DSML
+  into `content` or drops the call, 0.5.23's deepseek-recipe returns calls with broken arguments
+  or drops what it cannot read (`DSV4_DOUBLE_SILENT_DROP_SHARE`), with the release's log lines
+  and, on an image with `toolCallDropCounter`, `sglang:dsv4_tool_call_responses_total` and
+  `sglang:dsv4_tool_call_drops_total{reason}` on `/metrics`;
 - with `--disaggregation-enable-kv-checksum` (0.5.23), `DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB`
   of the chat requests fail the transfer checksum: HTTP 500, counted in
   `sglang:num_transfer_failed_reqs_total`; `/get_server_info` reports `version` and

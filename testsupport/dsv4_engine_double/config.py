@@ -21,15 +21,22 @@ Double-only knobs:
 - `DSV4_DOUBLE_SGLANG_VERSION` (default `0.5.16`): the SGLang release the double runs as (the
   image's `dsv4.io/sglang-version` label, `spec.engine.sglangVersion`; the operator writes it on
   each engine StatefulSet as the annotation `dsv4.io/sglang-version`, which
-  `process.launch_from_statefulset` turns into this variable). It decides what a corrupted tool
-  call looks like (parsers.py): before 0.5.21 the DSML markup leaks into `content` (the
-  incident); from 0.5.21 on (0.5.23) SGLang's DeepSeek detector fails closed and drops it. It
-  is also `/get_server_info`'s `version`, and `--disaggregation-enable-kv-checksum` exists
-  from 0.5.21 on only.
-- `DSV4_DOUBLE_UNTERMINATED_SHARE` (default 0.25): in a release that drops corrupted calls, the
-  share of them that take the unterminated-section shape (a `<｜DSML｜tool_calls>` that never
-  closes: dropped with no log line of the parser's own); the rest are unclosed or malformed
-  invokes, half each (dropped with a warning). 1 and 0 make each shape on demand.
+  `process.launch_from_statefulset` turns into this variable): 0.5.16 or 0.5.23, the releases
+  whose parsers the double models (any other is refused). It decides what a corrupted model
+  output becomes (parsers.py): 0.5.16's DeepSeek detector leaks the DSML of a section it fails
+  on into `content` (the incident) and drops a section that never closes; 0.5.23 parses
+  DeepSeek-V4 chat with deepseek-recipe, which returns what it can read as calls (broken
+  arguments at worst) and drops only what it cannot. It is also `/get_server_info`'s `version`,
+  and `--disaggregation-enable-kv-checksum` exists from 0.5.21 on only.
+- `DSV4_DOUBLE_SILENT_DROP_SHARE` (default 0): the share of corrupted tool calls whose output is
+  one deepseek-recipe reads no call from (outputs.SILENT_DROPS, a third each: a tool-calls section
+  that ends before any invoke, a closed section whose invoke has no name, an invoke without a
+  name and no section); the rest follow the fault's own outputs. On 0.5.23 each is a silent
+  drop: HTTP 200, finish_reason "stop", no tool_calls, the prose before the DSML as `content`,
+  counted (with toolCallDropCounter) under `unterminated_section`, `malformed` or `unclosed`.
+  1 makes every corruption a silent drop there: at the HiCache plateau 4.55% of tool calls on
+  `tool_choice: auto` traffic. 0.5.16 drops the two section shapes as silently and returns the
+  nameless invoke as `content`.
 - `DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB` (default 0; upstream's test hook is
   `SGLANG_TEST_DISAGG_KV_CHECKSUM_MISMATCH_PROB`): with `--disaggregation-enable-kv-checksum` on a
   release that has it, this share of chat requests (a draw of the seed and the conversation,
@@ -94,10 +101,12 @@ HICACHE_P_MAX, HICACHE_LOW, HICACHE_HIGH = 0.0455, 4.0, 40.0
 MULTI_STREAM_P_MAX, MULTI_STREAM_LOW, MULTI_STREAM_HIGH = 0.032, 8.0, 80.0
 DEFAULT_CAPABILITIES = "bf16IndexK"
 DEFAULT_SGLANG_VERSION = "0.5.16"
-DEFAULT_UNTERMINATED_SHARE = 0.25
-# The release whose DeepSeek detector drops a corrupted call instead of returning its markup,
-# and which has --disaggregation-enable-kv-checksum.
-FAILS_CLOSED_SINCE = (0, 5, 21)
+# The releases whose tool-call parsing the double models (parsers.py) ...
+MODELLED_RELEASES = ((0, 5, 16), (0, 5, 23))
+# ... the one that parses DeepSeek-V4 chat with deepseek-recipe, and the first with
+# --disaggregation-enable-kv-checksum.
+RECIPE_SINCE = (0, 5, 23)
+KV_CHECKSUM_SINCE = (0, 5, 21)
 DEFAULT_MAX_TOTAL_TOKENS = 1_000_000
 LOAD_ENV = "DSV4_DOUBLE_LOAD"
 LOAD_HEADER = "X-DSV4-Double-Load"
@@ -145,19 +154,23 @@ class DoubleConfig:
     oom_after: int | None = None
     oom_kind: str = "cuda"
     sglang_version: str = DEFAULT_SGLANG_VERSION
-    unterminated_share: float = DEFAULT_UNTERMINATED_SHARE
+    silent_drop_share: float = 0.0
     kv_checksum_mismatch_prob: float = 0.0
     reported_max_total_tokens: int | None = None
 
     @property
-    def fails_closed(self) -> bool:
-        """Whether this release's DeepSeek detector drops a corrupted call (else: leaks it)."""
-        return release_tuple(self.sglang_version) >= FAILS_CLOSED_SINCE
+    def parses_with_recipe(self) -> bool:
+        """Whether DeepSeek-V4 chat output is parsed by deepseek-recipe (else: 0.5.16's
+        DeepSeekV4Detector)."""
+        return release_tuple(self.sglang_version) >= RECIPE_SINCE
 
     @property
     def kv_checksum(self) -> bool:
         """Whether transfers are checksummed: the flag, on a release that has it."""
-        return self.disaggregation_enable_kv_checksum and self.fails_closed
+        return (
+            self.disaggregation_enable_kv_checksum
+            and release_tuple(self.sglang_version) >= KV_CHECKSUM_SINCE
+        )
 
     @property
     def counts_tool_call_drops(self) -> bool:
@@ -333,7 +346,11 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
     try:
         load = parse_load(env.get(LOAD_ENV, "") or "1", LOAD_ENV, allow_observed=True)
         version = env.get("DSV4_DOUBLE_SGLANG_VERSION", "").strip() or DEFAULT_SGLANG_VERSION
-        release_tuple(version)
+        if release_tuple(version) not in MODELLED_RELEASES:
+            modelled = ", ".join(".".join(map(str, r)) for r in MODELLED_RELEASES)
+            raise ValueError(
+                f"DSV4_DOUBLE_SGLANG_VERSION: the double models SGLang {modelled}, not {version!r}"
+            )
     except ValueError as error:
         raise SystemExit(str(error)) from error
     reported = env.get("DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "").strip()
@@ -351,9 +368,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         oom_after=oom_after,
         oom_kind=oom_kind,
         sglang_version=version,
-        unterminated_share=_share(
-            env, "DSV4_DOUBLE_UNTERMINATED_SHARE", DEFAULT_UNTERMINATED_SHARE
-        ),
+        silent_drop_share=_share(env, "DSV4_DOUBLE_SILENT_DROP_SHARE", 0.0),
         kv_checksum_mismatch_prob=_share(env, "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", 0.0),
         reported_max_total_tokens=int(reported) if reported else None,
     )

@@ -6,20 +6,44 @@ count a particular seed happens to give: they check it against the band the curv
 that a change to the curve, to the load the double reads, or to the detector shows up as a
 failure, and a harmless change of prompts does not.
 
-Each canary session is a different conversation, hence an independent hash: the number of
-sessions with a corrupted response is distributed like Binomial(sessions, q) with
-`q = session_corruption_probability(config, load, rounds)`. `leak_band` is the central interval
-of that distribution holding all but `tail` of its mass (on each side); a count outside it
-means the double is not following its curve.
+A corrupted model output is not always a corrupted answer: 0.5.23's deepseek-recipe returns some
+of them as well-formed calls (parsers.py), so a response's answer is corrupted with
+`answer_corruption_probability(config, load)`, which on 0.5.16 is the curve itself. Each canary
+session is a different conversation, hence an independent hash: the number of sessions with a
+corrupted answer is distributed like Binomial(sessions, q) with
+`q = 1 - (1 - answer_corruption_probability(config, load)) ** rounds`. `leak_band` is the
+central interval of that distribution holding all but `tail` of its mass (on each side); a
+count outside it means the double is not following its curve.
 """
 
 from __future__ import annotations
 
 import math
 
-from dsv4_engine_double.config import DoubleConfig, session_corruption_probability
+from dsv4_engine_double import outputs, parsers
+from dsv4_engine_double.config import DoubleConfig, corruption_probability, fault_probability
 
 TAIL = 1e-4
+
+
+def answer_corruption_probability(config: DoubleConfig, load: float) -> float:
+    """Per-response probability that `config`'s answer at (declared) `load` is corrupted: the
+    curve, less the share of each fault's outputs the release answers with a well-formed call."""
+    corrupt = corruption_probability(config, load)
+    if corrupt == 0.0:
+        return 0.0
+    weights = {fault: fault_probability(fault, load) for fault in config.faults}
+    total = sum(weights.values())
+    return corrupt * sum(w / total * _corrupted_share(config, f) for f, w in weights.items())
+
+
+def _corrupted_share(config: DoubleConfig, fault: str) -> float:
+    answers = parsers.answers(config)
+    table = outputs.FAULT_OUTPUTS[fault]
+    drawn = sum(w for kind, w in table.items() if answers[kind] is not None) / sum(table.values())
+    silent = sum(answers[kind] is not None for kind in outputs.SILENT_DROPS)
+    share = config.silent_drop_share
+    return share * silent / len(outputs.SILENT_DROPS) + (1 - share) * drawn
 
 
 def binomial_band(n: int, q: float, tail: float = TAIL) -> tuple[int, int]:
@@ -45,5 +69,5 @@ def leak_band(
 
     At a load where the curve is 0 this is exactly (0, 0): a clean config or a light load must
     never leak, whatever the seed."""
-    q = session_corruption_probability(config, config.capped(load), rounds)
-    return binomial_band(sessions, q, tail)
+    per_response = answer_corruption_probability(config, config.capped(load))
+    return binomial_band(sessions, 1 - (1 - per_response) ** rounds, tail)

@@ -29,9 +29,8 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from dsv4_engine_double import parsers, shapes
+from dsv4_engine_double import outputs, parsers, shapes
 from dsv4_engine_double.config import (
-    HICACHE_RACE,
     LOAD_HEADER,
     DoubleConfig,
     corruption_probability,
@@ -130,19 +129,23 @@ def _tool_choice(body: dict[str, Any], tools: Sequence[dict[str, Any]]) -> str |
 @dataclass
 class Answer:
     response: dict[str, Any]
-    shape: shapes.Shape | None
+    shape: shapes.Shape | None  # a corrupted answer's shape; None: well-formed or prose
     load: int
     tool: str | None = None  # the call the model meant to make
+    output: outputs.Output | None = None  # what the corrupted model generated
+    parsed: parsers.Parsed | None = None  # what the release made of it
 
 
 def answer(
     config: DoubleConfig, body: dict[str, Any], rng: random.Random, load: int, prompt_tokens: int
 ) -> Answer:
-    """What a DSML-parsing SGLang with `config` answers at `load` (the declared load)."""
+    """What a DSML-parsing SGLang with `config` answers at `load` (the declared load): a
+    corrupted model output goes through the parser of the release `config` runs as."""
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
     u_corrupt, u_fault = rng.random(), rng.random()
     name = _tool_choice(body, tools)
-    shape: shapes.Shape | None = None
+    output: outputs.Output | None = None
+    parsed: parsers.Parsed | None = None
     reasoning_on = config.reasoning_parser is not None
     if name is None:
         message, finish = shapes.prose_answer(
@@ -160,16 +163,18 @@ def answer(
                 if u_fault < acc:
                     fault = candidate
                     break
-            table = shapes.HICACHE_SHAPES if fault == HICACHE_RACE else shapes.MULTI_STREAM_SHAPES
-            shape = parsers.release_shape(config, shapes.pick_shape(table, rng), rng)
-            message, finish = shapes.corrupted(shape, tools, call, rng)
+            kind = outputs.draw(outputs.FAULT_OUTPUTS[fault], config.silent_drop_share, rng)
+            output = outputs.generate(kind, tools, call, rng)
+            parsed = parsers.parse(config, output, tools)
+            message, finish = parsers.message(parsed, rng), parsed.finish
         else:
             reasoning = shapes.reasoning_for(*call, rng) if reasoning_on else None
             message, finish = shapes.well_formed([call], rng, reasoning=reasoning)
     response = shapes.completion(
         message, finish, model=config.name, rng=rng, prompt_tokens=prompt_tokens
     )
-    return Answer(response, shape, load, name)
+    shape = parsed.shape if parsed is not None else None
+    return Answer(response, shape, load, name, output, parsed)
 
 
 # --- app ------------------------------------------------------------------------------------
@@ -326,7 +331,7 @@ class EngineDouble:
             load = self.config.capped(slot.peak if declared is None else declared)
             result = answer(self.config, body, rng, load, prompt_tokens)
             self._account(result, time.monotonic() - began, 0.4 * latency)
-            self._parsed(body, result, stream=False)
+            self._parsed(body, result)
             return web.json_response(result.response, headers={LOAD_HEADER: str(result.load)})
 
     async def _stream(
@@ -367,17 +372,19 @@ class EngineDouble:
             self.metrics.aborted.labels(**self.metrics.model).inc()
             raise
         self._account(result, time.monotonic() - began, ttft)
-        self._parsed(body, result, stream=True)
+        self._parsed(body, result)
         return response
 
-    def _parsed(self, body: dict[str, Any], result: Answer, *, stream: bool) -> None:
-        """What the release's tool-call parser logs and the image counts for this answer."""
+    def _parsed(self, body: dict[str, Any], result: Answer) -> None:
+        """What the release's tool-call parser logs and the image counts for this answer
+        (streamed or not alike: the double does not model 0.5.16's streaming parser)."""
         if not parsers.offers_tools(body):
             return
-        for line in parsers.log_lines(self.config, result.shape, result.tool or "", stream=stream):
-            log(f"WARNING {line}")
+        parsed = result.parsed
+        for level, line in parsed.logs if parsed is not None else ():
+            log(f"{level} {line}")
         if self.config.counts_tool_call_drops:
-            self.metrics.count_tool_call_response(parsers.drop_reason(self.config, result.shape))
+            self.metrics.count_tool_call_response(parsed.drop_reason if parsed else None)
 
     def _account(self, result: Answer, seconds: float, ttft: float) -> None:
         m = self.metrics

@@ -4,8 +4,11 @@ The leak shapes follow docs/engine-notes.md#leak-shapes: DSML markup returned as
 with `tool_calls: null` and `finish_reason: "stop"`, a bare invoke, the V3.2 `function_calls`
 block name under V4, an unterminated section, DSML stripped by the detokenizer, stray special
 tokens, tag soup (`</invoke></invoke> string="false">false">1`), repetition loops, garbled
-text, and tool calls with broken arguments. `EXPECTED_KIND` says which detector verdict each
-shape must get. Everything here is pure; `random.Random` instances carry the draws.
+text, tool calls with broken arguments, and a dropped call (the prose only). `EXPECTED_KIND`
+says which detector verdict each shape must get. `corrupted` builds one answer of each shape
+for the detector's tests; the double itself answers what a release's parser makes of the
+model's output (outputs.py, parsers.py), labelled with these shapes. Everything here is pure;
+`random.Random` instances carry the draws.
 """
 
 from __future__ import annotations
@@ -78,11 +81,9 @@ class Shape(StrEnum):
     DEGENERATE_ARGS = "degenerate_args"
     REPEATED_CALLS = "repeated_calls"
     PROSE_ONLY = "prose_only"
-    # A release whose detector fails closed (parsers.py) drops the corrupted DSML: the prose
-    # before it only, finish_reason "stop", no tool_calls.
-    DROPPED_UNCLOSED = "dropped_unclosed"
-    DROPPED_MALFORMED = "dropped_malformed"
-    DROPPED_UNTERMINATED = "dropped_unterminated"
+    DROPPED = "dropped"  # the parser dropped the call: the prose only, "stop", no tool_calls
+    EMPTY_ARGS = "empty_args"  # a call whose arguments recipe could not read, as `{}`
+    EMPTY = "empty"  # no content, no call: recipe held a U+FFFD ending and dropped it
 
 
 _MARKUP = "leaked_markup"
@@ -106,34 +107,9 @@ EXPECTED_KIND: dict[Shape, str] = {
     Shape.DEGENERATE_ARGS: "degenerate",
     Shape.REPEATED_CALLS: "degenerate",
     Shape.PROSE_ONLY: "missing_call",
-    Shape.DROPPED_UNCLOSED: "missing_call",
-    Shape.DROPPED_MALFORMED: "missing_call",
-    Shape.DROPPED_UNTERMINATED: "missing_call",
-}
-
-# Which shapes each seed fault produces, with weights.
-HICACHE_SHAPES: dict[Shape, int] = {
-    Shape.DSML_BLOCK: 4,
-    Shape.BARE_INVOKE: 2,
-    Shape.V32_BLOCK_NAME: 1,
-    Shape.UNTERMINATED: 2,
-    Shape.STRIPPED_DSML: 1,
-    Shape.TAG_SOUP: 2,
-    Shape.REPETITION: 1,
-    Shape.GARBLED: 1,
-    Shape.BAD_JSON_ARGS: 1,
-    Shape.SPECIAL_TOKEN: 1,
-}
-MULTI_STREAM_SHAPES: dict[Shape, int] = {
-    Shape.REPETITION: 3,
-    Shape.TAG_SOUP: 2,
-    Shape.ATTRIBUTE_SOUP: 1,
-    Shape.DEGENERATE_ARGS: 1,
-    Shape.UNKNOWN_TOOL: 1,
-    Shape.SCHEMA_VIOLATION: 1,
-    Shape.DSML_BLOCK: 1,
-    Shape.REPEATED_CALLS: 1,
-    Shape.PROSE_ONLY: 1,
+    Shape.DROPPED: "missing_call",
+    Shape.EMPTY_ARGS: "malformed_call",
+    Shape.EMPTY: "missing_call",
 }
 
 
@@ -313,11 +289,12 @@ def _leak(content: str, *, finish: str = "stop") -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": content, "tool_calls": None}, finish
 
 
-def _loop(unit: str, rng: random.Random, chars: int = 400) -> str:
+def loop_text(unit: str, rng: random.Random, chars: int = 400) -> str:
+    """`unit` repeated to about `chars` characters (a repetition loop)."""
     return (unit * (chars // len(unit) + 2))[: chars + rng.randint(0, len(unit))]
 
 
-def _violating_args(schema: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any] | None:
+def violating_args(schema: Mapping[str, Any], args: Mapping[str, Any]) -> dict[str, Any] | None:
     """Arguments that break `schema` (drop a required key, or a wrong type), or None."""
     required = list(schema.get("required", []))
     if required:
@@ -379,29 +356,22 @@ def corrupted(
             + f'\n<{FW}parameter name="{next(iter(args), "x")}" string="false">false">1',
             finish="length",
         ),
-        Shape.ATTRIBUTE_SOUP: lambda: _leak(
-            "".join(
-                f'{k}="{v}"> string="false">{v}"> '
-                for k, v in list(args.items()) * 4 or [("x", 1)] * 8
-            )
-            + ' name="x" string="true">',
-            finish="length",
-        ),
+        Shape.ATTRIBUTE_SOUP: lambda: _leak(attribute_soup(args), finish="length"),
         Shape.REPETITION: lambda: _leak(
-            _loop(f"I need to call {name} for {json.dumps(args)[:40]} first. ", rng),
+            loop_text(f"I need to call {name} for {json.dumps(args)[:40]} first. ", rng),
             finish="length",
         ),
-        Shape.GARBLED: lambda: _leak(_garbled(rng), finish="length"),
+        Shape.GARBLED: lambda: _leak(garbled_text(rng), finish="length"),
         Shape.BAD_JSON_ARGS: lambda: well_formed_raw(
             name, json.dumps(args)[: max(1, rng.randint(1, max(1, len(json.dumps(args)) - 1)))], rng
         ),
         Shape.SCHEMA_VIOLATION: lambda: _schema_violation(tools, call, rng),
         Shape.UNKNOWN_TOOL: lambda: well_formed_raw(
-            _unknown_name(tools, name, rng), json.dumps(args), rng
+            unknown_name(tools, name, rng), json.dumps(args), rng
         ),
         Shape.DEGENERATE_ARGS: lambda: well_formed_raw(
             name,
-            json.dumps({**args, _string_key(tools, name): _loop("the the weather ", rng, 300)}),
+            json.dumps({**args, string_key(tools, name): loop_text("the the weather ", rng, 300)}),
             rng,
         ),
         Shape.REPEATED_CALLS: lambda: (
@@ -413,14 +383,22 @@ def corrupted(
             "tool_calls",
         ),
         Shape.PROSE_ONLY: lambda: prose_answer(rng),
-        Shape.DROPPED_UNCLOSED: lambda: _leak(rng.choice(PREAMBLES)),
-        Shape.DROPPED_MALFORMED: lambda: _leak(rng.choice(PREAMBLES)),
-        Shape.DROPPED_UNTERMINATED: lambda: _leak(rng.choice(PREAMBLES)),
+        Shape.DROPPED: lambda: _leak(rng.choice(PREAMBLES)),
+        Shape.EMPTY_ARGS: lambda: well_formed_raw(name, "{}", rng),
+        Shape.EMPTY: lambda: _leak("", finish="length"),
     }
     return builders[shape]()
 
 
-def _garbled(rng: random.Random) -> str:
+def attribute_soup(args: Mapping[str, Any]) -> str:
+    """Attributes and closing brackets with no tags around them."""
+    pairs = list(args.items()) * 4 or [("x", 1)] * 8
+    return (
+        "".join(f'{k}="{v}"> string="false">{v}"> ' for k, v in pairs) + ' name="x" string="true">'
+    )
+
+
+def garbled_text(rng: random.Random) -> str:
     """Rare characters and broken bytes (#22811's "garbled text, rare characters")."""
     words = [
         rng.choice(["的", " param", "ü", "零", " Hang", "zhou", " 3", "\x07"]) for _ in range(40)
@@ -437,7 +415,7 @@ def well_formed_raw(name: str, arguments: str, rng: random.Random) -> tuple[dict
     )
 
 
-def _unknown_name(tools: Tools, name: str, rng: random.Random) -> str:
+def unknown_name(tools: Tools, name: str, rng: random.Random) -> str:
     known = set(tool_names(tools))
     for candidate in (name[:-1], name + "_" + name.split("_")[-1], name + "s", "invoke"):
         if candidate and candidate not in known:
@@ -445,7 +423,7 @@ def _unknown_name(tools: Tools, name: str, rng: random.Random) -> str:
     return "tool_" + str(rng.randint(1000, 9999))
 
 
-def _string_key(tools: Tools, name: str) -> str:
+def string_key(tools: Tools, name: str) -> str:
     for key, sub in tool_schema(tools, name).get("properties", {}).items():
         if sub.get("type") == "string" and "enum" not in sub:
             return str(key)
@@ -454,15 +432,10 @@ def _string_key(tools: Tools, name: str) -> str:
 
 def _schema_violation(tools: Tools, call: Call, rng: random.Random) -> tuple[dict[str, Any], str]:
     name, args = call
-    broken = _violating_args(tool_schema(tools, name), args)
+    broken = violating_args(tool_schema(tools, name), args)
     if broken is None:  # nothing in the schema to violate: break the JSON instead
         return well_formed_raw(name, json.dumps(args)[:-1] or "{", rng)
     return well_formed_raw(name, json.dumps(broken), rng)
-
-
-def pick_shape(weights: Mapping[Shape, int], rng: random.Random) -> Shape:
-    shapes = list(weights)
-    return rng.choices(shapes, weights=[weights[s] for s in shapes])[0]
 
 
 # --- streaming ------------------------------------------------------------------------------
