@@ -8,8 +8,9 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
-from .release_env import REPO, release_python
+from .release_env import REPO, parse_tool_calls, release_python
 
 ENGINE = REPO / "images" / "engine"
 CONFIGURATOR = Path("sglang") / "srt" / "model_executor" / "pool_configurator.py"
@@ -103,3 +104,14 @@ def run_steps(
         text=True,
         check=False,
     )
+
+
+def tool_call_parses(
+    version: str, cases: list[dict[str, Any]], root: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """tool_call_check.py's answers for `cases` on the release's wheel, and on a copy of it (in
+    `root`) that the image's patch step patched with toolCallDropCounter."""
+    site = full_site_copy(version, root)
+    built = run_steps(site, version, "poolSizingFix,toolCallDropCounter")
+    assert built.returncode == 0, built.stdout + built.stderr
+    return parse_tool_calls(version, cases, None), parse_tool_calls(version, cases, site)

@@ -5,6 +5,7 @@ reuses the release's environment; a failure to build it fails the test, it never
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,4 +62,28 @@ def ask(version: str, request: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = json.loads(
         run_in_release(version, HERE / "release_check.py", json.dumps(request))
     )
+    return answer
+
+
+def parse_tool_calls(
+    version: str, cases: list[dict[str, Any]], site: Path | None
+) -> dict[str, Any]:
+    """tool_call_check.py's answer for `cases` in `version`'s environment, on the wheel or, with
+    `site`, on the patched copy of it there; `log` is what the run wrote to stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if site is not None:
+        env["PYTHONPATH"] = str(site)
+    proc = subprocess.run(
+        [release_python(version), "-W", "ignore", str(HERE / "tool_call_check.py")],
+        input=json.dumps({"cases": cases}),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=HERE,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer: dict[str, Any] = json.loads(proc.stdout)
+    answer["log"] = proc.stderr
     return answer

@@ -10,16 +10,13 @@ shapes").
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .image_build import full_site_copy, run_steps
-from .release_env import HERE, release_python
+from .image_build import tool_call_parses
+from .release_env import parse_tool_calls
 
 pytestmark = pytest.mark.conformance
 
@@ -108,34 +105,11 @@ def _cases(version: str) -> list[dict[str, Any]]:
     ]
 
 
-def _parse(version: str, cases: list[dict[str, Any]], site: Path | None) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if site is not None:
-        env["PYTHONPATH"] = str(site)
-    proc = subprocess.run(
-        [release_python(version), "-W", "ignore", str(HERE / "tool_call_check.py")],
-        input=json.dumps({"cases": cases}),
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=HERE,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    answer: dict[str, Any] = json.loads(proc.stdout)
-    answer["log"] = proc.stderr
-    return answer
-
-
 def test_the_patched_parsers_count_each_drop_and_parse_the_same(
     version: str, tmp_path: Path
 ) -> None:
-    site = full_site_copy(version, tmp_path)
-    built = run_steps(site, version, "poolSizingFix,toolCallDropCounter")
-    assert built.returncode == 0, built.stdout + built.stderr
     cases = _cases(version)
-    wheel, patched = _parse(version, cases, None), _parse(version, cases, site)
+    wheel, patched = tool_call_parses(version, cases, tmp_path)
     for case in cases:
         output, path = case["id"].split("/")
         before, after = wheel[case["id"]], patched[case["id"]]
@@ -154,7 +128,7 @@ def test_what_each_release_answers_for_the_leak_shapes(version: str, tmp_path: P
     """The shapes docs/engine-notes.md describes, from the unpatched wheel: 0.5.16 returns the
     markup as content on its exception path, 0.5.23 fails closed to the prose before it."""
     cases = _cases(version)
-    wheel = _parse(version, cases, None)
+    wheel = parse_tool_calls(version, cases, None)
     leak = wheel["exception/whole"]
     assert leak["calls"] == []
     if version == "0.5.16":

@@ -2,15 +2,19 @@
 outputs, and what each parse returned and counted.
 
 stdin: {"cases": [{"id", "path": "detector" | "recipe", "stream": bool, "chunks": [str],
-"fault": bool}]}; stdout: {id: {"calls", "text", "counted"}}. `counted` is the change of
-`sglang:dsv4_tool_call_responses_total` and of each `sglang:dsv4_tool_call_drops_total{reason}`
+"fault": bool, and optionally "tools": [OpenAI tool], "finish": "stop" | "length", "logs":
+bool}]}; stdout: {id: {"calls", "text", "counted"} and, with "logs", the WARNING and ERROR
+records sglang's loggers emitted during the case as [level, message]}. `counted` is the change
+of `sglang:dsv4_tool_call_responses_total` and of each `sglang:dsv4_tool_call_drops_total{reason}`
 in this process's Prometheus registry (null where the sglang on sys.path is unpatched). The
-test runs this twice, on the wheel and on a patched copy of it, and compares the two.
+tests run this twice, on the wheel and on a patched copy of it, and compare the two.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import sys
 from typing import Any
 
@@ -27,6 +31,27 @@ TOOLS = [
         ),
     )
 ]
+
+
+class _Records(logging.Handler):
+    """sglang's WARNING and ERROR records of the current case; each still goes to stderr, as
+    the last-resort handler would print it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.case: list[list[str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        sys.stderr.write(message + "\n")
+        if record.name.startswith("sglang"):
+            self.case.append([record.levelname, message])
+
+
+def _tools(case: dict[str, Any]) -> list[Tool]:
+    if "tools" not in case:
+        return TOOLS
+    return [Tool(type="function", function=Function(**t["function"])) for t in case["tools"]]
 
 
 def _counters() -> dict[str, float] | None:
@@ -62,16 +87,17 @@ def _fault(detector: DeepSeekV4Detector) -> None:
 
 def _detector(case: dict[str, Any]) -> tuple[list[list[Any]], str]:
     detector = DeepSeekV4Detector()
+    tools = _tools(case)
     if case.get("fault"):
         _fault(detector)
     if not case["stream"]:
-        result = detector.detect_and_parse("".join(case["chunks"]), TOOLS)
+        result = detector.detect_and_parse("".join(case["chunks"]), tools)
         return [[c.name, c.parameters] for c in result.calls], result.normal_text
     calls: list[list[Any]] = []
     text = ""
-    results = [detector.parse_streaming_increment(chunk, TOOLS) for chunk in case["chunks"]]
+    results = [detector.parse_streaming_increment(chunk, tools) for chunk in case["chunks"]]
     if hasattr(detector, "finish"):  # 0.5.23: serving_chat flushes at the stream's end
-        results.append(detector.finish(TOOLS))
+        results.append(detector.finish(tools))
     for result in results:
         text += result.normal_text or ""
         calls += [[c.tool_index, c.name, c.parameters] for c in result.calls]
@@ -81,11 +107,11 @@ def _detector(case: dict[str, Any]) -> tuple[list[list[Any]], str]:
     return calls, text
 
 
-def _recipe(case: dict[str, Any]) -> tuple[list[list[Any]], str]:
-    """deepseek-recipe's token-level parser (0.5.23's chat path for DeepSeek-V4), fed the ids a
-    tiny byte-level tokenizer with recipe's special tokens gives the text."""
+@functools.cache
+def _recipe_tokenizer() -> Any:
+    """A tiny byte-level tokenizer with recipe's special tokens (one id each), and the recipe
+    built on it."""
     import deepseek_recipe
-    from sglang.srt.parser.deepseek_recipe_output import DeepSeekRecipeOutputParser
     from sglang.srt.parser.deepseek_recipe_renderer import DeepSeekRecipe
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -101,22 +127,36 @@ def _recipe(case: dict[str, Any]) -> tuple[list[list[Any]], str]:
         ]
         + ["<｜deepseek_image｜>"]
     )
-    recipe = DeepSeekRecipe("dsv4", tokenizer)
+    return tokenizer, DeepSeekRecipe("dsv4", tokenizer)
+
+
+def _recipe(case: dict[str, Any]) -> tuple[list[list[Any]], str]:
+    """deepseek-recipe's token-level parser (0.5.23's chat path for DeepSeek-V4, a request
+    without thinking), fed the ids `_recipe_tokenizer` gives the text, then the generation's
+    finish."""
+    from sglang.srt.parser.deepseek_recipe_output import DeepSeekRecipeOutputParser
+
+    tokenizer, recipe = _recipe_tokenizer()
     parser = DeepSeekRecipeOutputParser(recipe, thinking_stage=None, parse_tool_calls=True)
     chunks = [tokenizer.encode(c, add_special_tokens=False).ids for c in case["chunks"]]
     deltas = [parser.feed(ids) for ids in chunks]
-    deltas.append(parser.finish([], {"type": "stop", "matched": None}))
+    deltas.append(parser.finish([], {"type": case.get("finish", "stop"), "matched": None}))
     calls = [[p.index, p.name, p.arguments] for d in deltas for p in d.tool_calls]
     return calls, "".join(d.content for d in deltas)
 
 
 def main() -> None:
     request = json.load(sys.stdin)
+    records = _Records()
+    logging.getLogger().addHandler(records)
     answer = {}
     for case in request["cases"]:
+        records.case = []
         before = _counters()
         calls, text = (_recipe if case["path"] == "recipe" else _detector)(case)
         answer[case["id"]] = {"calls": calls, "text": text, "counted": _delta(before, _counters())}
+        if case.get("logs"):
+            answer[case["id"]]["logs"] = records.case
     json.dump(answer, sys.stdout)
 
 
