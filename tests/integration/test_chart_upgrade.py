@@ -57,6 +57,12 @@ def _run(cp: ControlPlane, name: str, *args: str, check: bool = True) -> str:
     return proc.stdout + proc.stderr
 
 
+def _engine_schema(crd: dict[str, Any]) -> dict[str, Any]:
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    engine: dict[str, Any] = schema["properties"]["spec"]["properties"]["engine"]["properties"]
+    return engine
+
+
 def _holds(new: Any, old: Any) -> bool:
     """Whether `new` holds every field of `old` with the same value (and maybe more)."""
     if isinstance(old, dict):
@@ -92,9 +98,15 @@ def test_upgrade_from_0_1_0_adopts_and_upgrades_the_crd_and_keeps_it(
     )
     assert _crd(cp)["spec"]["versions"][0]["schema"] == old_crd["spec"]["versions"][0]["schema"]
 
+    # The survivor is what a user could write under 0.1.0: capabilities it did not know yet (the
+    # example declares today's image) are left out.
     doc = example("default", name="survivor")
     doc["spec"]["decode"].pop("nodeSelector")
     doc["spec"]["prefill"].pop("nodeSelector")
+    known = _engine_schema(old_crd)["capabilities"]["items"]["enum"]
+    engine = doc["spec"]["engine"]
+    engine["capabilities"] = [c for c in engine["capabilities"] if c in known]
+    assert engine["capabilities"], "the survivor keeps some capability the old CRD knows"
     manifest = tmp_path / "survivor.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     _run(cp, "kubectl", "apply", "--server-side", "-f", str(manifest))
