@@ -241,6 +241,7 @@ def test_the_plan_is_verified_when_every_engine_reports_it() -> None:
     [
         (_info(760_000), "max_total_num_tokens 760000, the plan 800000"),
         (_info(800_000, "0.5.16"), "version 0.5.16, spec.engine.sglangVersion 0.5.23"),
+        (_info(800_000, "9" * 500), f"version {'9' * 61}..., spec"),  # what status shows: short
         (_info(800_000, context_length=65536), "context_length 65536, rendered 131072"),
         (
             _info(800_000, disaggregation_enable_kv_checksum=False),

@@ -36,6 +36,8 @@ OWNED_ARGS: Mapping[str, str] = {
     "--disaggregation-enable-kv-checksum": "disaggregation_enable_kv_checksum",
 }
 ENDED_PHASES = ("Succeeded", "Failed")
+# What the engine reports goes into a condition anyone who reads the object reads: short.
+SHOWN_CHARS = 64
 
 
 def rendered_args(command: Sequence[str]) -> dict[str, Any]:
@@ -96,6 +98,11 @@ class PlanCheck:
         return self.reason is ConditionReason.PLAN_MISMATCH
 
 
+def _shown(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
 def _release(version: str) -> str:
     """`0.5.23+cu129` -> `0.5.23`: a local build label names the same release."""
     return version.split("+", 1)[0].strip()
@@ -124,11 +131,12 @@ def differences(info: ServerInfo, role: str, expected: PlanExpectation) -> list[
         )
     if info.version is None or _release(info.version) != expected.sglang_version:
         found.append(
-            f"version {info.version or 'none'}, spec.engine.sglangVersion {expected.sglang_version}"
+            f"version {_shown(info.version or 'none')}, spec.engine.sglangVersion "
+            f"{expected.sglang_version}"
         )
     for field, rendered in expected.args.get(role, {}).items():
         if field in info.args and not _same(info.args[field], rendered):
-            found.append(f"{field} {info.args[field]}, rendered {rendered}")
+            found.append(f"{field} {_shown(info.args[field])}, rendered {rendered}")
     return found
 
 
