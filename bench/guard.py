@@ -158,7 +158,8 @@ def silent_drops(args: argparse.Namespace, guard: GuardSpec, rng: random.Random)
     tap_every = round(guard.tap.interval.delta.total_seconds())
     engine_every = round(guard.engine.interval.delta.total_seconds())
     step = math.gcd(canary_every, tap_every, engine_every)
-    per_canary = guard.canary.sessions * guard.canary.rounds
+    # The default canary of a decode engine without data parallelism (as main() prints it).
+    per_canary = (guard.canary.sessions or guard.canary.sessions_per_rank) * guard.canary.rounds
     sources = {
         "canary alone": ("canary",),
         "canary + tap": ("canary", "tap"),
