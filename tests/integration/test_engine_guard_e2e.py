@@ -45,6 +45,8 @@ LEAKING = {  # bf16 index-K with HiCache, no indexKHiCacheGate: 2.6% of calls dr
 }
 
 
+# The same `long` for the three tests: ordered by it, they stay together, so this module's
+# node pool is set up once per worker (a second setup would register the same nodes again).
 @pytest.fixture(scope="module")
 def gpu_pool_engines(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
     return rtx_pool(control_plane, "engines-rtx", 3)
@@ -173,7 +175,7 @@ def _rolled_back(cluster: Cluster) -> dict[str, Any]:
     return obj
 
 
-@pytest.mark.long(seconds=60)
+@pytest.mark.long(seconds=50)
 def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
     cluster: Cluster, operator: OperatorProcess, engines: PodEngines
 ) -> None:
@@ -209,7 +211,7 @@ def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
     assert [e["reason"] for e in cluster.events() if e["reason"] == "RolledBack"] == ["RolledBack"]
 
 
-@pytest.mark.long(seconds=60)
+@pytest.mark.long(seconds=50)
 def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
     cluster: Cluster, operator: OperatorProcess, engines: PodEngines
 ) -> None:
@@ -234,7 +236,7 @@ def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
     assert traffic.failed > 0  # the failed transfers were answered HTTP 500
 
 
-@pytest.mark.long(seconds=40)
+@pytest.mark.long(seconds=50)
 def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
     cluster: Cluster, operator: OperatorProcess, engines: PodEngines
 ) -> None:
