@@ -113,6 +113,18 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
 
+def _plan_verified(cluster: Cluster, reason: str) -> dict[str, Any]:
+    """The PlanVerified condition, once it has `reason`."""
+    found: dict[str, Any] = wait_for(
+        f"PlanVerified {reason}",
+        lambda: (lambda c: c if c.get("reason") == reason else None)(
+            _condition(cluster.get(), "PlanVerified")
+        ),
+        timeout=120,
+    )
+    return found
+
+
 def _baked(cluster: Cluster) -> str:
     def lkg() -> str | None:
         status = cluster.get().get("status", {})
@@ -221,11 +233,11 @@ def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
         good = _baked(cluster)
         decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
         command = decode["spec"]["template"]["spec"]["containers"][0]["command"]
-        change: dict[str, Any] = {
+        # spec.transfer.kvChecksum unset: on, where the release has the flag (0.5.23 does).
+        assert "--disaggregation-enable-kv-checksum" in command
+        change = {
             "engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.02"}]
         }
-        if "--disaggregation-enable-kv-checksum" not in command:  # a render without it
-            change["engine.extraArgs"] = ["--disaggregation-enable-kv-checksum"]
         cluster.apply(_spec(namespace, engines.url, "10m", **change))
         obj = _rolled_back(cluster)
     [entry] = obj["status"]["quarantine"]
@@ -243,13 +255,7 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url, "2s"))
     good = _baked(cluster)
-    verified = wait_for(
-        "the good revision's plan verified",
-        lambda: (lambda c: c if c.get("reason") == "Verified" else None)(
-            _condition(cluster.get(), "PlanVerified")
-        ),
-        timeout=60,
-    )
+    verified = _plan_verified(cluster, "Verified")
     assert verified["status"] == "True"
     planned = cluster.get()["status"]["plan"]["maxTotalTokens"]["decode"]
     reported = planned - 4096
@@ -257,13 +263,7 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
         "engine.env": [{"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": str(reported)}]
     }
     cluster.apply(_spec(namespace, engines.url, "2s", **shrunk))
-    mismatch = wait_for(
-        "PlanVerified=False",
-        lambda: (lambda c: c if c.get("reason") == "PlanMismatch" else None)(
-            _condition(cluster.get(), "PlanVerified")
-        ),
-        timeout=120,
-    )
+    mismatch = _plan_verified(cluster, "PlanMismatch")
     assert mismatch["status"] == "False"
     assert f"max_total_num_tokens {reported}, the plan {planned}" in mismatch["message"]
     assert "(decode)" in mismatch["message"]
@@ -278,6 +278,7 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
     time.sleep(15)
     status = cluster.get()["status"]
     assert status["guard"]["revision"] == bad and status["guard"]["lastVerdict"] == "Pass"
+    assert status["guard"]["passingSince"]  # passing for 15 s, three times bakeTime
     assert status["lastKnownGoodRevision"] == good
     assert _condition(cluster.get(), "PlanVerified")["reason"] == "PlanMismatch"
     assert operator.metric("dsv4_plan_verified", revision=bad) == 0
