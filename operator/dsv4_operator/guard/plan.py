@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4_operator.api.roles import ROLES
+from dsv4_operator.engine.flags import KV_CHECKSUM_FLAG
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
 
@@ -33,7 +34,7 @@ OWNED_ARGS: Mapping[str, str] = {
     "--max-total-tokens": "max_total_tokens",
     "--tool-call-parser": "tool_call_parser",
     "--reasoning-parser": "reasoning_parser",
-    "--disaggregation-enable-kv-checksum": "disaggregation_enable_kv_checksum",
+    KV_CHECKSUM_FLAG: "disaggregation_enable_kv_checksum",
 }
 ENDED_PHASES = ("Succeeded", "Failed")
 # What the engine reports goes into a condition anyone who reads the object reads: short.
