@@ -17,10 +17,10 @@ mixture SPRT (`guard.sequential.LeakRateTest`, alpha = 1 - confidence): time and
 from onset to the rollback decision at 4.55% and 17%, and false rollbacks per 10,000
 decision points at 0.5% (a revision watched for `--points-per-revision` points, then anew).
 
-Last, the silent drop (SGLang 0.5.23's fail-closed parser: a dropped tool call reaches the
-client as prose, HTTP 200, no `tool_calls`) at 4.55% of responses, `--rate-per-s` tool-calling
-responses a second of `tool_choice: auto` production traffic: time and production responses
-from onset to the rollback decision of the guard's whole policy chain
+Last, the silent drop (a tool call SGLang's parser cannot read is dropped: the client gets
+prose, HTTP 200, no `tool_calls`; docs/engine-notes.md#leak-shapes) at 4.55% of responses,
+`--rate-per-s` tool-calling responses a second of `tool_choice: auto` production traffic: time
+and production responses from onset to the rollback decision of the guard's whole policy chain
 (`guard.policy.evaluate`), fed what each source sees of it. The canary (every
 `canary.interval`) knows a call is due, so a drop is its `missing_call`; the tap (every
 `tap.interval`) sees prose, an answer, so nothing; the engines' drop counter (every

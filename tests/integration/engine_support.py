@@ -43,9 +43,16 @@ class PodEngines:
     """One engine double per role at the role's pod IP; see the module docstring."""
 
     def __init__(
-        self, cluster: Cluster, ips: dict[str, str], log_dir: Path, name: str = "dsv4-flash"
+        self,
+        cluster: Cluster,
+        ips: dict[str, str],
+        log_dir: Path,
+        name: str = "dsv4-flash",
+        knobs: dict[str, str] | None = None,
     ):
+        """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs."""
         self.cluster, self.ips, self.log_dir, self.name = cluster, ips, log_dir, name
+        self.knobs = dict(knobs or {})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
         self.starts = 0
@@ -121,6 +128,7 @@ class PodEngines:
         env["DSV4_DOUBLE_SGLANG_VERSION"] = engine["sglangVersion"]
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"
+        env.update(self.knobs)
         command = list(container["command"])
         prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
         if role == "decode" and prefill is not None:

@@ -2,13 +2,13 @@
 engine double in place of each engine pod at the pod's IP (engine_support.PodEngines), as
 SGLang 0.5.23 with the drop-counter patch.
 
-- A change that makes the decode engine drop tool calls silently (0.5.23 fails closed: prose,
-  HTTP 200, no `tool_calls`) under `tool_choice: auto` production traffic is rolled back on
+- A change that makes the decode engine drop tool calls silently (prose, HTTP 200, no
+  `tool_calls`) under `tool_choice: auto` production traffic is rolled back on
   the engines' own counter, reason `EngineToolCallDrops`, while the canary, slowed to one run
   in 10 minutes, holds no sample of it and the tap is off (it would see answers). The change
   is the incident's (bf16 index-K with HiCache): the double corrupts 4.55% of responses at the
-  declared load, and as 0.5.23 it drops the DSML-shaped 9 in 16 of them (2.6% of responses;
-  the rest stay visible markup), so the leak-rate threshold here is 1%.
+  declared load, each into an output 0.5.23's deepseek-recipe cannot read and drops
+  (`DSV4_DOUBLE_SILENT_DROP_SHARE=1`).
 - A change whose KV transfers fail their checksum for 2% of requests (HTTP 500) is rolled
   back before it bakes, rollback reason `KVIntegrity`.
 - An engine that reports another `max_total_num_tokens` than its plan is never baked:
@@ -38,7 +38,7 @@ from .guard_support import Traffic
 pytestmark = pytest.mark.integration
 
 CAPABILITIES = ["bf16IndexK", "poolSizingFix", "toolCallDropCounter"]
-LEAKING = {  # bf16 index-K with HiCache, no indexKHiCacheGate: 2.6% of calls dropped at load 60
+LEAKING = {  # bf16 index-K with HiCache, no indexKHiCacheGate: 4.55% of calls at load 60
     "engine.indexKDtype": "bf16",
     "engine.hicache": {"enabled": True},
     "safety.policy": "Warn",
@@ -81,7 +81,9 @@ def operator(
 
 @pytest.fixture
 def engines(cluster: Cluster, tmp_path: Path, ips: dict[str, str]) -> Iterator[PodEngines]:
-    doubles = PodEngines(cluster, ips, tmp_path).start()
+    # Every corruption an output the parser cannot read: a silent drop on 0.5.23.
+    doubles = PodEngines(cluster, ips, tmp_path, knobs={"DSV4_DOUBLE_SILENT_DROP_SHARE": "1"})
+    doubles.start()
     yield doubles
     doubles.stop()
 
@@ -98,7 +100,7 @@ def _spec(namespace: str, endpoint: str, canary_interval: str, **changes: Any) -
         },
         "tap": {"enabled": False},
         "engine": {"interval": "1s"},
-        "leakRate": {"threshold": 0.01, "minSamples": 30, "confidence": 0.99},
+        "leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99},
         "bakeTime": "5s",
     }
     base = {
