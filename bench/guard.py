@@ -17,6 +17,15 @@ mixture SPRT (`guard.sequential.LeakRateTest`, alpha = 1 - confidence): time and
 from onset to the rollback decision at 4.55% and 17%, and false rollbacks per 10,000
 decision points at 0.5% (a revision watched for `--points-per-revision` points, then anew).
 
+Last, the silent drop (a tool call SGLang's parser cannot read is dropped: the client gets
+prose, HTTP 200, no `tool_calls`; docs/engine-notes.md#leak-shapes) at 4.55% of responses,
+`--rate-per-s` tool-calling responses a second of `tool_choice: auto` production traffic: time
+and production responses from onset to the rollback decision of the guard's whole policy chain
+(`guard.policy.evaluate`), fed what each source sees of it. The canary (every
+`canary.interval`) knows a call is due, so a drop is its `missing_call`; the tap (every
+`tap.interval`) sees prose, an answer, so nothing; the engines' drop counter (every
+`engine.interval`) counts every drop.
+
     python bench/guard.py [--trials 2000] [--decisions 200000] [--seed 7]
 """
 
@@ -142,6 +151,59 @@ def production(args: argparse.Namespace, guard: GuardSpec, rng: random.Random) -
             )
 
 
+def silent_drops(args: argparse.Namespace, guard: GuardSpec, rng: random.Random) -> None:
+    """The table: rollback decision after a silent drop onset, by the sources the guard has."""
+    rate, per_s = 0.0455, args.rate_per_s
+    canary_every = round(guard.canary.interval.delta.total_seconds())
+    tap_every = round(guard.tap.interval.delta.total_seconds())
+    engine_every = round(guard.engine.interval.delta.total_seconds())
+    step = math.gcd(canary_every, tap_every, engine_every)
+    # The default canary of a decode engine without data parallelism (as main() prints it).
+    per_canary = (guard.canary.sessions or guard.canary.sessions_per_rank) * guard.canary.rounds
+    sources = {
+        "canary alone": ("canary",),
+        "canary + tap": ("canary", "tap"),
+        "canary + engine counter + tap": ("canary", "engine", "tap"),
+    }
+    print(
+        f"silent tool-call drops at {rate:.2%} of responses, {per_s:g} tool-calling responses/s "
+        f"of tool_choice auto traffic (canary {per_canary} responses every {canary_every}s, tap "
+        f"every {tap_every}s, engine counter every {engine_every}s; {args.trials} trials):"
+    )
+    print(f"  {'sources':<31} {'median s':>9} {'p95 s':>7} {'median responses':>17}")
+    seed = rng.randrange(1 << 30)
+    for name, used in sources.items():
+        rng = random.Random(seed)  # each row sees the same canary draws
+        seconds = []
+        for _ in range(args.trials):
+            canary, engine, tap, t = [0, 0], [0, 0], 0, 0
+            while True:
+                t += step
+                if "canary" in used and t % canary_every == 0:
+                    canary[0] += per_canary
+                    canary[1] += leaks_in_run(rng, per_canary, rate)
+                if "engine" in used and t % engine_every == 0:
+                    engine[0] += round(per_s * engine_every)
+                    engine[1] += leaks_in_run(rng, round(per_s * engine_every), rate)
+                if "tap" in used and t % tap_every == 0:
+                    tap += round(per_s * tap_every)  # prose to the tap: an answer, no leak
+                evidence = Evidence(
+                    samples=canary[0],
+                    leaks=canary[1],
+                    traffic_samples=tap,
+                    engine_samples=engine[0],
+                    engine_leaks=engine[1],
+                )
+                if evaluate(evidence, guard).outcome == GuardResult.FAIL:
+                    seconds.append(float(t))
+                    break
+        responses = statistics.median(seconds) * per_s
+        print(
+            f"  {name:<31} {statistics.median(seconds):>9.0f} {p95(seconds):>7.0f} "
+            f"{responses:>17.0f}"
+        )
+
+
 def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1]
 
@@ -192,6 +254,7 @@ def main() -> int:
             f" = {fails * 10_000 / args.decisions:.2f} per 10,000 decisions"
         )
     production(args, guard, rng)
+    silent_drops(args, guard, rng)
     return 0
 
 

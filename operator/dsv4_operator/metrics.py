@@ -66,6 +66,17 @@ TAPS_UNREACHABLE = Gauge(
     "Leak taps whose /metrics the guard could not read in its last round.",
     ["deployment"],
 )
+ENGINES_UNREACHABLE = Gauge(
+    "dsv4_guard_engines_unreachable",
+    "Engine pods whose /metrics the guard could not read in its last round.",
+    ["deployment"],
+)
+PLAN_VERIFIED = Gauge(
+    "dsv4_plan_verified",
+    "1 when every engine pod of the revision reports its plan (PlanVerified=True), 0 on a "
+    "mismatch; no series until they answer.",
+    ["deployment", "revision"],
+)
 QUARANTINED = Gauge("dsv4_quarantined_configs", "Quarantined config hashes.", ["deployment"])
 REVISION_INFO = Gauge(
     "dsv4_revision_info",
@@ -89,6 +100,8 @@ PER_DEPLOYMENT = (
     GUARD_OUTCOME,
     GUARD_BLIND,
     TAPS_UNREACHABLE,
+    ENGINES_UNREACHABLE,
+    PLAN_VERIFIED,
     QUARANTINED,
     REVISION_INFO,
 )
@@ -106,6 +119,7 @@ class GuardMetrics:
         self._seen_ooms: dict[str, set[str]] = {}
         self._served: dict[str, tuple[str, ...]] = {}
         self._windows: dict[str, str] = {}  # deployment -> revision of its leak-rate series
+        self._plans: dict[str, str] = {}  # deployment -> revision of its plan-verified series
 
     def forget(self, deployment: str) -> None:
         """The deployment is gone: drop all its series."""
@@ -114,6 +128,7 @@ class GuardMetrics:
         self._seen_ooms.pop(deployment, None)
         self._served.pop(deployment, None)
         self._windows.pop(deployment, None)
+        self._plans.pop(deployment, None)
 
     def observe(
         self,
@@ -122,7 +137,11 @@ class GuardMetrics:
         status: DSV4DeploymentStatus,
         rollbacks: list[RollbackReason],
         ooms: list[tuple[str, str, str]],
+        plan: tuple[str, bool | None] | None = None,
     ) -> None:
+        """`plan`: the revision PlanVerified is about and whether its engines report their
+        plan (None: not all have answered yet, so no series)."""
+        self._plan(deployment, plan)
         guard = status.guard
         window = guard.revision if guard is not None and guard.leak_rate is not None else None
         previous_window = self._windows.pop(deployment, None)
@@ -165,3 +184,12 @@ class GuardMetrics:
                     )
             REVISION_INFO.labels(*labels).set(1.0)
             self._served[deployment] = labels
+
+    def _plan(self, deployment: str, plan: tuple[str, bool | None] | None) -> None:
+        revision, verified = plan if plan is not None else (None, None)
+        previous = self._plans.pop(deployment, None)
+        if previous is not None and (previous != revision or verified is None):
+            PLAN_VERIFIED.remove_by_labels({"deployment": deployment, "revision": previous})
+        if revision is not None and verified is not None:
+            PLAN_VERIFIED.labels(deployment, revision).set(1.0 if verified else 0.0)
+            self._plans[deployment] = revision

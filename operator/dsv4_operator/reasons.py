@@ -69,6 +69,20 @@ class GuardReason(Reason):
         "Fail: production traffic through the leak taps leaks above the threshold (anytime-valid "
         "test). See the runbook's DSV4LeakRateHigh.",
     )
+    ENGINE_TOOL_CALL_DROPS = (
+        "EngineToolCallDrops",
+        "Fail: the revision's decode engines report (`sglang:dsv4_tool_call_drops_total` over "
+        "`sglang:dsv4_tool_call_responses_total`) that their tool-call parser dropped calls in "
+        "more tool-calling responses than the threshold (anytime-valid test): the client got "
+        "prose instead of the call. See the runbook's DSV4LeakRateHigh.",
+    )
+    KV_INTEGRITY = (
+        "KVIntegrity",
+        "Fail: before it baked, the revision's engines failed more prefill-to-decode KV "
+        "transfers (`sglang:num_transfer_failed_reqs_total`, checksum mismatches included) "
+        "than `kvIntegrity.threshold` of the requests they finished. See the runbook's "
+        "DSV4KVTransferFailures.",
+    )
     TOO_FEW_SAMPLES = (
         "TooFewSamples",
         "NoData: fewer canary responses than `leakRate.minSamples` in the window; wait for "
@@ -109,6 +123,12 @@ class RollbackReason(Reason):
         "NoData",
         "`noData: Fail` and no conclusive evidence within bakeTime. Make the canary work, or "
         "use `noData: Hold`.",
+    )
+    KV_INTEGRITY = (
+        "KVIntegrity",
+        "Prefill-to-decode KV transfers of the revision failed (or failed their checksum) above "
+        "`kvIntegrity.threshold` before it baked; the failed requests were answered HTTP 500. "
+        "See the runbook's DSV4KVTransferFailures.",
     )
 
 
@@ -190,6 +210,12 @@ class EventReason(Reason):
         "NoKnownGood",
         "Warning: a revision failed (or is quarantined) and no revision has baked to roll back "
         "to; the current one keeps running. Fix the spec yourself.",
+    )
+    PLAN_MISMATCH = (
+        "PlanMismatch",
+        "Warning: an engine pod reports (`/get_server_info`) a KV pool, a resolved argument or "
+        "a release other than the plan and the render; the revision is not baked while it "
+        "stands. The message names the pod and both values.",
     )
     # The rollout
     CREATING = "Creating", "The first pair of a revision is being created."
@@ -327,6 +353,36 @@ class ConditionReason(Reason):
         "SourceErrors",
         "GuardBlind=True: a source failed `errorLimit` times in a row; fix the canary endpoint "
         "or Prometheus (the message names them).",
+    )
+    # PlanVerified
+    VERIFIED = (
+        "Verified",
+        "PlanVerified=True: every engine pod of the revision reports the planned "
+        "`max_total_num_tokens`, the rendered arguments and the spec's SGLang release.",
+    )
+    PLAN_MISMATCH = (
+        "PlanMismatch",
+        "PlanVerified=False: an engine pod reports other numbers than the plan (the message "
+        "names the pod and both values); the revision is never baked while it stands. Check "
+        "the image's release and the GPU's free memory (docs/planner.md).",
+    )
+    NOT_ANSWERED = (
+        "NotAnswered",
+        "PlanVerified=False: not every engine pod of the revision has answered "
+        "`/get_server_info` yet (starting, or unreachable from the operator).",
+    )
+    # LeakShapesVisible
+    ENGINE_COUNTS = (
+        "EngineCounts",
+        "LeakShapesVisible=True: the image counts its parser's dropped tool calls "
+        "(`toolCallDropCounter`); the guard sees silent drops on `tool_choice: auto` traffic.",
+    )
+    NO_DROP_COUNTER = (
+        "NoDropCounter",
+        "LeakShapesVisible=False: the image does not declare `toolCallDropCounter`; a call its "
+        "parser drops on `tool_choice: auto` traffic reaches the client as prose, which neither "
+        "the tap nor Prometheus can tell from an answer: the forced-call canary remains the "
+        "signal. Use an image with the drop counter (images/engine/patches).",
     )
     # MonitoringReady
     APPLIED = "Applied", "MonitoringReady=True: the ServiceMonitor is applied."

@@ -13,15 +13,20 @@ response is then judged at that load, on an idle laptop and a saturated CI runne
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
+
+import httpx
 
 from dsv4_devcluster import wait_for
 from dsv4_devcluster.deployments import Cluster
+from dsv4_operator.canary.scenario import CANARY_TOOLS
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
 # The load every engine double here serves at (testsupport/dsv4_engine_double/config.py): the
@@ -29,7 +34,7 @@ ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
 ENGINE_LOAD = 60
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """This process's env without engine or double knobs: the StatefulSet's env decides."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "DSV4_DOUBLE_"))}
 
@@ -45,7 +50,7 @@ def _hicache_flags(command: list[str]) -> list[str]:
     return out
 
 
-def _with_pair_hicache(decode: list[str], prefill: list[str]) -> list[str]:
+def with_pair_hicache(decode: list[str], prefill: list[str]) -> list[str]:
     """The decode command, plus the prefill's HiCache flags if only the prefill has HiCache.
 
     The one double stands in for the prefill/decode pair behind the canary's endpoint, so it
@@ -56,7 +61,7 @@ def _with_pair_hicache(decode: list[str], prefill: list[str]) -> list[str]:
     return [*decode, *_hicache_flags(prefill)]
 
 
-def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
+def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
     out = list(args)
     if flag in out:
         out[out.index(flag) + 1] = value
@@ -128,7 +133,7 @@ class EngineKubelet:
         env["DSV4_DOUBLE_SGLANG_VERSION"] = stored["data"]["spec"]["engine"]["sglangVersion"]
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"  # no effect on verdicts; keeps canary runs short
-        command = _with_pair_hicache(list(container["command"]), list(prefill_command))
+        command = with_pair_hicache(list(container["command"]), list(prefill_command))
         return tuple(command), tuple(sorted(env.items()))
 
     def _run(self) -> None:
@@ -147,12 +152,12 @@ class EngineKubelet:
     def _launch(self, desired: tuple[tuple[str, ...], tuple[tuple[str, str], ...]]) -> None:
         command, env = desired
         args = list(command[ENTRYPOINT_LENGTH:])
-        args = _replace_flag(args, "--host", "127.0.0.1")
-        args = _replace_flag(args, "--port", str(self.port))
+        args = replace_flag(args, "--host", "127.0.0.1")
+        args = replace_flag(args, "--port", str(self.port))
         log = (self.log_dir / f"engine-double-{self.starts}.log").open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dsv4_engine_double", *args],
-            env={**_base_env(), **dict(env)},
+            env={**base_env(), **dict(env)},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -170,3 +175,40 @@ def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str
         ),
         timeout=180,
     )
+
+
+class Traffic:
+    """Tool-calling requests through the tap from 4 clients, until stopped; each a new
+    conversation (the double draws its answer from the conversation)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.sent, self.failed = url, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _client(self, client: httpx.AsyncClient) -> None:
+        while not self._stop.is_set():
+            body = {
+                "model": "deepseek-v4-flash",
+                "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
+                "tools": CANARY_TOOLS,
+            }
+            try:
+                reply = await client.post(f"{self.url}/v1/chat/completions", json=body)
+                self.sent += 1
+                self.failed += reply.status_code != 200
+            except httpx.HTTPError:
+                self.failed += 1
+                await asyncio.sleep(0.2)  # the double restarting with a new template
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            await asyncio.gather(*(self._client(client) for _ in range(4)))
+
+    def __enter__(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)

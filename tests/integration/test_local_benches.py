@@ -27,6 +27,10 @@ def test_the_guard_bench_runs_both_deciders() -> None:
     rollbacks = re.findall(r"\n  (.+?): 4\.55% leak rate: rollback after median \d+s", out)
     assert len(rollbacks) >= 2, out  # repeated Wilson looks and the mixture SPRT
     assert len(re.findall(r"0\.5% leak rate: \d+ false rollbacks in 7200", out)) == len(rollbacks)
+    # The silent drop: what the canary alone, with the tap, and with the engines' counter take.
+    assert "silent tool-call drops at 4.55% of responses" in out
+    for sources in ("canary alone", "canary + tap", "canary + engine counter + tap"):
+        assert re.search(rf"\n  {re.escape(sources)} +\d+ +\d+ +\d+\n", out), out
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])

@@ -13,26 +13,21 @@ holding no sample of the bad revision.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
-from dsv4_operator.canary.scenario import CANARY_TOOLS
 
-from .guard_support import EngineKubelet, wait_good_revision_served
+from .guard_support import EngineKubelet, Traffic, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 
@@ -95,43 +90,6 @@ def tap(ports: dict[str, int], tmp_path: Path) -> Iterator[subprocess.Popen[byte
     yield proc
     proc.terminate()
     proc.wait(10)
-
-
-class Traffic:
-    """Tool-calling requests through the tap from 4 clients, until stopped; each a new
-    conversation (the double draws its answer from the conversation)."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.sent, self.failed = url, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _client(self, client: httpx.AsyncClient) -> None:
-        while not self._stop.is_set():
-            body = {
-                "model": "deepseek-v4-flash",
-                "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
-                "tools": CANARY_TOOLS,
-            }
-            try:
-                reply = await client.post(f"{self.url}/v1/chat/completions", json=body)
-                self.sent += 1
-                self.failed += reply.status_code != 200
-            except httpx.HTTPError:
-                self.failed += 1
-                await asyncio.sleep(0.2)  # the double restarting with a new template
-
-    async def _run(self) -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            await asyncio.gather(*(self._client(client) for _ in range(4)))
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
 
 
 def _spec(namespace: str, ports: dict[str, int], canary_interval: str, **changes: Any) -> Any:

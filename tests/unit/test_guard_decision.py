@@ -19,6 +19,7 @@ import pytest
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
 from dsv4_operator.guard.decision import GuardInput, decide_guard
+from dsv4_operator.guard.engine import EngineCounts
 from dsv4_operator.guard.observations import CANARY, Snapshot
 from dsv4_operator.names import format_time, revision_name
 from dsv4_operator.pods import PodView
@@ -50,6 +51,36 @@ def failing(revision: str = USER, policy: GuardSpec = POLICY) -> Snapshot:
 def scant(policy: GuardSpec = POLICY, revision: str = USER) -> Snapshot:
     """Inconclusive: one response fewer than a verdict needs, none leaked."""
     return Snapshot(revision=revision, samples=policy.leak_rate.min_samples - 1, leaks=0)
+
+
+def engines_saw(
+    revision: str = USER,
+    dropped: float = 0.0,
+    failed: float = 0.0,
+    requests: int = 100 * POLICY.kv_integrity.min_requests,
+    counted_for: str = USER,
+) -> Snapshot:
+    """A passing canary window of `revision`, and what the engines of `counted_for` counted:
+    a hundred times the KV verdict's minimum of requests, each a tool-calling response, with
+    `dropped` of them missing their call and `failed` of their KV transfers failed."""
+    counts = EngineCounts(
+        responses=requests,
+        drops=round(dropped * requests),
+        requests=requests,
+        transfer_failures=round(failed * requests),
+    )
+    return Snapshot(
+        revision=revision,
+        samples=100 * POLICY.leak_rate.min_samples,
+        leaks=0,
+        engine={counted_for: counts},
+    )
+
+
+# Far on either side of the thresholds: five times the leak threshold and ten times the KV one,
+# or nothing at all.
+DROPPING = 5 * POLICY.leak_rate.threshold
+KV_FAILING = 10 * POLICY.kv_integrity.threshold
 
 
 def erring(errors: int, revision: str = USER) -> Snapshot:
@@ -106,6 +137,7 @@ class Situation:
     cleared: str | None = None
     pods: tuple[dict[str, Any], ...] = ()
     conditions: tuple[Condition, ...] = ()
+    plan_mismatch: tuple[str, ...] = ()  # revisions whose engines report another plan
 
     def given(self) -> GuardInput:
         return GuardInput(
@@ -122,6 +154,9 @@ class Situation:
             settled_revision=self.settled,
             cleared=self.cleared,
             now=NOW,
+            plan_mismatch={
+                r: f"engine pod of {r} reports another pool" for r in self.plan_mismatch
+            },
         )
 
 
@@ -143,11 +178,12 @@ class Expected:
     verdict: str | None = None  # its verdict (None: nothing judged, the memory stays)
     guard: GuardStatus | None = None  # the guard's memory, where the row says it exactly
     passing_since: Any = UNCHECKED  # when the bake clock started (None: stopped)
+    reason: str | None = None  # the verdict's reason (status.guard.lastReason), where it matters
 
 
-def rolls_back(reason: RollbackReason) -> Expected:
-    """The user's revision fails for `reason`: quarantined, the known-good one the target,
-    one RolledBack Event."""
+def rolls_back(reason: RollbackReason, because: str | None = None) -> Expected:
+    """The user's revision fails for `reason` (the verdict's reason `because`): quarantined,
+    the known-good one the target, one RolledBack Event."""
     return Expected(
         target=GOOD,
         quarantine=(USER,),
@@ -155,6 +191,7 @@ def rolls_back(reason: RollbackReason) -> Expected:
         rolled_back=USER,
         events=("RolledBack",),
         verdict="Fail",
+        reason=because,
     )
 
 
@@ -320,6 +357,80 @@ ROWS: dict[str, tuple[Situation, Expected]] = {
         Situation(snapshot=passing(), pods=(oom_killed(revision=GOOD),)),
         Expected(verdict="Pass"),
     ),
+    "the engines dropping tool calls above the threshold roll back, as a leak": (
+        Situation(snapshot=engines_saw(dropped=DROPPING)),
+        rolls_back(RollbackReason.LEAK_RATE, "EngineToolCallDrops"),
+    ),
+    "the engines dropping no tool call leave the verdict to the canary": (
+        Situation(snapshot=engines_saw()),
+        Expected(verdict="Pass", reason="LeakRate"),
+    ),
+    "tool calls dropped by another revision's engines do not count": (
+        Situation(snapshot=engines_saw(dropped=DROPPING, counted_for=GOOD)),
+        Expected(verdict="Pass", reason="LeakRate"),
+    ),
+    "dropped tool calls counted before the window's revision served still count": (
+        Situation(snapshot=engines_saw(revision=GOOD, dropped=DROPPING), settled=None),
+        rolls_back(RollbackReason.LEAK_RATE, "EngineToolCallDrops"),
+    ),
+    "the engines off, their counts decide nothing": (
+        Situation(
+            policy=GuardSpec.model_validate({"engine": {"enabled": False}}),
+            snapshot=engines_saw(dropped=DROPPING, failed=KV_FAILING),
+        ),
+        Expected(verdict="Pass"),
+    ),
+    "the engines' counts in status resume the window after a restart": (
+        Situation(
+            previous=GuardStatus(
+                revision=USER,
+                since=format_time(NOW - timedelta(minutes=1)),
+                engine_samples=1000,
+                engine_leaks=round(1000 * DROPPING),
+            )
+        ),
+        rolls_back(RollbackReason.LEAK_RATE, "EngineToolCallDrops"),
+    ),
+    "failed KV transfers before the bake roll back for KV integrity": (
+        Situation(snapshot=engines_saw(failed=KV_FAILING)),
+        rolls_back(RollbackReason.KV_INTEGRITY, "KVIntegrity"),
+    ),
+    "failed KV transfers win over the canary's errors they cause": (
+        Situation(
+            snapshot=Snapshot(
+                revision=USER,
+                source_errors={CANARY: (1, "canary: HTTP 500")},
+                engine={USER: EngineCounts(requests=1000, transfer_failures=50)},
+            )
+        ),
+        rolls_back(RollbackReason.KV_INTEGRITY, "KVIntegrity"),
+    ),
+    "failed KV transfers on a baked revision are the alert's, not a rollback": (
+        Situation(
+            snapshot=engines_saw(failed=KV_FAILING), last_known_good=USER, known_good_target=USER
+        ),
+        Expected(verdict="Pass"),
+    ),
+    "failed KV transfers on fewer requests than minRequests decide nothing yet": (
+        Situation(snapshot=engines_saw(failed=0.5, requests=POLICY.kv_integrity.min_requests - 1)),
+        Expected(verdict="Pass"),
+    ),
+    "a pass for bakeTime does not bake while the engines report another plan": (
+        Situation(previous=window(passing_for=BAKE), snapshot=passing(), plan_mismatch=(USER,)),
+        Expected(verdict="Pass", passing_since=format_time(NOW - BAKE)),
+    ),
+    "another revision's plan mismatch does not stop the bake": (
+        Situation(previous=window(passing_for=BAKE), snapshot=passing(), plan_mismatch=(GOOD,)),
+        Expected(baked=USER, events=("Baked",), verdict="Pass"),
+    ),
+    "the clear annotation forgets the released revision's engine counts too": (
+        Situation(
+            quarantine=(quarantined(USER),),
+            cleared=USER,
+            snapshot=engines_saw(revision=GOOD, dropped=DROPPING),
+        ),
+        Expected(events=("QuarantineCleared",), cleared=True, fresh_window=True, verdict="NoData"),
+    ),
     "the guard disabled does nothing, whatever the canary saw": (
         Situation(
             policy=GuardSpec(enabled=False),
@@ -363,12 +474,16 @@ def test_the_guard_decides_as_its_policy_says(situation: Situation, expected: Ex
             expected.judged,
             expected.verdict,
         )
+    if expected.reason is not None:
+        assert outcome.guard is not None
+        assert outcome.guard.last_reason == expected.reason
     if expected.passing_since is not UNCHECKED:
         assert outcome.guard is not None
         assert outcome.guard.passing_since == expected.passing_since
     if expected.fresh_window:
         assert outcome.guard is not None
         assert (outcome.guard.samples, outcome.guard.leaks) == (0, 0)
+        assert (outcome.guard.engine_samples, outcome.guard.engine_leaks) == (0, 0)
         assert outcome.guard.since == format_time(NOW)
 
 

@@ -36,18 +36,21 @@ WIRE = {
         "SourceError",
         "PrometheusLeakRate",
         "TrafficLeakRate",
+        "EngineToolCallDrops",
+        "KVIntegrity",
         "TooFewSamples",
         "LeakRate",
         "Inconclusive",
         "NoData",
     },
-    "RollbackReason": {"LeakRate", "OOM", "NoData"},
+    "RollbackReason": {"LeakRate", "OOM", "NoData", "KVIntegrity"},
     "EventReason": {
         "RolledBack",
         "Baked",
         "QuarantineCleared",
         "GuardBlind",
         "NoKnownGood",
+        "PlanMismatch",
         "Creating",
         "RollingUpdate",
         "ChildRecreated",
@@ -93,6 +96,11 @@ WIRE = {
         "NotRolledBack",
         "Seeing",
         "SourceErrors",
+        "Verified",
+        "PlanMismatch",
+        "NotAnswered",
+        "EngineCounts",
+        "NoDropCounter",
         "Applied",
         "Disabled",
         "CRDMissing",
@@ -226,6 +234,10 @@ def test_guard_verdicts_in_status_are_catalogue_members_and_plain_strings_on_the
         "leaks": 0,
         "trafficSamples": 0,
         "trafficLeaks": 0,
+        "engineSamples": 0,
+        "engineLeaks": 0,
+        "kvRequests": 0,
+        "kvFailures": 0,
         "oomEvents": 0,
         "consecutiveErrors": 0,
     }
@@ -239,15 +251,15 @@ def test_a_reason_this_operator_does_not_know_keeps_the_status_and_its_quarantin
     raw = {
         "lastKnownGoodRevision": "good",
         "guard": {"lastVerdict": "Fail", "lastReason": "KVChecksum"},
-        "quarantine": [{"hash": "bad", "reason": "KVIntegrity", "at": "2026-11-29T12:00:00Z"}],
+        "quarantine": [{"hash": "bad", "reason": "ThermalThrottle", "at": "2026-11-29T12:00:00Z"}],
     }
     status = parse_status(raw)
     assert status.last_known_good_revision == "good"
     assert [q.hash for q in status.quarantine] == ["bad"]
-    assert status.quarantine[0].reason == "KVIntegrity"
+    assert status.quarantine[0].reason == "ThermalThrottle"
     assert status.guard is not None and status.guard.last_verdict is GuardResult.FAIL
     wire = status.to_wire()
-    assert wire["quarantine"][0]["reason"] == "KVIntegrity"
+    assert wire["quarantine"][0]["reason"] == "ThermalThrottle"
     assert wire["guard"]["lastReason"] == "KVChecksum"
 
 

@@ -7,7 +7,7 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.guard.taps import TrafficDeltas, parse_counts, samples_and_leaks
 from dsv4_operator.reasons import GuardResult, RollbackReason
-from dsv4_operator.signals.taps import pod_tap_url
+from dsv4_operator.signals.taps import pod_url
 
 TAP_METRICS = """\
 # HELP dsv4_traffic_responses_total Tool-calling responses.
@@ -71,6 +71,6 @@ def test_healthy_or_scant_traffic_leaves_the_verdict_to_the_canary() -> None:
     assert verdict.outcome is GuardResult.NO_DATA
 
 
-def test_a_pod_tap_url_brackets_an_ipv6_pod_ip() -> None:
-    assert pod_tap_url("10.1.2.3", 9100) == "http://10.1.2.3:9100/metrics"
-    assert pod_tap_url("fd00:10:244::7", 9100) == "http://[fd00:10:244::7]:9100/metrics"
+def test_a_pod_url_brackets_an_ipv6_pod_ip() -> None:
+    assert pod_url("10.1.2.3", 9100) == "http://10.1.2.3:9100/metrics"
+    assert pod_url("fd00:10:244::7", 9100) == "http://[fd00:10:244::7]:9100/metrics"

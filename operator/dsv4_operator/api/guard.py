@@ -96,6 +96,48 @@ class TapSpec(ApiModel):
     )
 
 
+class EngineSignalSpec(ApiModel):
+    """The engines as a source: their own counters and what they report of their config."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Read every engine pod's /metrics (tool calls its parser dropped, failed "
+        "KV transfers) and, once per pod, /get_server_info (the plan check, PlanVerified).",
+    )
+    interval: TapInterval = Field(
+        default=Duration("5s"),
+        description="How often the guard reads the engines' counters (1s to 5m).",
+    )
+    alpha: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=0.2,
+        description="Bound on the chance that a revision at or below a threshold (leakRate for "
+        "dropped calls, kvIntegrity for failed transfers) is ever rolled back on the engines' "
+        "counts, however often they are checked (anytime-valid test).",
+    )
+
+
+class KvIntegritySpec(ApiModel):
+    """When failed prefill-to-decode KV transfers fail a revision that has not baked."""
+
+    threshold: float = Field(
+        default=0.005,
+        gt=0.0,
+        lt=1.0,
+        description="Failed KV transfers per request the decode engines finished that fail a "
+        "revision before it bakes (anytime-valid test; after the bake the "
+        "DSV4KVTransferFailures alert takes over).",
+    )
+    min_requests: int = Field(
+        default=100,
+        ge=1,
+        le=1_000_000,
+        description="Requests the revision's decode engines must have finished before the "
+        "rate is judged (a rolling restart's few in-flight failures never decide alone).",
+    )
+
+
 class LeakRateSpec(ApiModel):
     """When the tool-call leak rate counts as a failure."""
 
@@ -144,8 +186,14 @@ class GuardSpec(ApiModel):
     enabled: bool = Field(default=True, description="Run the guard.")
     canary: CanarySpec = Field(default_factory=CanarySpec, description="Canary sessions.")
     tap: TapSpec = Field(default_factory=TapSpec, description="Leak tap on production traffic.")
+    engine: EngineSignalSpec = Field(
+        default_factory=EngineSignalSpec, description="The engines' own counters and config."
+    )
     leak_rate: LeakRateSpec = Field(default_factory=LeakRateSpec, description="Leak-rate verdict.")
     oom: OomSpec = Field(default_factory=OomSpec, description="OOM verdict.")
+    kv_integrity: KvIntegritySpec = Field(
+        default_factory=KvIntegritySpec, description="KV-transfer verdict (before the bake)."
+    )
     prometheus: PrometheusSpec = Field(
         default_factory=PrometheusSpec, description="Prometheus source."
     )

@@ -24,6 +24,8 @@ ConditionType = Literal[
     "GuardBlind",
     "MonitoringReady",
     "WeightsReady",
+    "PlanVerified",
+    "LeakShapesVisible",
 ]
 Severity = Literal["error", "warning"]
 # Guard verdicts typed with the catalogue's enums (reasons.py) and written as their values; the
@@ -123,6 +125,22 @@ class GuardStatus(ApiModel):
         default=0, description="Production tool-calling responses the leak taps classified."
     )
     traffic_leaks: int = Field(default=0, description="Of those, leaked ones.")
+    engine_samples: int = Field(
+        default=0,
+        description="Tool-calling responses the revision's decode engines parsed "
+        "(sglang:dsv4_tool_call_responses_total).",
+    )
+    engine_leaks: int = Field(
+        default=0, description="Of those, responses in which the parser dropped a call."
+    )
+    kv_requests: int = Field(
+        default=0, description="Requests the revision's decode engines finished."
+    )
+    kv_failures: int = Field(
+        default=0,
+        description="KV transfers the revision's engines counted failed (both roles; "
+        "checksum mismatches included).",
+    )
     last_verdict: Verdict | None = Field(default=None, description="Pass, Fail, NoData or Error.")
     last_reason: VerdictReason | None = Field(
         default=None, description="Reason of the last verdict."
@@ -147,7 +165,7 @@ class QuarantineEntry(ApiModel):
 
     hash: str = Field(description="Config hash.")
     revision: str | None = Field(default=None, description="ControllerRevision name.")
-    reason: QuarantineReason = Field(description="LeakRate or OOM.")
+    reason: QuarantineReason = Field(description="LeakRate, OOM, NoData or KVIntegrity.")
     message: str = Field(default="", description="Evidence.")
     at: Timestamp = Field(description="RFC 3339 time.")
 
@@ -164,7 +182,8 @@ class DSV4DeploymentStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description=(
-            "Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind, MonitoringReady."
+            "Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind, MonitoringReady, "
+            "WeightsReady, PlanVerified, LeakShapesVisible."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

@@ -15,6 +15,7 @@ known good revision.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,6 +23,7 @@ from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
 from dsv4_operator.api.times import Timestamp
 from dsv4_operator.events import Note
+from dsv4_operator.guard.engine import EngineCounts
 from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.guard.oom import OomEvent, oom_events, within
 from dsv4_operator.guard.policy import Evidence, GuardVerdict, evaluate
@@ -49,6 +51,9 @@ class GuardInput:
     settled_revision: str | None  # what every role of the active pair runs, rolled and ready
     cleared: str | None  # the clear-quarantine annotation
     now: datetime
+    # Revisions whose engines report other numbers than their plan (PlanVerified=False,
+    # PlanMismatch), with why: such a revision is never baked.
+    plan_mismatch: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,24 @@ class _Window:
     ooms: list[OomEvent]
 
 
+def _engine_counts(
+    previous: GuardStatus | None, snapshot: Snapshot | None, subject: str
+) -> EngineCounts:
+    """The engines' counts for `subject`: recorded per revision (a pod's label says whose),
+    else what the same window's status held."""
+    recorded = snapshot.engine.get(subject) if snapshot is not None else None
+    if recorded is not None:
+        return recorded
+    if previous is not None:
+        return EngineCounts(
+            previous.engine_samples,
+            previous.engine_leaks,
+            previous.kv_requests,
+            previous.kv_failures,
+        )
+    return EngineCounts()
+
+
 def _judge(
     policy: GuardSpec,
     previous: GuardStatus | None,
@@ -88,6 +111,7 @@ def _judge(
     baked: bool,
     settled: bool,
     now: datetime,
+    plan_mismatch: str | None = None,
 ) -> _Window:
     """Window bookkeeping and the policy verdict for `subject` (the revision served)."""
     same_window = previous is not None and previous.revision == subject
@@ -104,6 +128,7 @@ def _judge(
         traffic = (previous.traffic_samples, previous.traffic_leaks)
     else:
         samples, leaks, traffic = 0, 0, (0, 0)
+    engine = _engine_counts(previous if same_window else None, snapshot, subject)
     errors = snapshot.consecutive_errors if snapshot else 0
     ooms = within(oom_events(pods), subject, now, policy.oom.window.delta)
     evidence = Evidence(
@@ -111,6 +136,10 @@ def _judge(
         leaks=leaks,
         traffic_samples=traffic[0],
         traffic_leaks=traffic[1],
+        engine_samples=engine.responses,
+        engine_leaks=engine.drops,
+        kv_requests=engine.requests,
+        kv_failures=engine.transfer_failures,
         oom_events=len(ooms),
         baked=baked,
         source_error=snapshot.last_error if snapshot and errors else None,
@@ -128,6 +157,7 @@ def _judge(
         verdict.outcome == GuardResult.PASS
         and settled
         and not ooms
+        and plan_mismatch is None
         and passing_since is not None
         and now - passing_since >= policy.bake_time.delta
     )
@@ -138,6 +168,10 @@ def _judge(
         leaks=leaks,
         traffic_samples=traffic[0],
         traffic_leaks=traffic[1],
+        engine_samples=engine.responses,
+        engine_leaks=engine.drops,
+        kv_requests=engine.requests,
+        kv_failures=engine.transfer_failures,
         leak_rate=round(leaks / samples, 4) if samples else None,
         last_verdict=verdict.outcome,
         last_reason=verdict.reason,
@@ -178,8 +212,8 @@ def decide_guard(given: GuardInput) -> GuardDecision:
         # Its old evidence must not quarantine it again at once: a fresh window.
         if previous_guard is not None and previous_guard.revision == cleared:
             previous_guard = None
-        if snapshot is not None and snapshot.revision == cleared:
-            snapshot = None
+        if snapshot is not None and cleared:
+            snapshot = snapshot.without(cleared)
     lkg = given.last_known_good
     rolled_back = next((q for q in quarantine if q.hash == given.user_revision), None)
     target: str | None = given.user_revision
@@ -203,6 +237,7 @@ def decide_guard(given: GuardInput) -> GuardDecision:
             baked=lkg == target,
             settled=given.settled_revision == target,
             now=given.now,
+            plan_mismatch=given.plan_mismatch.get(target),
         )
         guard_status, blind, ooms = window.status, window.blind, window.ooms
         verdict = window.verdict

@@ -5,8 +5,10 @@ Fail needs statistical evidence: the Wilson lower bound of the leak rate above t
 with at least `minSamples` responses (one-sided, at `confidence`); Pass needs the upper bound
 below it. Between the two the window is inconclusive (NoData) and keeps collecting, until
 the window has been settled for bakeTime: then, with `noData: Fail`, NoData fails.
-A failing check names its rollback reason itself (`RollbackReason`); every reason is in
-reasons.py.
+Production traffic (the taps) and the engines' own counts are judged by an anytime-valid
+sequential test instead (guard/sequential.py), since they are looked at every few seconds; so
+are failed KV transfers, before the bake. A failing check names its rollback reason itself
+(`RollbackReason`); every reason is in reasons.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ class Evidence:
     leaks: int = 0
     traffic_samples: int = 0  # production tool-calling responses the leak taps classified
     traffic_leaks: int = 0
+    # What the revision's engines counted: tool-calling responses their parser parsed and
+    # those with a dropped call (decode); requests finished (decode), failed KV transfers.
+    engine_samples: int = 0
+    engine_leaks: int = 0
+    kv_requests: int = 0
+    kv_failures: int = 0
     oom_events: int = 0
     baked: bool = False
     source_error: str | None = None
@@ -94,25 +102,73 @@ def _prometheus(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     return None
 
 
+def _above(leaks: int, samples: int, threshold: float, alpha: float) -> bool:
+    """The anytime-valid test says the rate is above `threshold` (guard/sequential.py)."""
+    test = LeakRateTest(threshold, alpha)
+    return test.decide(min(leaks, samples), samples) is Sequential.ABOVE
+
+
+def _leaks_above(
+    leaks: int, samples: int, observed: str, reason: GuardReason, alpha: float, guard: GuardSpec
+) -> GuardVerdict | None:
+    """A leak source looked at every few seconds: Fail when the anytime-valid test says its
+    rate is above the threshold, else nothing to say."""
+    threshold = guard.leak_rate.threshold
+    if samples == 0 or not _above(leaks, samples, threshold, alpha):
+        return None
+    return GuardVerdict(
+        GuardResult.FAIL,
+        reason,
+        f"{observed} ({leaks / samples:.1%}), above threshold {threshold:.1%} (anytime-valid "
+        f"test, alpha {alpha})",
+        RollbackReason.LEAK_RATE,
+    )
+
+
 def _traffic(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     """Production traffic through the leak taps, judged by an anytime-valid test: it is looked
     at every few seconds, and however often it is, a revision at or below the threshold is
     rolled back with a chance of at most `tap.alpha` (Wilson bounds looked at that often
     would cross far more often: bench/guard.py)."""
     samples, leaks = evidence.traffic_samples, evidence.traffic_leaks
-    if not guard.tap.enabled or samples == 0:
+    if not guard.tap.enabled:
         return None
-    threshold = guard.leak_rate.threshold
-    test = LeakRateTest(threshold, guard.tap.alpha)
-    if test.decide(leaks, samples) is not Sequential.ABOVE:
+    observed = f"production traffic: {leaks}/{samples} tool-calling responses leaked"
+    return _leaks_above(
+        leaks, samples, observed, GuardReason.TRAFFIC_LEAK_RATE, guard.tap.alpha, guard
+    )
+
+
+def _engine_drops(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
+    """The decode engines' own count of responses whose tool call their parser dropped (the
+    client got prose, HTTP 200, no `tool_calls`): the same anytime-valid test as traffic."""
+    samples, leaks = evidence.engine_samples, evidence.engine_leaks
+    if not guard.engine.enabled:
+        return None
+    observed = f"engine: the parser dropped a tool call in {leaks}/{samples} tool-calling responses"
+    return _leaks_above(
+        leaks, samples, observed, GuardReason.ENGINE_TOOL_CALL_DROPS, guard.engine.alpha, guard
+    )
+
+
+def _kv_integrity(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
+    """Failed prefill-to-decode KV transfers over the requests the decode engines finished,
+    before the bake only (after it, the DSV4KVTransferFailures alert): at least
+    `kvIntegrity.minRequests` requests, and the anytime-valid test above the threshold."""
+    requests, failures = evidence.kv_requests, evidence.kv_failures
+    kv = guard.kv_integrity
+    if evidence.baked or not guard.engine.enabled or requests < kv.min_requests:
+        return None
+    if not _above(failures, requests, kv.threshold, guard.engine.alpha):
         return None
     return GuardVerdict(
         GuardResult.FAIL,
-        GuardReason.TRAFFIC_LEAK_RATE,
-        f"production traffic: {leaks}/{samples} tool-calling responses leaked "
-        f"({leaks / samples:.1%}), above threshold {threshold:.1%} (anytime-valid test, "
-        f"alpha {guard.tap.alpha})",
-        RollbackReason.LEAK_RATE,
+        GuardReason.KV_INTEGRITY,
+        f"KV transfers: {failures} failed for {requests} requests the decode engines finished "
+        f"({min(failures / requests, 1.0):.1%}) on a revision that has not baked, above "
+        f"kvIntegrity.threshold {kv.threshold:.1%} (anytime-valid test, alpha "
+        f"{guard.engine.alpha})",
+        RollbackReason.KV_INTEGRITY,
     )
 
 
@@ -173,11 +229,15 @@ def _no_data_after_bake(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | 
     )
 
 
+# KV integrity before source errors: failed transfers answer HTTP 500, which the canary may
+# see as its own failure; the cause must win over the symptom.
 CHECKS: tuple[EvidenceCheck, ...] = (
     _oom,
+    _kv_integrity,
     _source_error,
     _prometheus,
     _traffic,
+    _engine_drops,
     _no_data_after_bake,
     _leak_rate,
 )

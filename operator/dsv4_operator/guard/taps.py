@@ -37,12 +37,16 @@ class TrafficDeltas:
     def __init__(self) -> None:
         self._last: dict[tuple[object, str], dict[str, float]] = {}
 
-    def advance(self, tap: tuple[object, str], counts: Mapping[str, float]) -> dict[str, float]:
-        """`tap` is (owner, URL); the counts scraped now; returns what is new since last."""
+    def advance(
+        self, tap: tuple[object, str], counts: Mapping[str, float], fresh: bool = False
+    ) -> dict[str, float]:
+        """`tap` is (owner, URL); the counts scraped now; returns what is new since last.
+        `fresh`: the source started after the reader, so nothing of it was counted before and
+        its first read is all new (an engine pod, whose counts are all its revision's)."""
         last = self._last.get(tap)
         self._last[tap] = dict(counts)
         if last is None:
-            return {}
+            return {k: v for k, v in counts.items() if v} if fresh else {}
         new: dict[str, float] = {}
         for verdict, value in counts.items():
             before = last.get(verdict, 0.0)
@@ -50,7 +54,7 @@ class TrafficDeltas:
         return {v: n for v, n in new.items() if n}
 
     def retain(self, owner: object, urls: set[str]) -> None:
-        """Forget `owner`'s taps other than `urls` (router pods that are gone)."""
+        """Forget `owner`'s sources other than `urls` (router pods that are gone)."""
         for tap in [t for t in self._last if t[0] == owner and t[1] not in urls]:
             del self._last[tap]
 

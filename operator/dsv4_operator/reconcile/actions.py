@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.events import EventType, Note
 from dsv4_operator.guard.oom import OomEvent
+from dsv4_operator.guard.plan import PlanCheck
 from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE
@@ -32,6 +33,7 @@ class Decision:
     ooms: list[OomEvent] = field(default_factory=list)
     rollbacks: list[RollbackReason] = field(default_factory=list)
     cleared: bool = False  # a quarantine entry was released: the guard's window restarts
+    plan: PlanCheck | None = None  # PlanVerified of the revision rolled out to, when checked
 
     @property
     def writes(self) -> int:

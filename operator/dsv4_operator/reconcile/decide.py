@@ -40,7 +40,7 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.reasons import ConditionReason, EventReason, WeightsReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
-from dsv4_operator.reconcile.guarding import guard_pass
+from dsv4_operator.reconcile.guarding import guard_pass, plan_check
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
 from dsv4_operator.reconcile.world import Pair, World
@@ -313,6 +313,18 @@ def _monitoring_event(actions: Actions, status: DSV4DeploymentStatus) -> None:
         actions.note("Warning", now.reason, now.message)
 
 
+def _plan_event(actions: Actions, status: DSV4DeploymentStatus) -> None:
+    """One Warning when an engine pod reports other numbers than the plan (per new message)."""
+    now = next((c for c in status.conditions if c.type == "PlanVerified"), None)
+    was = next((c for c in actions.world.status.conditions if c.type == "PlanVerified"), None)
+    if (
+        now is not None
+        and now.reason == ConditionReason.PLAN_MISMATCH
+        and (was is None or (was.reason, was.message) != (now.reason, now.message))
+    ):
+        actions.note("Warning", EventReason.PLAN_MISMATCH, now.message)
+
+
 def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     """One reconcile pass."""
     settings = settings or ReconcileSettings()
@@ -346,8 +358,12 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     keep = {p.revision(r) or "" for p in world.pairs().values() for r in ROLES}
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
-    decision.status = rollout_status(world, validation, target, progress, guard, weights)
+    decision.plan = plan_check(world, spec, target)
+    decision.status = rollout_status(
+        world, validation, target, progress, guard, weights, decision.plan
+    )
     _monitoring_event(actions, decision.status)
+    _plan_event(actions, decision.status)
     decision.requeue_after = _bake_wake(world, spec, guard)
     return decision
 

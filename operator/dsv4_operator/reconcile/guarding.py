@@ -1,5 +1,6 @@
 """The guard's part of a reconcile pass: hand the world to guard/decision.py, map its target
-revision back to a render context. The decision itself is the guard's."""
+revision back to a render context; and what a revision's plan and render say its engines
+must report (the plan check, guard/plan.py). The decisions themselves are the guard's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from functools import lru_cache
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.decision import GuardDecision, GuardInput, decide_guard
+from dsv4_operator.guard.plan import PlanCheck, PlanExpectation, check_plan, rendered_args
 from dsv4_operator.names import CLEAR_QUARANTINE_ANNOTATION, revision_name
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
@@ -66,11 +68,31 @@ def _settled_revision(world: World) -> str | None:
     return next(iter(revisions))
 
 
+def expectation(ctx: RenderContext) -> PlanExpectation:
+    """What the engines of `ctx`'s revision must report: the plan's pool per role, the
+    rendered arguments the operator owns, the spec's SGLang release."""
+    return PlanExpectation(
+        revision=ctx.revision,
+        sglang_version=ctx.spec.engine.sglang_version,
+        max_total_tokens={role: ctx.plan.roles[role].max_total_tokens for role in ROLES},
+        args={role: rendered_args(ctx.launches[role].command) for role in ROLES},
+    )
+
+
+def plan_check(world: World, spec: DSV4DeploymentSpec, ctx: RenderContext) -> PlanCheck | None:
+    """PlanVerified of `ctx`'s revision; None when the guard does not read the engines."""
+    if not (spec.guard.enabled and spec.guard.engine.enabled):
+        return None
+    infos = world.canary.server_info if world.canary is not None else {}
+    return check_plan(expectation(ctx), world.pods, infos)
+
+
 def guard_pass(
     world: World, spec: DSV4DeploymentSpec, user: RenderContext, owner: OwnerRef
 ) -> tuple[RenderContext | None, GuardDecision]:
     """Which context to roll out (None: quarantined with nothing to fall back to), and why."""
     known_good = stored_context(world, world.status.last_known_good_revision, owner)
+    checks = [plan_check(world, spec, ctx) for ctx in (user, known_good) if ctx is not None]
     outcome = decide_guard(
         GuardInput(
             deployment=world.name,
@@ -86,6 +108,7 @@ def guard_pass(
             settled_revision=_settled_revision(world),
             cleared=world.annotations.get(CLEAR_QUARANTINE_ANNOTATION),
             now=world.now,
+            plan_mismatch={c.revision: c.message for c in checks if c is not None and c.mismatch},
         )
     )
     if outcome.target is None:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Observations
+from dsv4_operator.guard.plan import PlanCheck
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, refused
 from dsv4_operator.kube.objects import Obj
@@ -31,6 +32,13 @@ Clock = Callable[[], datetime]
 # A stuck pod's Events are listed again after this long at the earliest (a bounded cache).
 EVENTS_REFRESH_SECONDS = 60.0
 EVENTS_CACHE_SIZE = 1024
+
+
+def _plan_series(plan: PlanCheck | None) -> tuple[str, bool | None] | None:
+    """dsv4_plan_verified's revision and value (None: not all engines answered yet)."""
+    if plan is None:
+        return None
+    return plan.revision, (plan.verified if plan.verified or plan.mismatch else None)
 
 
 def utc_now() -> datetime:
@@ -123,16 +131,10 @@ class Reconciler:
             return None
         world = await self._with_pod_events(world)
         previous = world.status.guard
-        if world.canary is None and previous is not None and previous.revision:
-            # resume the window after a restart
-            self.observations.resume(
-                key,
-                previous.revision,
-                previous.samples,
-                previous.leaks,
-                previous.traffic_samples,
-                previous.traffic_leaks,
-            )
+        if previous is not None and previous.revision:
+            # Resume the window after a restart (once per key; a no-op after that).
+            self.observations.resume(key, previous)
+            world = dataclasses.replace(world, canary=self.observations.snapshot(key))
         decision = decide(world, self.settings)
         if decision.writes or decision.events:
             progressing = next(
@@ -166,5 +168,6 @@ class Reconciler:
             decision.status,
             decision.rollbacks,
             [(e.key, e.role, e.kind) for e in decision.ooms],
+            _plan_series(decision.plan),
         )
         return decision.requeue_after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsv4_operator.api.engine import Capability
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import (
@@ -22,6 +23,7 @@ from dsv4_operator.engine.canary_load import canary_load
 from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
+from dsv4_operator.guard.plan import PlanCheck
 from dsv4_operator.names import ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
@@ -198,6 +200,36 @@ def _guard_conditions(world: World, guard: GuardDecision) -> list[Condition]:
     return [rolled_back, blind]
 
 
+def leak_shapes_condition(world: World, ctx: RenderContext) -> Condition:
+    """LeakShapesVisible: whether the served image counts the tool calls its parser drops."""
+    engine = ctx.spec.engine
+    if Capability.TOOL_CALL_DROP_COUNTER in engine.capabilities:
+        return _condition(
+            world,
+            "LeakShapesVisible",
+            True,
+            ConditionReason.ENGINE_COUNTS,
+            "the engine image counts the tool calls its parser drops (toolCallDropCounter): "
+            "the guard sees silent drops on tool_choice: auto traffic",
+        )
+    return _condition(
+        world,
+        "LeakShapesVisible",
+        False,
+        ConditionReason.NO_DROP_COUNTER,
+        f"the engine image (SGLang {engine.sglang_version}) does not declare "
+        "toolCallDropCounter: the guard cannot see silent drops on tool_choice: auto traffic "
+        "(a tool call the parser drops reaches the client as prose, HTTP 200 and no "
+        "tool_calls, which the leak tap counts as an answer); the forced-call canary remains "
+        "the signal",
+    )
+
+
+def plan_condition(world: World, plan: PlanCheck) -> Condition:
+    """PlanVerified: what the revision's engine pods report against its plan and render."""
+    return _condition(world, "PlanVerified", plan.verified, plan.reason, plan.message)
+
+
 def _rollout_phase(progress: Progress, ready: bool, guard: GuardDecision) -> Phase:
     """Ready once settled and ready, unless rolled back or with no known good to serve."""
     if not progress.complete:
@@ -261,9 +293,11 @@ def rollout_status(
     progress: Progress,
     guard: GuardDecision,
     weights: WeightsState | None,
+    plan: PlanCheck | None = None,
 ) -> DSV4DeploymentStatus:
     """The status of a valid spec's rollout to `ctx`: progress, readiness, the guard's verdicts
-    and memory, monitoring and (when the operator fetches them) the weights."""
+    and memory, what it can see and whether the engines run their plan, monitoring and (when
+    the operator fetches them) the weights."""
     roles, ready, missing = _roles(world)
     warnings = len(validation.findings) - len(validation.errors)
     conditions = [
@@ -278,8 +312,11 @@ def rollout_status(
         _ready_condition(world, missing, weights),
         _degraded_condition(world, missing if progress.complete else [], guard.no_known_good),
         *_guard_conditions(world, guard),
+        leak_shapes_condition(world, ctx),
         monitoring_condition(world, ctx.spec),
     ]
+    if plan is not None:
+        conditions.append(plan_condition(world, plan))
     if weights is not None:
         conditions.append(
             _condition(world, "WeightsReady", weights.ready, weights.reason, weights.message)

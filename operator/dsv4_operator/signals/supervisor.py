@@ -1,5 +1,5 @@
-"""Per-deployment guard loops (I/O): the canary and Prometheus queries on their interval, and
-the leak taps' counters on theirs.
+"""Per-deployment guard loops (I/O): the canary and Prometheus queries on their interval, the
+leak taps' counters on theirs, and the engines' counters (signals/engine.py) on theirs.
 
 Results go into Observations; the reconcile pass (the only status writer) turns them into
 verdicts. The canary only runs while the deployment serves one settled revision, so every
@@ -31,7 +31,7 @@ from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Phase, parse_status
 from dsv4_operator.api.times import Duration
-from dsv4_operator.guard.observations import CANARY, PROMETHEUS, TAP, Key, Observations
+from dsv4_operator.guard.observations import CANARY, ENGINE, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.taps import TrafficDeltas, samples_and_leaks
 from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import DSV4, POD
@@ -39,8 +39,9 @@ from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
+from dsv4_operator.signals.engine import EngineReader
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
-from dsv4_operator.signals.taps import pod_tap_url, scrape_tap
+from dsv4_operator.signals.taps import pod_url, scrape
 from dsv4_operator.trust import (
     Placement,
     TrustPolicy,
@@ -74,8 +75,10 @@ class GuardSupervisor:
         # Router pods' taps, at their pod IPs: never through a proxy. httpx's NO_PROXY takes
         # no CIDR ranges, so a cluster-wide HTTP_PROXY would otherwise catch every pod IP.
         self.pod_http = httpx.AsyncClient(timeout=10.0, follow_redirects=False, trust_env=False)
+        self.engines = EngineReader(self.pod_http)  # engine pods: at their IPs too
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
+        self._started: dict[Key, datetime] = {}  # when each key's loops began
 
     def ensure(self, key: Key, spec: DSV4DeploymentSpec | None) -> None:
         """Start, restart or stop the loop of `key` for its current spec (parsed once per
@@ -91,7 +94,10 @@ class GuardSupervisor:
         guard = spec.guard
         prometheus_url = effective_prometheus_url(spec, self.policy)
         wanted = guard.enabled and (
-            guard.canary.enabled or prometheus_url is not None or guard.tap.enabled
+            guard.canary.enabled
+            or prometheus_url is not None
+            or guard.tap.enabled
+            or guard.engine.enabled
         )
         fingerprint = (
             guard.model_dump_json()
@@ -109,7 +115,10 @@ class GuardSupervisor:
 
     def stop(self, key: Key) -> None:
         self._traffic.retain(key, set())
+        self.engines.forget(key)
+        self._started.pop(key, None)
         metrics.TAPS_UNREACHABLE.remove_by_labels({"deployment": f"{key[0]}/{key[1]}"})
+        metrics.ENGINES_UNREACHABLE.remove_by_labels({"deployment": f"{key[0]}/{key[1]}"})
         for said in [s for s in self._said if s[0] == key]:
             del self._said[said]
         entry = self._tasks.pop(key, None)
@@ -123,9 +132,12 @@ class GuardSupervisor:
         await self.pod_http.aclose()
 
     async def _loops(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        self._started[key] = datetime.now(UTC)
         loops = [self._loop(key, spec, self._round, spec.guard.canary.interval)]
         if spec.guard.tap.enabled:
             loops.append(self._loop(key, spec, self._tap_round, spec.guard.tap.interval))
+        if spec.guard.engine.enabled:
+            loops.append(self._loop(key, spec, self._engine_round, spec.guard.engine.interval))
         await asyncio.gather(*loops)
 
     async def _loop(
@@ -156,9 +168,7 @@ class GuardSupervisor:
         )
         pods = [PodView.of(pod) for pod in listed]
         return self.pod_http, sorted(
-            pod_tap_url(pod.ip, TAP_METRICS_PORT)
-            for pod in pods
-            if pod.phase == "Running" and pod.ip
+            pod_url(pod.ip, TAP_METRICS_PORT) for pod in pods if pod.phase == "Running" and pod.ip
         )
 
     async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
@@ -172,7 +182,7 @@ class GuardSupervisor:
         self._traffic.retain(key, set(endpoints))
         samples = leaks = 0
         failed: list[str] = []
-        replies = await asyncio.gather(*(scrape_tap(http, url) for url in endpoints))
+        replies = await asyncio.gather(*(scrape(http, url) for url in endpoints))
         for url, (counts, error) in zip(endpoints, replies, strict=True):
             if error is not None:
                 failed.append(f"{url}: {error}")
@@ -190,6 +200,24 @@ class GuardSupervisor:
         if served is not None and (samples or not failed):
             self.observations.record_traffic(key, served, samples, leaks)
         if samples:
+            self.wake(key)
+
+    async def _engine_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+        """New counts of every engine pod, for the revision on its label; server info once per
+        pod. Not counted toward GuardBlind (as for the taps): logged once, and exported."""
+        namespace, name = key
+        listed = await self.client.list(POD, namespace, {DEPLOYMENT_LABEL: name})
+        started = self._started.get(key, datetime.now(UTC))
+        seen = await self.engines.round(key, [PodView.of(p) for p in listed], started)
+        metrics.ENGINES_UNREACHABLE.labels(f"{namespace}/{name}").set(len(seen.failed))
+        if seen.failed:
+            self._say(key, ENGINE, f"engine /metrics unreachable: {'; '.join(seen.failed)}")
+        else:
+            self._said.pop((key, ENGINE), None)
+        before = self.observations.snapshot(key)
+        known = set(before.server_info) if before is not None else set()
+        self.observations.record_engine(key, seen.counts, seen.revisions, seen.server_info)
+        if seen.counts or set(seen.server_info) != known:
             self.wake(key)
 
     async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> None:

@@ -34,7 +34,8 @@ class _ClassifierCollector(Collector):
         counts = self.link.counts()
         responses = CounterMetricFamily(
             "dsv4_traffic_responses",
-            "Tool-calling responses that went through the tap, by the detector's verdict.",
+            "Tool-calling responses that went through the tap, by the detector's verdict. On "
+            "tool_choice auto a call the engine's parser dropped looks like prose: counted ok.",
             labels=["deployment", "verdict"],
         )
         for kind, value in counts.verdicts.items():

@@ -1,0 +1,106 @@
+"""Reading the engines (I/O): every running engine pod's /metrics each round and, once per pod,
+its /get_server_info, at the pod's IP and the engine port, with the taps' client rules (no
+proxy, a short timeout, one shared client).
+
+A pod's new counts go to the revision on its label: an engine pod runs one revision all its
+life, so what it counts is that revision's, whenever it is read. What the counts mean is the
+guard's (guard/engine.py); what /get_server_info must say is the plan check's (guard/plan.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import httpx
+
+from dsv4_operator.api.limits import ENGINE_PORT
+from dsv4_operator.api.roles import ROLES
+from dsv4_operator.guard.engine import EngineCounts, engine_counts, parse_engine_counts
+from dsv4_operator.guard.observations import Key
+from dsv4_operator.guard.plan import ServerInfo
+from dsv4_operator.guard.taps import TrafficDeltas
+from dsv4_operator.pods import PodView
+from dsv4_operator.signals.taps import TAP_SCRAPE_TIMEOUT, pod_url, scrape
+
+SERVER_INFO_PATH = "/get_server_info"
+
+
+async def read_server_info(http: httpx.AsyncClient, url: str) -> ServerInfo | None:
+    """What the engine reports of itself, None until it answers with a JSON object."""
+    try:
+        reply = await http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
+        reply.raise_for_status()
+        body = reply.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return ServerInfo.of(body) if isinstance(body, dict) else None
+
+
+@dataclass
+class EngineRound:
+    """One round over a deployment's engine pods: new counts per revision, the revisions that
+    have pods, each pod's server info, and the pods that could not be read."""
+
+    counts: dict[str, EngineCounts] = field(default_factory=dict)
+    revisions: set[str] = field(default_factory=set)
+    server_info: dict[str, ServerInfo] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+
+
+class EngineReader:
+    """Counter baselines per pod uid and the server-info cache, across rounds."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+        self._deltas = TrafficDeltas()
+        self._infos: dict[Key, dict[str, ServerInfo]] = {}
+
+    def forget(self, key: Key) -> None:
+        self._deltas.retain(key, set())
+        self._infos.pop(key, None)
+
+    async def round(self, key: Key, pods: list[PodView], started: datetime) -> EngineRound:
+        """Read every running engine pod of `key` (with an IP, a uid and a revision). A pod
+        created after `started` (when this loop began) is counted from zero."""
+        engines = [
+            p
+            for p in pods
+            if p.role in ROLES and p.phase == "Running" and p.ip and p.uid and p.revision
+        ]
+        uids = {str(p.uid) for p in engines}
+        self._deltas.retain(key, uids)
+        infos = {u: i for u, i in self._infos.get(key, {}).items() if u in uids}
+        self._infos[key] = infos
+        out = EngineRound(revisions={str(p.revision) for p in engines})
+        replies = await asyncio.gather(*(self._read(p, str(p.uid) in infos) for p in engines))
+        for pod, (counts, error, info) in zip(engines, replies, strict=True):
+            uid, revision = str(pod.uid), str(pod.revision)
+            if info is not None:
+                infos[uid] = info
+            if error is not None:
+                out.failed.append(f"{pod.name}: {error}")
+                continue
+            fresh = pod.created is not None and pod.created.at > started
+            new = self._deltas.advance((key, uid), counts, fresh=fresh)
+            got = engine_counts(new, decode=pod.role == "decode")
+            if got:
+                out.counts[revision] = out.counts.get(revision, EngineCounts()) + got
+        out.server_info = dict(infos)
+        return out
+
+    async def _read(
+        self, pod: PodView, known: bool
+    ) -> tuple[dict[str, float], str | None, ServerInfo | None]:
+        ip = str(pod.ip)
+        counts, error = await scrape(
+            self.http, pod_url(ip, ENGINE_PORT, "/metrics"), parse_engine_counts
+        )
+        # At most once per pod: its server info does not change while it runs.
+        info = (
+            None
+            if known or error is not None
+            else await read_server_info(self.http, pod_url(ip, ENGINE_PORT, SERVER_INFO_PATH))
+        )
+        return counts, error, info

@@ -1,0 +1,170 @@
+"""The engine double in place of each engine pod, where the guard reads engines: at the pod's IP.
+
+kwok runs no container and gives pods made-up IPs. `PodEngines` gives the engine pod of each
+role (one replica each) a loopback address of its own (`report_pod_ip`) and runs the engine
+double there on the engine port, started with that role's rendered argv and env (as
+`EngineKubelet` does for one role) when a new pod of the StatefulSet's revision runs, and
+stopped when it goes. So what the operator reads at a pod's IP (/metrics, /get_server_info)
+is that pod's revision's, and a rollout replaces it with the new pod's, as on a real node.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from dsv4_devcluster import report_pod_ip
+from dsv4_devcluster.deployments import Cluster
+from dsv4_operator.api.limits import ENGINE_PORT
+
+from .guard_support import (
+    ENGINE_LOAD,
+    ENTRYPOINT_LENGTH,
+    base_env,
+    replace_flag,
+    with_pair_hicache,
+)
+
+ROLES = ("prefill", "decode")
+
+
+def loopback_ips() -> dict[str, str]:
+    """A loopback address per role, unlikely to be another test's (tests run in parallel)."""
+    base = f"127.{random.randrange(32, 250)}.{random.randrange(1, 250)}"
+    return {"prefill": f"{base}.2", "decode": f"{base}.3"}
+
+
+class PodEngines:
+    """One engine double per role at the role's pod IP; see the module docstring."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        ips: dict[str, str],
+        log_dir: Path,
+        name: str = "dsv4-flash",
+        knobs: dict[str, str] | None = None,
+    ):
+        """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs."""
+        self.cluster, self.ips, self.log_dir, self.name = cluster, ips, log_dir, name
+        self.knobs = dict(knobs or {})
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
+        self.starts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The decode engine: the server that answers the client in PD."""
+        return f"http://{self.ips['decode']}:{ENGINE_PORT}"
+
+    def env(self, role: str = "decode") -> dict[str, str]:
+        running = self.running[role]
+        return dict(running[1]) if running else {}
+
+    def start(self) -> PodEngines:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for role in ROLES:
+            self._kill(role)
+
+    def _kill(self, role: str) -> None:
+        proc = self.procs.pop(role, None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def _pod(self, role: str, revision: str) -> dict[str, Any] | None:
+        """The role's running pod of `revision` (none while the rollout replaces it)."""
+        pods = self.cluster.pods(f"dsv4.io/deployment={self.name},dsv4.io/role={role}")
+        return next(
+            (
+                p
+                for p in pods
+                if p["metadata"]["labels"].get("dsv4.io/revision") == revision
+                and not p["metadata"].get("deletionTimestamp")
+                and (p.get("status") or {}).get("phase") == "Running"
+            ),
+            None,
+        )
+
+    def _desired(self, role: str) -> tuple[str, dict[str, str], list[str], str] | None:
+        """(pod uid, env, argv, pod name) for the role's pod, or None."""
+        children = self.cluster.children(self.name)
+        sts = children.get(("StatefulSet", f"{self.name}-{role}"))
+        if sts is None:
+            return None
+        template = sts["spec"]["template"]
+        revision = template["metadata"]["labels"]["dsv4.io/revision"]
+        stored = next(
+            (
+                r
+                for r in self.cluster.revisions(self.name)
+                if r["metadata"]["labels"]["dsv4.io/revision"] == revision
+            ),
+            None,
+        )
+        pod = self._pod(role, revision)
+        if stored is None or pod is None:
+            return None
+        engine = stored["data"]["spec"]["engine"]
+        container = template["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+        env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(engine.get("capabilities", []))
+        env["DSV4_DOUBLE_SGLANG_VERSION"] = engine["sglangVersion"]
+        env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
+        env["DSV4_DOUBLE_LATENCY_MS"] = "20"
+        env.update(self.knobs)
+        command = list(container["command"])
+        prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
+        if role == "decode" and prefill is not None:
+            # As EngineKubelet: the decode double stands for the pair, HiCache included.
+            prefill_command = prefill["spec"]["template"]["spec"]["containers"][0]["command"]
+            command = with_pair_hicache(command, list(prefill_command))
+        return pod["metadata"]["uid"], env, command, pod["metadata"]["name"]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for role in ROLES:
+                try:
+                    desired = self._desired(role)
+                except Exception:  # the API server is busy; look again
+                    continue
+                want = (desired[0], desired[1]) if desired else None
+                proc = self.procs.get(role)
+                if want != self.running[role] or (proc is not None and proc.poll() is not None):
+                    self._kill(role)
+                    if desired is not None:
+                        self._launch(role, *desired)
+                    self.running[role] = want
+            time.sleep(0.3)
+
+    def _launch(
+        self, role: str, uid: str, env: dict[str, str], command: list[str], pod: str
+    ) -> None:
+        ip = self.ips[role]
+        args = replace_flag(command[ENTRYPOINT_LENGTH:], "--host", ip)
+        args = replace_flag(args, "--port", str(ENGINE_PORT))
+        log = (self.log_dir / f"engine-{role}-{self.starts}.log").open("ab")
+        self.procs[role] = subprocess.Popen(
+            [sys.executable, "-m", "dsv4_engine_double", *args],
+            env={**base_env(), **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.starts += 1
+        report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)

@@ -1,0 +1,287 @@
+"""The guard reads what the engines report, end to end: real API server, the operator, and the
+engine double in place of each engine pod at the pod's IP (engine_support.PodEngines), as
+SGLang 0.5.23 with the drop-counter patch.
+
+- A change that makes the decode engine drop tool calls silently (prose, HTTP 200, no
+  `tool_calls`) under `tool_choice: auto` production traffic is rolled back on
+  the engines' own counter, reason `EngineToolCallDrops`, while the canary, slowed to one run
+  in 10 minutes, holds no sample of it and the tap is off (it would see answers). The change
+  is the incident's (bf16 index-K with HiCache): the double corrupts 4.55% of responses at the
+  declared load, each into an output 0.5.23's deepseek-recipe cannot read and drops
+  (`DSV4_DOUBLE_SILENT_DROP_SHARE=1`).
+- A change whose KV transfers fail their checksum for 2% of requests (HTTP 500) is rolled
+  back before it bakes, rollback reason `KVIntegrity`.
+- An engine that reports another `max_total_num_tokens` than its plan is never baked:
+  `PlanVerified=False`, reason `PlanMismatch`, though its canary passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import watch
+from urllib3.exceptions import ProtocolError
+
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+
+from .engine_support import PodEngines, loopback_ips
+from .guard_support import Traffic
+
+pytestmark = pytest.mark.integration
+
+CAPABILITIES = ["bf16IndexK", "poolSizingFix", "toolCallDropCounter"]
+LEAKING = {  # bf16 index-K with HiCache, no indexKHiCacheGate: 4.55% of calls at load 60
+    "engine.indexKDtype": "bf16",
+    "engine.hicache": {"enabled": True},
+    "safety.policy": "Warn",
+}
+
+
+# The same `long` for the three tests: ordered by it, they stay together, so this module's
+# node pool is set up once per worker (a second setup would register the same nodes again).
+@pytest.fixture(scope="module")
+def gpu_pool_engines(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    return rtx_pool(control_plane, "engines-rtx", 3)
+
+
+@pytest.fixture
+def cluster(dyn: Any, namespace: str, gpu_pool_engines: list[str]) -> Cluster:
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+@pytest.fixture
+def ips() -> dict[str, str]:
+    return loopback_ips()
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path, ips: dict[str, str]
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(
+        control_plane.kubeconfig_path,
+        namespace,
+        tmp_path,
+        DSV4_CANARY_ENDPOINT_ALLOW=f"http://{ips['decode']}:30000",
+        DSV4_MIN_CANARY_INTERVAL="1s",
+    ).start()
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
+
+
+@pytest.fixture
+def engines(cluster: Cluster, tmp_path: Path, ips: dict[str, str]) -> Iterator[PodEngines]:
+    # Every corruption an output the parser cannot read: a silent drop on 0.5.23.
+    doubles = PodEngines(cluster, ips, tmp_path, knobs={"DSV4_DOUBLE_SILENT_DROP_SHARE": "1"})
+    doubles.start()
+    yield doubles
+    doubles.stop()
+
+
+def _spec(namespace: str, endpoint: str, canary_interval: str, **changes: Any) -> Any:
+    guard = {
+        "enabled": True,
+        "canary": {
+            "enabled": True,
+            "sessions": 32,
+            "rounds": 4,
+            "interval": canary_interval,
+            "endpoint": endpoint,
+        },
+        "tap": {"enabled": False},
+        "engine": {"interval": "1s"},
+        "leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99},
+        "bakeTime": "5s",
+    }
+    base = {
+        "engine.sglangVersion": "0.5.23",
+        "engine.image": "registry.example.com/dsv4-engine:0.5.23-p1",
+        "engine.capabilities": CAPABILITIES,
+    }
+    return example(namespace, **{"guard": guard, **base, **changes})
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def _plan_verified(cluster: Cluster, reason: str) -> dict[str, Any]:
+    """The PlanVerified condition, once it has `reason`."""
+    found: dict[str, Any] = wait_for(
+        f"PlanVerified {reason}",
+        lambda: (lambda c: c if c.get("reason") == reason else None)(
+            _condition(cluster.get(), "PlanVerified")
+        ),
+        timeout=120,
+    )
+    return found
+
+
+def _baked(cluster: Cluster) -> str:
+    def lkg() -> str | None:
+        status = cluster.get().get("status", {})
+        good = status.get("lastKnownGoodRevision")
+        return good if good and good == status.get("currentRevision") else None
+
+    return str(wait_for("a last known good revision", lkg, timeout=180))
+
+
+class GuardWatch:
+    """Every status.guard the operator writes, from a watch (a rollback's verdict stands in
+    status for one pass only, then the window moves to the revision rolled back to)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.seen: list[dict[str, Any]] = []
+        self._watcher = watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        events = self.cluster.dsv4.watch(
+            namespace=self.cluster.namespace, name="dsv4-flash", watcher=self._watcher
+        )
+        with contextlib.suppress(ProtocolError):  # the stream cut when the watch stops
+            for event in events:
+                guard = (event["raw_object"].get("status") or {}).get("guard")
+                if guard and (not self.seen or self.seen[-1] != guard):
+                    self.seen.append(guard)
+
+    def verdict(self, revision: str) -> dict[str, Any]:
+        """The first failing verdict on `revision` the operator wrote."""
+        found: dict[str, Any] = wait_for(
+            f"a Fail verdict on {revision} in status.guard",
+            lambda: next(
+                (
+                    g
+                    for g in self.seen
+                    if g.get("revision") == revision and g["lastVerdict"] == "Fail"
+                ),
+                None,
+            ),
+            timeout=30,
+        )
+        return found
+
+    def __enter__(self) -> GuardWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watcher.stop()
+
+
+def _rolled_back(cluster: Cluster) -> dict[str, Any]:
+    obj: dict[str, Any] = wait_for(
+        "a rollback",
+        lambda: (lambda o: o if o.get("status", {}).get("quarantine") else None)(cluster.get()),
+        timeout=240,
+    )
+    return obj
+
+
+@pytest.mark.long(seconds=50)
+def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
+    cluster: Cluster, operator: OperatorProcess, engines: PodEngines
+) -> None:
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, engines.url, "2s"))
+    with Traffic(engines.url) as traffic, GuardWatch(cluster) as guards:
+        good = _baked(cluster)
+        shapes = _condition(cluster.get(), "LeakShapesVisible")
+        assert (shapes["status"], shapes["reason"]) == ("True", "EngineCounts")
+        wait_for(
+            "the good revision's engines counted",
+            lambda: cluster.get()["status"].get("guard", {}).get("engineSamples", 0) > 0,
+            timeout=60,
+        )
+        # The leak: the canary once in 10 minutes, so the decision is the engines' count.
+        cluster.apply(_spec(namespace, engines.url, "10m", **LEAKING))
+        obj = _rolled_back(cluster)
+        [entry] = obj["status"]["quarantine"]
+        verdict = guards.verdict(entry["hash"])
+        wait_for(
+            "the good revision served again",
+            lambda: cluster.get()["status"].get("currentRevision") == good,
+            timeout=180,
+        )
+    print(f"rolled back: {entry['message']}; traffic sent {traffic.sent}, failed {traffic.failed}")
+    assert entry["reason"] == "LeakRate" and entry["hash"] != good
+    assert entry["message"].startswith("engine: the parser dropped a tool call in ")
+    assert verdict["lastReason"] == "EngineToolCallDrops"
+    assert verdict["lastMessage"] == entry["message"]
+    assert verdict["engineLeaks"] > 0 and verdict["engineSamples"] >= verdict["engineLeaks"]
+    # The canary never answered for the leaking revision: its samples there are none.
+    assert verdict["samples"] == 0
+    assert [e["reason"] for e in cluster.events() if e["reason"] == "RolledBack"] == ["RolledBack"]
+
+
+@pytest.mark.long(seconds=50)
+def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
+    cluster: Cluster, operator: OperatorProcess, engines: PodEngines
+) -> None:
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, engines.url, "2s"))
+    with Traffic(engines.url) as traffic:
+        good = _baked(cluster)
+        decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
+        command = decode["spec"]["template"]["spec"]["containers"][0]["command"]
+        # spec.transfer.kvChecksum unset: on, where the release has the flag (0.5.23 does).
+        assert "--disaggregation-enable-kv-checksum" in command
+        change = {
+            "engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.02"}]
+        }
+        cluster.apply(_spec(namespace, engines.url, "10m", **change))
+        obj = _rolled_back(cluster)
+    [entry] = obj["status"]["quarantine"]
+    print(f"rolled back: {entry['message']}; traffic sent {traffic.sent}, failed {traffic.failed}")
+    assert entry["reason"] == "KVIntegrity" and entry["hash"] != good
+    assert entry["message"].startswith("KV transfers: ")
+    assert _condition(obj, "RolledBack")["reason"] == "KVIntegrity"
+    assert traffic.failed > 0  # the failed transfers were answered HTTP 500
+
+
+@pytest.mark.long(seconds=50)
+def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
+    cluster: Cluster, operator: OperatorProcess, engines: PodEngines
+) -> None:
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, engines.url, "2s"))
+    good = _baked(cluster)
+    verified = _plan_verified(cluster, "Verified")
+    assert verified["status"] == "True"
+    planned = cluster.get()["status"]["plan"]["maxTotalTokens"]["decode"]
+    reported = planned - 4096
+    shrunk = {
+        "engine.env": [{"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": str(reported)}]
+    }
+    cluster.apply(_spec(namespace, engines.url, "2s", **shrunk))
+    mismatch = _plan_verified(cluster, "PlanMismatch")
+    assert mismatch["status"] == "False"
+    assert f"max_total_num_tokens {reported}, the plan {planned}" in mismatch["message"]
+    assert "(decode)" in mismatch["message"]
+    # The canary passes the revision for far longer than bakeTime: still not baked.
+    status = cluster.get()["status"]
+    bad = status["guard"]["revision"]
+    wait_for(
+        "the revision passing",
+        lambda: cluster.get()["status"]["guard"].get("lastVerdict") == "Pass",
+        timeout=120,
+    )
+    time.sleep(15)
+    status = cluster.get()["status"]
+    assert status["guard"]["revision"] == bad and status["guard"]["lastVerdict"] == "Pass"
+    assert status["guard"]["passingSince"]  # passing for 15 s, three times bakeTime
+    assert status["lastKnownGoodRevision"] == good
+    assert _condition(cluster.get(), "PlanVerified")["reason"] == "PlanMismatch"
+    assert operator.metric("dsv4_plan_verified", revision=bad) == 0
+    assert [e for e in cluster.events() if e["reason"] == "PlanMismatch"]
