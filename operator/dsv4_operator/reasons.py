@@ -381,8 +381,8 @@ class ConditionReason(Reason):
         "NoDropCounter",
         "LeakShapesVisible=False: the image does not declare `toolCallDropCounter`; a call its "
         "parser drops on `tool_choice: auto` traffic reaches the client as prose, which neither "
-        "the tap nor Prometheus can tell from an answer: the forced-call canary remains the "
-        "signal. Use an image with the drop counter (images/engine/patches).",
+        "the tap nor Prometheus can tell from an answer: the canary, which knows a call is due, "
+        "remains the signal. Use an image with the drop counter (images/engine/patches).",
     )
     # MonitoringReady
     APPLIED = "Applied", "MonitoringReady=True: the ServiceMonitor is applied."

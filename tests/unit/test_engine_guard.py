@@ -295,7 +295,7 @@ def test_leak_shapes_visible_says_what_the_image_lets_the_guard_see(variant: Any
     shapes = _conditions(plain)["LeakShapesVisible"]
     assert (shapes.status, shapes.reason) == ("False", "NoDropCounter")
     assert "cannot see silent drops on tool_choice: auto traffic" in shapes.message
-    assert "the forced-call canary remains the signal" in shapes.message
+    assert "the canary, which knows a call is due, remains the signal" in shapes.message
     _, counted = _served({"engine.capabilities": ["toolCallDropCounter"]}, variant)
     shapes = _conditions(counted)["LeakShapesVisible"]
     assert (shapes.status, shapes.reason) == ("True", "EngineCounts")

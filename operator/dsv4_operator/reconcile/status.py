@@ -220,8 +220,8 @@ def leak_shapes_condition(world: World, ctx: RenderContext) -> Condition:
         f"the engine image (SGLang {engine.sglang_version}) does not declare "
         "toolCallDropCounter: the guard cannot see silent drops on tool_choice: auto traffic "
         "(a tool call the parser drops reaches the client as prose, HTTP 200 and no "
-        "tool_calls, which the leak tap counts as an answer); the forced-call canary remains "
-        "the signal",
+        "tool_calls, which the leak tap counts as an answer); the canary, which knows a call "
+        "is due, remains the signal",
     )
 
 
