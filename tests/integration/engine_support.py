@@ -56,6 +56,8 @@ class PodEngines:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
         self.starts = 0
+        # (time.monotonic(), role, revision) of every engine started: a change's onset.
+        self.launches: list[tuple[float, str, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -102,8 +104,12 @@ class PodEngines:
             None,
         )
 
-    def _desired(self, role: str) -> tuple[str, dict[str, str], list[str], str] | None:
-        """(pod uid, env, argv, pod name) for the role's pod, or None."""
+    def launched(self, role: str, revision: str) -> float:
+        """When the engine of `role` serving `revision` was first started (time.monotonic())."""
+        return min(t for t, r, rev in self.launches if r == role and rev == revision)
+
+    def _desired(self, role: str) -> tuple[str, dict[str, str], list[str], str, str] | None:
+        """(pod uid, env, argv, pod name, revision) for the role's pod, or None."""
         children = self.cluster.children(self.name)
         sts = children.get(("StatefulSet", f"{self.name}-{role}"))
         if sts is None:
@@ -130,12 +136,18 @@ class PodEngines:
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"
         env.update(self.knobs)
         command = list(container["command"])
-        prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
-        if role == "decode" and prefill is not None:
-            # As EngineKubelet: the decode double stands for the pair, HiCache included.
-            prefill_command = prefill["spec"]["template"]["spec"]["containers"][0]["command"]
+        if role == "decode":
+            # As EngineKubelet: the decode double stands for the pair, HiCache included, so it
+            # waits for its revision's prefill (a Recreate deletes both and creates both anew).
+            prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
+            if prefill is None:
+                return None
+            prefill_template = prefill["spec"]["template"]
+            if prefill_template["metadata"]["labels"]["dsv4.io/revision"] != revision:
+                return None
+            prefill_command = prefill_template["spec"]["containers"][0]["command"]
             command = with_pair_hicache(command, list(prefill_command))
-        return pod["metadata"]["uid"], env, command, pod["metadata"]["name"]
+        return pod["metadata"]["uid"], env, command, pod["metadata"]["name"], revision
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -154,7 +166,7 @@ class PodEngines:
             time.sleep(0.3)
 
     def _launch(
-        self, role: str, uid: str, env: dict[str, str], command: list[str], pod: str
+        self, role: str, uid: str, env: dict[str, str], command: list[str], pod: str, revision: str
     ) -> None:
         ip = self.ips[role]
         args = replace_flag(command[ENTRYPOINT_LENGTH:], "--host", ip)
@@ -167,4 +179,5 @@ class PodEngines:
             stderr=subprocess.STDOUT,
         )
         self.starts += 1
+        self.launches.append((time.monotonic(), role, revision))
         report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)

@@ -14,6 +14,7 @@ response is then judged at that load, on an idle laptop and a saturated CI runne
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -178,19 +179,31 @@ def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str
 
 
 class Traffic:
-    """Tool-calling requests through the tap from 4 clients, until stopped; each a new
-    conversation (the double draws its answer from the conversation)."""
+    """Tool-calling requests (`tool_choice` unset: "auto", the OpenAI default) through the tap
+    from 4 clients, until stopped; each a new conversation (the double draws its answer from the
+    conversation). With a `seed` the conversations are the seed's sequence, else random; with a
+    `rate` the clients together start at most that many requests a second, else as fast as they
+    are answered."""
 
-    def __init__(self, url: str) -> None:
+    CLIENTS = 4
+
+    def __init__(self, url: str, seed: int | None = None, rate: float | None = None) -> None:
         self.url, self.sent, self.failed = url, 0, 0
+        self._gap = self.CLIENTS / rate if rate else 0.0  # seconds between one client's starts
+        self._next = itertools.count()
+        self._run_id = str(uuid.uuid4()) if seed is None else f"seed-{seed}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     async def _client(self, client: httpx.AsyncClient) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stop.is_set():
+            started = loop.time()
             body = {
                 "model": "deepseek-v4-flash",
-                "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
+                "messages": [
+                    {"role": "user", "content": f"Plan trip {self._run_id}-{next(self._next)}"}
+                ],
                 "tools": CANARY_TOOLS,
             }
             try:
@@ -200,10 +213,11 @@ class Traffic:
             except httpx.HTTPError:
                 self.failed += 1
                 await asyncio.sleep(0.2)  # the double restarting with a new template
+            await asyncio.sleep(max(0.0, started + self._gap - loop.time()))
 
     async def _run(self) -> None:
         async with httpx.AsyncClient(timeout=30) as client:
-            await asyncio.gather(*(self._client(client) for _ in range(4)))
+            await asyncio.gather(*(self._client(client) for _ in range(self.CLIENTS)))
 
     def __enter__(self) -> Traffic:
         self._thread.start()

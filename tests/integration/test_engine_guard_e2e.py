@@ -3,12 +3,16 @@ engine double in place of each engine pod at the pod's IP (engine_support.PodEng
 SGLang 0.5.23 with the drop-counter patch.
 
 - A change that makes the decode engine drop tool calls silently (prose, HTTP 200, no
-  `tool_calls`) under `tool_choice: auto` production traffic is rolled back on
-  the engines' own counter, reason `EngineToolCallDrops`, while the canary, slowed to one run
-  in 10 minutes, holds no sample of it and the tap is off (it would see answers). The change
-  is the incident's (bf16 index-K with HiCache): the double corrupts 4.55% of responses at the
+  `tool_calls`) under `tool_choice: auto` production traffic (20 requests a second), sent
+  through `dsv4 tap` in front of the decode engine as the router's sidecar would be, is
+  rolled back on the engines' own counter, reason `EngineToolCallDrops`, while the canary,
+  slowed to one run in 10 minutes, holds no sample of it and the tap, which reads each
+  answer, counts no leak (a dropped call on `auto` traffic reads as prose). The change is the
+  incident's (bf16 index-K with HiCache): the double corrupts 4.55% of responses at the
   declared load, each into an output 0.5.23's deepseek-recipe cannot read and drops
-  (`DSV4_DOUBLE_SILENT_DROP_SHARE=1`).
+  (`DSV4_DOUBLE_SILENT_DROP_SHARE=1`). The test prints the seconds from the leaking decode
+  engine's start to the guard's Fail verdict; `ENGINE_GUARD_E2E_SEED` seeds the double and
+  the traffic (bench/engine_guard_decisions.py runs it over seeds and prints the median).
 - A change whose KV transfers fail their checksum for 2% of requests (HTTP 500) is rolled
   back before it bakes, rollback reason `KVIntegrity`.
 - An engine that reports another `max_total_num_tokens` than its plan is never baked:
@@ -18,6 +22,9 @@ SGLang 0.5.23 with the drop-counter patch.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +38,7 @@ from urllib3.exceptions import ProtocolError
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 
 from .engine_support import PodEngines, loopback_ips
 from .guard_support import Traffic
@@ -63,15 +71,28 @@ def ips() -> dict[str, str]:
     return loopback_ips()
 
 
+SEED = int(os.environ.get("ENGINE_GUARD_E2E_SEED", "0"))
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {"tap": free_port(), "tap_metrics": free_port()}
+
+
 @pytest.fixture
 def operator(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path, ips: dict[str, str]
+    control_plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    ips: dict[str, str],
+    ports: dict[str, int],
 ) -> Iterator[OperatorProcess]:
+    allowed = [f"http://{ips['decode']}:30000", f"http://127.0.0.1:{ports['tap_metrics']}"]
     op = OperatorProcess(
         control_plane.kubeconfig_path,
         namespace,
         tmp_path,
-        DSV4_CANARY_ENDPOINT_ALLOW=f"http://{ips['decode']}:30000",
+        DSV4_CANARY_ENDPOINT_ALLOW=",".join(allowed),
         DSV4_MIN_CANARY_INTERVAL="1s",
     ).start()
     yield op
@@ -82,13 +103,45 @@ def operator(
 @pytest.fixture
 def engines(cluster: Cluster, tmp_path: Path, ips: dict[str, str]) -> Iterator[PodEngines]:
     # Every corruption an output the parser cannot read: a silent drop on 0.5.23.
-    doubles = PodEngines(cluster, ips, tmp_path, knobs={"DSV4_DOUBLE_SILENT_DROP_SHARE": "1"})
+    knobs = {"DSV4_DOUBLE_SILENT_DROP_SHARE": "1", "DSV4_DOUBLE_SEED": str(SEED)}
+    doubles = PodEngines(cluster, ips, tmp_path, knobs=knobs)
     doubles.start()
     yield doubles
     doubles.stop()
 
 
-def _spec(namespace: str, endpoint: str, canary_interval: str, **changes: Any) -> Any:
+@pytest.fixture
+def tap(
+    engines: PodEngines, ports: dict[str, int], tmp_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`dsv4 tap` as the router pod runs it, in front of the decode engine."""
+    log = (tmp_path / "tap.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "dsv4_operator.cli", "tap",
+            "--upstream", engines.url,
+            "--listen", f"127.0.0.1:{ports['tap']}",
+            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
+            "--deployment", "dsv4-flash",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
+def _spec(
+    namespace: str,
+    endpoint: str,
+    canary_interval: str,
+    tap_metrics: str | None = None,
+    **changes: Any,
+) -> Any:
+    tap = (
+        {"interval": "1s", "metricsEndpoints": [tap_metrics]} if tap_metrics else {"enabled": False}
+    )
     guard = {
         "enabled": True,
         "canary": {
@@ -98,7 +151,7 @@ def _spec(namespace: str, endpoint: str, canary_interval: str, **changes: Any) -
             "interval": canary_interval,
             "endpoint": endpoint,
         },
-        "tap": {"enabled": False},
+        "tap": tap,
         "engine": {"interval": "1s"},
         "leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99},
         "bakeTime": "5s",
@@ -143,6 +196,7 @@ class GuardWatch:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.seen: list[dict[str, Any]] = []
+        self.seen_at: list[float] = []  # time.monotonic() of each
         self._watcher = watch.Watch()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -155,15 +209,16 @@ class GuardWatch:
                 guard = (event["raw_object"].get("status") or {}).get("guard")
                 if guard and (not self.seen or self.seen[-1] != guard):
                     self.seen.append(guard)
+                    self.seen_at.append(time.monotonic())
 
-    def verdict(self, revision: str) -> dict[str, Any]:
-        """The first failing verdict on `revision` the operator wrote."""
-        found: dict[str, Any] = wait_for(
+    def verdict(self, revision: str) -> tuple[dict[str, Any], float]:
+        """The first failing verdict on `revision` the operator wrote, and when it was seen."""
+        found: tuple[dict[str, Any], float] = wait_for(
             f"a Fail verdict on {revision} in status.guard",
             lambda: next(
                 (
-                    g
-                    for g in self.seen
+                    (g, at)
+                    for g, at in zip(self.seen, self.seen_at, strict=True)
                     if g.get("revision") == revision and g["lastVerdict"] == "Fail"
                 ),
                 None,
@@ -191,30 +246,45 @@ def _rolled_back(cluster: Cluster) -> dict[str, Any]:
 
 @pytest.mark.long(seconds=50)
 def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
-    cluster: Cluster, operator: OperatorProcess, engines: PodEngines
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engines: PodEngines,
+    tap: subprocess.Popen[bytes],
+    ports: dict[str, int],
 ) -> None:
     namespace = cluster.namespace
-    cluster.apply(_spec(namespace, engines.url, "2s"))
-    with Traffic(engines.url) as traffic, GuardWatch(cluster) as guards:
+    tap_metrics = f"http://127.0.0.1:{ports['tap_metrics']}/metrics"
+    cluster.apply(_spec(namespace, engines.url, "2s", tap_metrics))
+    # Production-like: 20 tool-calling requests a second, as bench/guard.py's silent-drop case.
+    with (
+        Traffic(f"http://127.0.0.1:{ports['tap']}", SEED, rate=20) as traffic,
+        GuardWatch(cluster) as guards,
+    ):
         good = _baked(cluster)
         shapes = _condition(cluster.get(), "LeakShapesVisible")
         assert (shapes["status"], shapes["reason"]) == ("True", "EngineCounts")
         wait_for(
-            "the good revision's engines counted",
-            lambda: cluster.get()["status"].get("guard", {}).get("engineSamples", 0) > 0,
+            "the good revision's engines and traffic counted",
+            lambda: (lambda g: g.get("engineSamples", 0) > 0 and g.get("trafficSamples", 0) > 0)(
+                cluster.get()["status"].get("guard", {})
+            ),
             timeout=60,
         )
         # The leak: the canary once in 10 minutes, so the decision is the engines' count.
-        cluster.apply(_spec(namespace, engines.url, "10m", **LEAKING))
+        cluster.apply(_spec(namespace, engines.url, "10m", tap_metrics, **LEAKING))
         obj = _rolled_back(cluster)
         [entry] = obj["status"]["quarantine"]
-        verdict = guards.verdict(entry["hash"])
+        verdict, decided_at = guards.verdict(entry["hash"])
+        decided_after = decided_at - engines.launched("decode", entry["hash"])
         wait_for(
             "the good revision served again",
             lambda: cluster.get()["status"].get("currentRevision") == good,
             timeout=180,
         )
-    print(f"rolled back: {entry['message']}; traffic sent {traffic.sent}, failed {traffic.failed}")
+    print(
+        f"seed {SEED}: decided {decided_after:.1f}s after the leaking decode engine started: "
+        f"{entry['message']}; traffic sent {traffic.sent}, failed {traffic.failed}"
+    )
     assert entry["reason"] == "LeakRate" and entry["hash"] != good
     assert entry["message"].startswith("engine: the parser dropped a tool call in ")
     assert verdict["lastReason"] == "EngineToolCallDrops"
@@ -222,7 +292,11 @@ def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
     assert verdict["engineLeaks"] > 0 and verdict["engineSamples"] >= verdict["engineLeaks"]
     # The canary never answered for the leaking revision: its samples there are none.
     assert verdict["samples"] == 0
+    # The tap read the leaking revision's answers and saw no leak in them: on `auto` traffic
+    # a dropped call is prose. Without the engines' count nothing would have decided.
+    assert verdict["trafficSamples"] > 0 and verdict["trafficLeaks"] == 0
     assert [e["reason"] for e in cluster.events() if e["reason"] == "RolledBack"] == ["RolledBack"]
+    assert tap.poll() is None
 
 
 @pytest.mark.long(seconds=50)
