@@ -26,6 +26,7 @@ from .guard_support import (
     ENGINE_LOAD,
     ENTRYPOINT_LENGTH,
     base_env,
+    paired_prefill_command,
     replace_flag,
     with_pair_hicache,
 )
@@ -137,16 +138,11 @@ class PodEngines:
         env.update(self.knobs)
         command = list(container["command"])
         if role == "decode":
-            # As EngineKubelet: the decode double stands for the pair, HiCache included, so it
-            # waits for its revision's prefill (a Recreate deletes both and creates both anew).
-            prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
-            if prefill is None:
+            # As EngineKubelet: the decode double stands for the pair, HiCache included.
+            prefill_command = paired_prefill_command(children, self.name, revision)
+            if prefill_command is None:
                 return None
-            prefill_template = prefill["spec"]["template"]
-            if prefill_template["metadata"]["labels"]["dsv4.io/revision"] != revision:
-                return None
-            prefill_command = prefill_template["spec"]["containers"][0]["command"]
-            command = with_pair_hicache(command, list(prefill_command))
+            command = with_pair_hicache(command, prefill_command)
         return pod["metadata"]["uid"], env, command, pod["metadata"]["name"], revision
 
     def _run(self) -> None:

@@ -14,6 +14,7 @@ response is then judged at that load, on an idle laptop and a saturated CI runne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import subprocess
@@ -21,7 +22,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from subprocess import Popen
+from typing import Any
 
 import httpx
 
@@ -112,12 +116,9 @@ class EngineKubelet:
             return None
         container = sts["spec"]["template"]["spec"]["containers"][0]
         revision = sts["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"]
-        prefill = children.get(("StatefulSet", f"{self.name}-prefill"))
-        if prefill is None or (
-            prefill["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"] != revision
-        ):
+        prefill_command = paired_prefill_command(children, self.name, revision)
+        if prefill_command is None:
             return None  # the pair is mid-rollout: serve nothing rather than half of it
-        prefill_command = prefill["spec"]["template"]["spec"]["containers"][0]["command"]
         stored = next(
             (
                 r
@@ -134,7 +135,7 @@ class EngineKubelet:
         env["DSV4_DOUBLE_SGLANG_VERSION"] = stored["data"]["spec"]["engine"]["sglangVersion"]
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"  # no effect on verdicts; keeps canary runs short
-        command = with_pair_hicache(list(container["command"]), list(prefill_command))
+        command = with_pair_hicache(list(container["command"]), prefill_command)
         return tuple(command), tuple(sorted(env.items()))
 
     def _run(self) -> None:
@@ -163,6 +164,43 @@ class EngineKubelet:
             stderr=subprocess.STDOUT,
         )
         self.starts += 1
+
+
+def paired_prefill_command(
+    children: dict[tuple[str, str], dict[str, Any]], name: str, revision: str
+) -> list[str] | None:
+    """The prefill StatefulSet's engine command when it runs `revision` too, else None (a
+    Recreate deletes both roles and creates both anew: the decode double waits for its pair)."""
+    prefill = children.get(("StatefulSet", f"{name}-prefill"))
+    if prefill is None:
+        return None
+    template = prefill["spec"]["template"]
+    if template["metadata"]["labels"]["dsv4.io/revision"] != revision:
+        return None
+    return list(template["spec"]["containers"][0]["command"])
+
+
+@contextlib.contextmanager
+def tap_process(upstream: str, ports: dict[str, int], log_dir: Path) -> Iterator[Popen[bytes]]:
+    """`dsv4 tap` as the router pod runs it, in front of `upstream`, on `ports["tap"]` with its
+    metrics on `ports["tap_metrics"]`; stopped on exit."""
+    log = (log_dir / "tap.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "dsv4_operator.cli", "tap",
+            "--upstream", upstream,
+            "--listen", f"127.0.0.1:{ports['tap']}",
+            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
+            "--deployment", "dsv4-flash",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 
 from .engine_support import PodEngines, loopback_ips
-from .guard_support import Traffic
+from .guard_support import Traffic, tap_process
 
 pytestmark = pytest.mark.integration
 
@@ -115,21 +114,8 @@ def tap(
     engines: PodEngines, ports: dict[str, int], tmp_path: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`dsv4 tap` as the router pod runs it, in front of the decode engine."""
-    log = (tmp_path / "tap.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "dsv4_operator.cli", "tap",
-            "--upstream", engines.url,
-            "--listen", f"127.0.0.1:{ports['tap']}",
-            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
-            "--deployment", "dsv4-flash",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    yield proc
-    proc.terminate()
-    proc.wait(10)
+    with tap_process(engines.url, ports, tmp_path) as proc:
+        yield proc
 
 
 def _spec(

@@ -14,7 +14,6 @@ holding no sample of the bad revision.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volu
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 
-from .guard_support import EngineKubelet, Traffic, wait_good_revision_served
+from .guard_support import EngineKubelet, Traffic, tap_process, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 
@@ -75,21 +74,8 @@ def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[
 @pytest.fixture
 def tap(ports: dict[str, int], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`dsv4 tap` as the router pod runs it, in front of the engine double."""
-    log = (tmp_path / "tap.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "dsv4_operator.cli", "tap",
-            "--upstream", f"http://127.0.0.1:{ports['engine']}",
-            "--listen", f"127.0.0.1:{ports['tap']}",
-            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
-            "--deployment", "dsv4-flash",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    yield proc
-    proc.terminate()
-    proc.wait(10)
+    with tap_process(f"http://127.0.0.1:{ports['engine']}", ports, tmp_path) as proc:
+        yield proc
 
 
 def _spec(namespace: str, ports: dict[str, int], canary_interval: str, **changes: Any) -> Any:
