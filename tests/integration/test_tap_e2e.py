@@ -136,9 +136,9 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
             timeout=60,
         )
         # The guard reads the tap in every round.
-        label = f"{namespace}/dsv4-flash"
-        assert {"deployment": label} in operator.series("dsv4_guard_taps_unreachable")
-        assert operator.metric("dsv4_guard_taps_unreachable", deployment=label) == 0
+        scope = {"namespace": namespace, "deployment": "dsv4-flash"}
+        assert scope in operator.series("dsv4_guard_taps_unreachable")
+        assert operator.metric("dsv4_guard_taps_unreachable", **scope) == 0
         # The canary's series show which revisions it has answers for: the good one, now.
         assert good in {s["revision"] for s in operator.series("dsv4_canary_responses_total")}
         leaking = {
