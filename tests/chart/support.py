@@ -178,7 +178,8 @@ def devtools() -> ModuleType:
 
 @functools.cache
 def tool(name: str) -> Path:
-    """Path of a pinned tool (helm, kubectl, promtool, hadolint); fetched on first use."""
+    """Path of a pinned tool (helm, kubectl, promtool, prometheus, hadolint); fetched on first
+    use."""
     path: Path = devtools().ALL[name]().path
     return path
 

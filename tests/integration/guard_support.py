@@ -26,6 +26,8 @@ import httpx
 
 from dsv4_devcluster import wait_for
 from dsv4_devcluster.deployments import Cluster
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
@@ -212,3 +214,42 @@ class Traffic:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+def tap_ports() -> dict[str, int]:
+    """Free ports for the engine double, a tap in front of it, and the tap's /metrics."""
+    return {"engine": free_port(), "tap": free_port(), "tap_metrics": free_port()}
+
+
+def guard_operator(
+    kubeconfig: Path, namespace: str, log_dir: Path, ports: dict[str, int]
+) -> OperatorProcess:
+    """`dsv4 run` allowed to reach the double and the tap on 127.0.0.1, canaries as often as
+    every second; started."""
+    allowed = ",".join(f"http://127.0.0.1:{ports[p]}" for p in ("engine", "tap", "tap_metrics"))
+    return OperatorProcess(
+        kubeconfig,
+        namespace,
+        log_dir,
+        DSV4_CANARY_ENDPOINT_ALLOW=allowed,
+        DSV4_MIN_CANARY_INTERVAL="1s",
+    ).start()
+
+
+def start_tap(
+    ports: dict[str, int], log_dir: Path, deployment: str, namespace: str
+) -> subprocess.Popen[bytes]:
+    """`dsv4 tap` in front of the engine double, as the router pod's sidecar runs it (kwok
+    runs no container): the arguments the operator renders."""
+    log = (log_dir / "tap.log").open("wb")
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "dsv4_operator.cli", "tap",
+            "--upstream", f"http://127.0.0.1:{ports['engine']}",
+            "--listen", f"127.0.0.1:{ports['tap']}",
+            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
+            "--deployment", deployment, "--namespace", namespace,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip

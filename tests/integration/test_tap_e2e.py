@@ -14,7 +14,6 @@ holding no sample of the bad revision.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +24,15 @@ import pytest
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
-from dsv4_devcluster.process import free_port
 
-from .guard_support import EngineKubelet, Traffic, wait_good_revision_served
+from .guard_support import (
+    EngineKubelet,
+    Traffic,
+    guard_operator,
+    start_tap,
+    tap_ports,
+    wait_good_revision_served,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +44,7 @@ def gpu_pool_tap(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {"engine": free_port(), "tap": free_port(), "tap_metrics": free_port()}
+    return tap_ports()
 
 
 @pytest.fixture
@@ -52,14 +57,7 @@ def cluster(dyn: Any, namespace: str, gpu_pool_tap: list[str]) -> Cluster:
 def operator(
     control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
 ) -> Iterator[OperatorProcess]:
-    allowed = ",".join(f"http://127.0.0.1:{ports[p]}" for p in ("engine", "tap", "tap_metrics"))
-    op = OperatorProcess(
-        control_plane.kubeconfig_path,
-        namespace,
-        tmp_path,
-        DSV4_CANARY_ENDPOINT_ALLOW=allowed,
-        DSV4_MIN_CANARY_INTERVAL="1s",
-    ).start()
+    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports)
     yield op
     op.stop()
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
@@ -73,20 +71,8 @@ def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[
 
 
 @pytest.fixture
-def tap(ports: dict[str, int], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`dsv4 tap` as the router pod runs it, in front of the engine double."""
-    log = (tmp_path / "tap.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "dsv4_operator.cli", "tap",
-            "--upstream", f"http://127.0.0.1:{ports['engine']}",
-            "--listen", f"127.0.0.1:{ports['tap']}",
-            "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
-            "--deployment", "dsv4-flash",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
+def tap(ports: dict[str, int], namespace: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    proc = start_tap(ports, tmp_path, "dsv4-flash", namespace)
     yield proc
     proc.terminate()
     proc.wait(10)

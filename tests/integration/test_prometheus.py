@@ -1,0 +1,287 @@
+"""A real Prometheus (Debian's) scrapes the operator, a `dsv4 tap` in front of the engine
+double and the double's /metrics, as the chart's and the operator's ServiceMonitors would have
+prometheus-operator scrape them, and evaluates the chart's alert rules (durations scaled, see
+prometheus_support): the series join, the dashboard's queries return data, and alerts fire and
+resolve from what the exporters really export.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.prometheus import PrometheusProcess
+from dsv4_operator import series
+from tests.support.series import operator_families, tap_families
+
+from ..chart.support import metric_names, tool
+from .guard_support import EngineKubelet, Traffic, guard_operator, start_tap, tap_ports
+from .prometheus_support import (
+    SCALE,
+    dashboard_queries,
+    deployment_jobs,
+    operator_job,
+    scaled_rules,
+    variable_queries,
+)
+
+pytestmark = pytest.mark.integration
+
+NAME = "dsv4-flash"
+LEAKING = {
+    "engine.indexKDtype": "bf16",
+    "engine.hicache": {"enabled": True},
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+    "safety.policy": "Warn",
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_pool_prom(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    return rtx_pool(control_plane, "prom-rtx", 2)
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return tap_ports()
+
+
+@pytest.fixture
+def cluster(dyn: Any, namespace: str, gpu_pool_prom: list[str]) -> Cluster:
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
+) -> Iterator[OperatorProcess]:
+    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports)
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
+
+
+@pytest.fixture
+def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[EngineKubelet]:
+    kubelet = EngineKubelet(cluster, ports["engine"], tmp_path).start()
+    yield kubelet
+    kubelet.stop()
+
+
+@pytest.fixture
+def tap(ports: dict[str, int], namespace: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    proc = start_tap(ports, tmp_path, "dsv4-flash", namespace)
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
+def _spec(namespace: str, ports: dict[str, int], **changes: Any) -> Any:
+    """The deployment under test: its ServiceMonitor on, a canary every 2s, the taps read each
+    second. The guard's own threshold is far above the double's 4.55% leak, so it never rolls
+    back and the alerts (at their 2%) are what the test watches."""
+    guard = {
+        "enabled": True,
+        "canary": {
+            "enabled": True,
+            "sessions": 8,
+            "rounds": 4,
+            "interval": "2s",
+            "endpoint": f"http://127.0.0.1:{ports['engine']}",
+        },
+        "tap": {
+            "interval": "1s",
+            "metricsEndpoints": [f"http://127.0.0.1:{ports['tap_metrics']}/metrics"],
+        },
+        "leakRate": {"threshold": 0.5, "minSamples": 30, "confidence": 0.99},
+        "bakeTime": "5s",
+    }
+    monitoring = {"serviceMonitor": {"enabled": True}}
+    return example(namespace, **{"guard": guard, "monitoring": monitoring, **changes})
+
+
+@pytest.fixture
+def prometheus(
+    namespace: str, operator: OperatorProcess, ports: dict[str, int], tmp_path: Path
+) -> Iterator[PrometheusProcess]:
+    binary = tool("prometheus")
+    jobs = [
+        operator_job(operator.metrics_port),
+        *deployment_jobs(
+            _spec(namespace, ports)["spec"],
+            namespace,
+            NAME,
+            f"127.0.0.1:{ports['engine']}",
+            f"127.0.0.1:{ports['tap_metrics']}",
+        ),
+    ]
+    workdir = tmp_path / "prometheus"
+    workdir.mkdir()
+    prom = PrometheusProcess(binary, workdir, jobs, [scaled_rules(workdir / "dsv4.rules.yaml")])
+    yield prom.start()
+    prom.stop()
+    print(f"--- prometheus log ---\n{prom.log_tail(20)}")
+
+
+def _firing(prom: PrometheusProcess, alert: str, **labels: str) -> list[dict[str, Any]]:
+    return [
+        a
+        for a in prom.alerts()
+        if a["labels"]["alertname"] == alert
+        and a["state"] == "firing"
+        and labels.items() <= a["labels"].items()
+    ]
+
+
+def _baked(cluster: Cluster) -> str | None:
+    status = cluster.get().get("status", {})
+    good = status.get("lastKnownGoodRevision")
+    return good if good and good == status.get("currentRevision") else None
+
+
+@pytest.mark.long(seconds=95)
+def test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    tap: subprocess.Popen[bytes],
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+) -> None:
+    namespace = cluster.namespace
+    scope = {"namespace": namespace, "deployment": NAME}
+    prom = prometheus
+    cluster.apply(_spec(namespace, ports))
+    good = str(wait_for("a last known good revision", lambda: _baked(cluster), timeout=180))
+    for name, health, error in prom.rule_health():
+        assert health in ("ok", "unknown"), (name, error)
+
+    # 1. No leak yet: the canary-or-traffic alert is quiet, the rollback and OOM panels read 0
+    # (not "No data") before their first event.
+    wait_for("the operator's series scraped", lambda: prom.query("dsv4_revision_info"), 60)
+    assert not _firing(prom, "DSV4LeakRateHigh")
+    for title, expr in dashboard_queries({**scope, "role": "decode"}):
+        if title in ("Rollbacks", "OOM events by role"):
+            values = {float(s["value"][1]) for s in prom.query(expr)}
+            assert values == {0.0}, (title, expr, values)
+
+    # 2. A leaking revision (the double's 4.55% under load), no production traffic: the
+    # canary's leak rate decides, with the revision it is about.
+    cluster.apply(_spec(namespace, ports, **LEAKING))
+    wait_for(
+        "the leaking revision served",
+        lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "1",
+        timeout=120,
+    )
+    bad = str(wait_for("the leaking revision current", lambda: cluster.get()["status"].get(
+        "currentRevision") if cluster.get()["status"].get("currentRevision") != good else None,
+        timeout=120))  # fmt: skip
+    canary = wait_for(
+        "DSV4LeakRateHigh from the canary",
+        lambda: _firing(prom, "DSV4LeakRateHigh", source="canary", revision=bad, **scope),
+        timeout=180,
+    )
+    print(f"canary alert: {canary[0]['labels']} value {canary[0]['value']}")
+
+    with Traffic(f"http://127.0.0.1:{ports['tap']}") as traffic:
+        # 3. Production traffic through the tap: at 200 responses in the (scaled) window it
+        # decides, and the canary branch of the same deployment stands down: the `unless on
+        # (namespace, deployment)` join matches the tap's series to the operator's.
+        wait_for(
+            "DSV4LeakRateHigh from production traffic",
+            lambda: _firing(prom, "DSV4LeakRateHigh", source="traffic", **scope),
+            timeout=180,
+        )
+        wait_for(
+            "the canary branch suppressed by the traffic of the same deployment",
+            lambda: (
+                not [
+                    a
+                    for a in prom.alerts()
+                    if a["labels"]["alertname"] == "DSV4LeakRateHigh"
+                    and a["labels"].get("source") == "canary"
+                ]
+            ),
+            timeout=60,
+        )
+        _assert_every_family_has_the_vocabulary(prom)
+        _assert_the_series_join(prom, scope)
+        _assert_every_dashboard_query_returns_data(prom, scope)
+
+        # 4. The good configuration again: traffic and canary clean, the alert resolves.
+        cluster.apply(_spec(namespace, ports))
+        wait_for(
+            "the good revision served",
+            lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0",
+            timeout=120,
+        )
+        wait_for(
+            "DSV4LeakRateHigh resolved",
+            lambda: (
+                not [a for a in prom.alerts() if a["labels"]["alertname"] == "DSV4LeakRateHigh"]
+            ),
+            timeout=30 * 60 // SCALE + 120,
+        )
+    print(f"traffic sent {traffic.sent}, failed {traffic.failed}")
+
+
+def _assert_every_family_has_the_vocabulary(prom: PrometheusProcess) -> None:
+    """What Prometheus stores for each family is what the exporter declares, with the scrape's
+    own target labels: a family that drifts from the vocabulary (loses `namespace`, gains an
+    `exported_namespace`, spells the deployment `ns/name`) fails here."""
+    target_labels = {"instance", "job", "namespace", "pod", "service", "endpoint"}
+    for exporter, families in (("operator", operator_families()), ("tap", tap_families())):
+        for family, labels in families.items():
+            metric = f"{family}_count" if family.endswith("_seconds") else family
+            stored = prom.label_names(metric)
+            if not stored:
+                continue  # no sample yet (a labelled family before its first event)
+            assert stored - target_labels - set(labels) <= {"le"}, (exporter, family, stored)
+            assert not {n for n in stored if n.startswith("exported_")}, (family, stored)
+            if set(series.SCOPE) <= set(labels):
+                assert set(series.SCOPE) <= stored, (family, stored)
+
+
+def _assert_the_series_join(prom: PrometheusProcess, scope: dict[str, str]) -> None:
+    """The operator's, the tap's and the engines' series of one deployment meet on SCOPE."""
+    on = ", ".join(series.SCOPE)
+    joins = {
+        "tap x operator": f"sum by ({on}) (dsv4_traffic_responses_total) * on ({on}) "
+        f"group_left max by ({on}) (dsv4_revision_info)",
+        "engine x operator": f"max by ({on}) (sglang:token_usage) * on ({on}) "
+        f"group_left max by ({on}) (dsv4_revision_info)",
+    }
+    for what, expr in joins.items():
+        result = prom.query(expr)
+        assert [s["metric"] for s in result] == [scope], (what, result)
+
+
+def _assert_every_dashboard_query_returns_data(
+    prom: PrometheusProcess, scope: dict[str, str]
+) -> None:
+    for name, selector in variable_queries().items():
+        selector = selector.replace("$namespace", scope["namespace"])
+        values = {s["metric"].get(name) for s in prom.query(selector)}
+        if name in scope:
+            assert scope[name] in values, (name, values)
+    # The engine double models the decode engine's counters the guard reads and the main
+    # latency and load families, not all of SGLang's: a panel may be empty only because the
+    # double exports none of the families it reads (the test prints which).
+    stored = set(prom.api("label/__name__/values"))
+    empty, unmodelled = [], set()
+    for title, expr in dashboard_queries({**scope, "role": "decode"}):
+        if not prom.query(expr):
+            names = set(metric_names(expr))
+            if names & stored or not all(n.startswith("sglang:") for n in names):
+                empty.append((title, expr))
+            unmodelled |= names
+    assert not empty, "\n".join(f"{t}: {e}" for t, e in empty)
+    print(f"panels left empty by families the double does not export: {sorted(unmodelled)}")
