@@ -285,3 +285,78 @@ def _assert_every_dashboard_query_returns_data(
             unmodelled |= names
     assert not empty, "\n".join(f"{t}: {e}" for t, e in empty)
     print(f"panels left empty by families the double does not export: {sorted(unmodelled)}")
+
+
+def _resolved(prom: PrometheusProcess, alert: str) -> bool:
+    return not [a for a in prom.alerts() if a["labels"]["alertname"] == alert]
+
+
+@pytest.mark.long(seconds=150)
+def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    tap: subprocess.Popen[bytes],
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+    tmp_path: Path,
+) -> None:
+    namespace = cluster.namespace
+    scope = {"namespace": namespace, "deployment": NAME}
+    prom = prometheus
+    # The guard at the alert's own 2%: it rolls the leaking revision back.
+    strict = {"guard.leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99}}
+    cluster.apply(_spec(namespace, ports, **strict))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **strict, **LEAKING))
+        wait_for(
+            "DSV4RollbackPerformed",
+            lambda: _firing(prom, "DSV4RollbackPerformed", reason="LeakRate", **scope),
+            timeout=240,
+        )
+    wait_for("DSV4ConfigQuarantined", lambda: _firing(prom, "DSV4ConfigQuarantined", **scope), 60)
+
+    # The tap stops: the guard counts it unreachable; back, and the alert resolves.
+    tap.terminate()
+    tap.wait(10)
+    wait_for(
+        "DSV4LeakTapUnreachable",
+        lambda: _firing(prom, "DSV4LeakTapUnreachable", **scope),
+        timeout=10 * 60 // SCALE + 60,
+    )
+    (tmp_path / "again").mkdir()
+    again = start_tap(ports, tmp_path / "again", NAME, namespace)
+    try:
+        wait_for(
+            "DSV4LeakTapUnreachable resolved",
+            lambda: _resolved(prom, "DSV4LeakTapUnreachable"),
+            timeout=60,
+        )
+    finally:
+        again.terminate()
+        again.wait(10)
+    # The rollback leaves the (scaled) 15m window: resolved.
+    wait_for(
+        "DSV4RollbackPerformed resolved",
+        lambda: _resolved(prom, "DSV4RollbackPerformed"),
+        timeout=15 * 60 // SCALE + 60,
+    )
+
+    # The operator stops: nothing scrapes job dsv4-operator healthy; back, and it resolves.
+    operator.stop()
+    wait_for(
+        "DSV4OperatorDown",
+        lambda: _firing(prom, "DSV4OperatorDown"),
+        timeout=5 * 60 // SCALE + 60,
+    )
+    operator.start()
+    wait_for("DSV4OperatorDown resolved", lambda: _resolved(prom, "DSV4OperatorDown"), 60)
+
+    # Deleted: every series of the deployment goes, and with them the quarantine alert.
+    cluster.dsv4.delete(name=NAME, namespace=namespace)
+    wait_for(
+        "DSV4ConfigQuarantined resolved",
+        lambda: _resolved(prom, "DSV4ConfigQuarantined"),
+        timeout=60,
+    )
