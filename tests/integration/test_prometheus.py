@@ -291,7 +291,7 @@ def _resolved(prom: PrometheusProcess, alert: str) -> bool:
     return not [a for a in prom.alerts() if a["labels"]["alertname"] == alert]
 
 
-@pytest.mark.long(seconds=150)
+@pytest.mark.long(seconds=105)
 def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
     cluster: Cluster,
     operator: OperatorProcess,
