@@ -360,3 +360,34 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
         lambda: _resolved(prom, "DSV4ConfigQuarantined"),
         timeout=60,
     )
+
+
+@pytest.mark.long(seconds=70)
+def test_guard_blind_fires_while_the_engine_is_gone_and_resolves_when_it_is_back(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+    tmp_path: Path,
+) -> None:
+    """No tap runs (an unreachable tap does not blind the guard): the canary is the guard's
+    only source, and it fails with the engine gone."""
+    namespace = cluster.namespace
+    scope = {"namespace": namespace, "deployment": NAME}
+    prom = prometheus
+    cluster.apply(_spec(namespace, ports))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    assert not _firing(prom, "DSV4GuardBlind")
+    engine.stop()
+    wait_for(
+        "DSV4GuardBlind",
+        lambda: _firing(prom, "DSV4GuardBlind", **scope),
+        timeout=5 * 60 // SCALE + 90,
+    )
+    (tmp_path / "back").mkdir()
+    back = EngineKubelet(cluster, ports["engine"], tmp_path / "back").start()
+    try:
+        wait_for("DSV4GuardBlind resolved", lambda: _resolved(prom, "DSV4GuardBlind"), 120)
+    finally:
+        back.stop()
