@@ -391,3 +391,52 @@ def test_guard_blind_fires_while_the_engine_is_gone_and_resolves_when_it_is_back
         wait_for("DSV4GuardBlind resolved", lambda: _resolved(prom, "DSV4GuardBlind"), 120)
     finally:
         back.stop()
+
+
+# An engine on 0.5.23, whose decode checksums the KV pages it receives (the double follows).
+RELEASE_0_5_23 = {
+    "engine.sglangVersion": "0.5.23",
+    "engine.image": "registry.example.com/dsv4-engine:0.5.23-p1",
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix", "toolCallDropCounter"],
+}
+
+
+@pytest.mark.long(seconds=80)
+def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    tap: subprocess.Popen[bytes],
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+) -> None:
+    """The double fails 5% of its KV transfers (0.5.23's checksum, HTTP 500): the SGLang alerts
+    fire with the deployment's labels, which only the ServiceMonitor's relabelling gives the
+    engines' series; the configuration without the failures again, and they resolve."""
+    namespace = cluster.namespace
+    scope = {"namespace": namespace, "deployment": NAME}
+    prom = prometheus
+    cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    failing = {"engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.05"}]}
+    alerts = ("DSV4KVTransferFailures", "DSV4KVIntegrity")
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23, **failing))
+        for alert in alerts:
+            wait_for(
+                alert,
+                lambda alert=alert: _firing(prom, alert, job=f"{NAME}-decode", **scope),
+                timeout=180,
+            )
+        cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
+        wait_for(
+            "the double without failing transfers",
+            lambda: "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB" not in engine.env,
+            timeout=120,
+        )
+        for alert in alerts:
+            wait_for(
+                f"{alert} resolved",
+                lambda alert=alert: _resolved(prom, alert),
+                timeout=10 * 60 // SCALE + 60,
+            )
