@@ -440,3 +440,33 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
                 lambda alert=alert: _resolved(prom, alert),
                 timeout=10 * 60 // SCALE + 60,
             )
+
+
+@pytest.mark.long(seconds=110)
+def test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_graphs_and_resolves(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    tap: subprocess.Popen[bytes],
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+) -> None:
+    """Decode's CUDA graphs captured up to 32 requests, the double serves 60 (rule DSV4-R006, a
+    warning): every decode pass runs eager until the graphs cover the load again."""
+    namespace = cluster.namespace
+    scope = {"namespace": namespace, "deployment": NAME}
+    prom = prometheus
+    small_graphs = {"decode.overrides": {"cudaGraphMaxBs": 32}}
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **small_graphs))
+        wait_for(
+            "DSV4EagerDecodeFallback",
+            lambda: _firing(prom, "DSV4EagerDecodeFallback", job=f"{NAME}-decode", **scope),
+            timeout=15 * 60 // SCALE + 120,
+        )
+        cluster.apply(_spec(namespace, ports))
+        wait_for(
+            "DSV4EagerDecodeFallback resolved",
+            lambda: _resolved(prom, "DSV4EagerDecodeFallback"),
+            timeout=10 * 60 // SCALE + 90,
+        )
