@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,33 @@ def prometheus(
     print(f"--- prometheus log ---\n{prom.log_tail(20)}")
 
 
+@dataclass(frozen=True)
+class Served:
+    """What every test here runs against: the deployment's cluster, the operator, the engine
+    double, Prometheus scraping them, their ports, and the deployment's SCOPE labels."""
+
+    cluster: Cluster
+    operator: OperatorProcess
+    engine: EngineKubelet
+    prom: PrometheusProcess
+    ports: dict[str, int]
+
+    def unpack(self) -> tuple[Cluster, PrometheusProcess, dict[str, int], dict[str, str]]:
+        scope = {"namespace": self.cluster.namespace, "deployment": NAME}
+        return self.cluster, self.prom, self.ports, scope
+
+
+@pytest.fixture
+def served(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+) -> Served:
+    return Served(cluster, operator, engine, prometheus, ports)
+
+
 def _firing(prom: PrometheusProcess, alert: str, **labels: str) -> list[dict[str, Any]]:
     return [
         a
@@ -149,16 +177,12 @@ def _baked(cluster: Cluster) -> str | None:
 
 @pytest.mark.long(seconds=95)
 def test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve(
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
+    served: Served,
     tap: subprocess.Popen[bytes],
-    prometheus: PrometheusProcess,
-    ports: dict[str, int],
 ) -> None:
+    cluster, prom, ports, scope = served.unpack()
+    engine = served.engine
     namespace = cluster.namespace
-    scope = {"namespace": namespace, "deployment": NAME}
-    prom = prometheus
     cluster.apply(_spec(namespace, ports))
     good = str(wait_for("a last known good revision", lambda: _baked(cluster), timeout=180))
     for name, health, error in prom.rule_health():
@@ -293,17 +317,12 @@ def _resolved(prom: PrometheusProcess, alert: str) -> bool:
 
 @pytest.mark.long(seconds=105)
 def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
+    served: Served,
     tap: subprocess.Popen[bytes],
-    prometheus: PrometheusProcess,
-    ports: dict[str, int],
     tmp_path: Path,
 ) -> None:
+    cluster, prom, ports, scope = served.unpack()
     namespace = cluster.namespace
-    scope = {"namespace": namespace, "deployment": NAME}
-    prom = prometheus
     # The guard at the alert's own 2%: it rolls the leaking revision back.
     strict = {"guard.leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99}}
     cluster.apply(_spec(namespace, ports, **strict))
@@ -344,13 +363,13 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
     )
 
     # The operator stops: nothing scrapes job dsv4-operator healthy; back, and it resolves.
-    operator.stop()
+    served.operator.stop()
     wait_for(
         "DSV4OperatorDown",
         lambda: _firing(prom, "DSV4OperatorDown"),
         timeout=5 * 60 // SCALE + 60,
     )
-    operator.start()
+    served.operator.start()
     wait_for("DSV4OperatorDown resolved", lambda: _resolved(prom, "DSV4OperatorDown"), 60)
 
     # Deleted: every series of the deployment goes, and with them the quarantine alert.
@@ -364,18 +383,14 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
 
 @pytest.mark.long(seconds=70)
 def test_guard_blind_fires_while_the_engine_is_gone_and_resolves_when_it_is_back(
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
-    prometheus: PrometheusProcess,
-    ports: dict[str, int],
+    served: Served,
     tmp_path: Path,
 ) -> None:
     """No tap runs (an unreachable tap does not blind the guard): the canary is the guard's
     only source, and it fails with the engine gone."""
+    cluster, prom, ports, scope = served.unpack()
+    engine = served.engine
     namespace = cluster.namespace
-    scope = {"namespace": namespace, "deployment": NAME}
-    prom = prometheus
     cluster.apply(_spec(namespace, ports))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
     assert not _firing(prom, "DSV4GuardBlind")
@@ -403,19 +418,15 @@ RELEASE_0_5_23 = {
 
 @pytest.mark.long(seconds=80)
 def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
+    served: Served,
     tap: subprocess.Popen[bytes],
-    prometheus: PrometheusProcess,
-    ports: dict[str, int],
 ) -> None:
     """The double fails 5% of its KV transfers (0.5.23's checksum, HTTP 500): the SGLang alerts
     fire with the deployment's labels, which only the ServiceMonitor's relabelling gives the
     engines' series; the configuration without the failures again, and they resolve."""
+    cluster, prom, ports, scope = served.unpack()
+    engine = served.engine
     namespace = cluster.namespace
-    scope = {"namespace": namespace, "deployment": NAME}
-    prom = prometheus
     cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
     failing = {"engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.05"}]}
@@ -444,18 +455,13 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
 
 @pytest.mark.long(seconds=110)
 def test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_graphs_and_resolves(
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
+    served: Served,
     tap: subprocess.Popen[bytes],
-    prometheus: PrometheusProcess,
-    ports: dict[str, int],
 ) -> None:
     """Decode's CUDA graphs captured up to 32 requests, the double serves 60 (rule DSV4-R006, a
     warning): every decode pass runs eager until the graphs cover the load again."""
+    cluster, prom, ports, scope = served.unpack()
     namespace = cluster.namespace
-    scope = {"namespace": namespace, "deployment": NAME}
-    prom = prometheus
     small_graphs = {"decode.overrides": {"cudaGraphMaxBs": 32}}
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
         cluster.apply(_spec(namespace, ports, **small_graphs))
