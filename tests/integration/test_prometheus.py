@@ -476,3 +476,22 @@ def test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_graphs_and_re
             lambda: _resolved(prom, "DSV4EagerDecodeFallback"),
             timeout=10 * 60 // SCALE + 90,
         )
+
+
+@pytest.mark.long(seconds=150)
+def test_guard_no_data_fires_while_windows_end_without_a_verdict_and_resolves(
+    served: Served,
+) -> None:
+    """The canary answers, but the guard asks for more samples than it will see for a while:
+    every window ends NoData until the bar is lowered."""
+    cluster, prom, ports, scope = served.unpack()
+    namespace = cluster.namespace
+    unreachable = {"guard.leakRate": {"threshold": 0.02, "minSamples": 100_000}}
+    cluster.apply(_spec(namespace, ports, **unreachable))
+    wait_for(
+        "DSV4GuardNoData",
+        lambda: _firing(prom, "DSV4GuardNoData", **scope),
+        timeout=30 * 60 // SCALE + 120,
+    )
+    cluster.apply(_spec(namespace, ports))
+    wait_for("DSV4GuardNoData resolved", lambda: _resolved(prom, "DSV4GuardNoData"), 120)
