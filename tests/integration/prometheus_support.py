@@ -1,10 +1,10 @@
 """The real-Prometheus tier's setup: the scrape jobs the ServiceMonitors would give, the alert
 rules with their durations scaled, and the dashboard's queries as Grafana would send them.
 
-Scaled durations: the product's rules wait minutes (`for: 5m`, `[10m]` windows, `offset 15m`);
-the harness loads a copy in which every duration is divided by `SCALE` (1m -> 3s), so an
-alert fires and resolves within a test. Thresholds and the expressions' shape are untouched;
-the product's rules file is never edited.
+Scaled durations: the product's rules wait minutes (`for: 5m`, `[10m]` windows, `offset 15m`,
+an age `time() - ... > 900` in seconds); the harness loads a copy in which every duration is
+divided by `SCALE` (1m -> 3s), so an alert fires and resolves within a test. Thresholds and
+the expressions' shape are untouched; the product's rules file is never edited.
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ def scaled_rules(path: Path) -> Path:
             # Only durations inside [...] and after `offset`: numbers elsewhere are thresholds.
             rule["expr"] = re.sub(r"\[[^\]]+\]", lambda m: _scaled(m[0]), rule["expr"])
             rule["expr"] = re.sub(r"offset \w+", lambda m: _scaled(m[0]), rule["expr"])
+            # An age in seconds: `time() - <timestamp> > N`.
+            rule["expr"] = re.sub(
+                r"(time\(\) - [^>]*> )(\d+)",
+                lambda m: f"{m[1]}{max(1, int(m[2]) // SCALE)}",
+                rule["expr"],
+            )
     path.write_text(yaml.safe_dump(rules, sort_keys=False))
     return path
 

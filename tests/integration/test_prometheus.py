@@ -381,29 +381,31 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
     )
 
 
-@pytest.mark.long(seconds=70)
-def test_guard_blind_fires_while_the_engine_is_gone_and_resolves_when_it_is_back(
+@pytest.mark.long(seconds=110)
+def test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_and_resolve(
     served: Served,
     tmp_path: Path,
 ) -> None:
     """No tap runs (an unreachable tap does not blind the guard): the canary is the guard's
-    only source, and it fails with the engine gone."""
+    only source, and with the engine gone no run completes."""
     cluster, prom, ports, scope = served.unpack()
-    engine = served.engine
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
-    assert not _firing(prom, "DSV4GuardBlind")
-    engine.stop()
-    wait_for(
-        "DSV4GuardBlind",
-        lambda: _firing(prom, "DSV4GuardBlind", **scope),
-        timeout=5 * 60 // SCALE + 90,
-    )
+    alerts = ("DSV4GuardBlind", "DSV4CanaryNotRunning")
+    assert not [a for a in prom.alerts() if a["labels"]["alertname"] in alerts]
+    served.engine.stop()
+    for alert in alerts:
+        wait_for(
+            alert,
+            lambda alert=alert: _firing(prom, alert, **scope),
+            timeout=(15 + 5) * 60 // SCALE + 90,
+        )
     (tmp_path / "back").mkdir()
     back = EngineKubelet(cluster, ports["engine"], tmp_path / "back").start()
     try:
-        wait_for("DSV4GuardBlind resolved", lambda: _resolved(prom, "DSV4GuardBlind"), 120)
+        for alert in alerts:
+            wait_for(f"{alert} resolved", lambda alert=alert: _resolved(prom, alert), 120)
     finally:
         back.stop()
 
