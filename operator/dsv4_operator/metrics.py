@@ -1,6 +1,6 @@
 """Operator metrics (prometheus-client), served on DSV4_METRICS_PORT.
 
-The `deployment` label is `namespace/name` of the DSV4Deployment.
+A deployment's series carry `series.SCOPE` (`namespace` and the bare `deployment` name) first.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.reasons import GuardResult, RollbackReason
+from dsv4_operator.series import SCOPE, scope_labels
 
 RECONCILES = Counter("dsv4_reconciles_total", "Reconcile passes by result.", ["result"])
 RECONCILE_SECONDS = Histogram("dsv4_reconcile_duration_seconds", "Duration of one reconcile pass.")
@@ -39,51 +40,51 @@ EVENTS_POSTED = Counter(
 LEAK_RATE = Gauge(
     "dsv4_leak_rate",
     "Canary tool-call leak rate in the current window.",
-    ["deployment", "revision"],
+    [*SCOPE, "revision"],
 )
 CANARY_RESPONSES = Counter(
     "dsv4_canary_responses",
     "Canary responses by DSML-detector verdict.",
-    ["deployment", "revision", "verdict"],
+    [*SCOPE, "revision", "verdict"],
 )
 CANARY_LAST_RUN = Gauge(
     "dsv4_canary_last_run_timestamp_seconds",
     "Unix time of the last completed canary run.",
-    ["deployment"],
+    list(SCOPE),
 )
-ROLLBACKS = Counter("dsv4_rollbacks", "Automatic rollbacks by reason.", ["deployment", "reason"])
+ROLLBACKS = Counter("dsv4_rollbacks", "Automatic rollbacks by reason.", [*SCOPE, "reason"])
 OOM_EVENTS = Counter(
-    "dsv4_oom_events", "Engine OOM events by role and kind.", ["deployment", "role", "kind"]
+    "dsv4_oom_events", "Engine OOM events by role and kind.", [*SCOPE, "role", "kind"]
 )
 GUARD_OUTCOME = Gauge(
-    "dsv4_guard_outcome", "1 for the guard's current outcome.", ["deployment", "outcome"]
+    "dsv4_guard_outcome", "1 for the guard's current outcome.", [*SCOPE, "outcome"]
 )
-GUARD_BLIND = Gauge(
-    "dsv4_guard_blind", "1 while the guard cannot see (GuardBlind).", ["deployment"]
-)
+GUARD_BLIND = Gauge("dsv4_guard_blind", "1 while the guard cannot see (GuardBlind).", list(SCOPE))
 TAPS_UNREACHABLE = Gauge(
     "dsv4_guard_taps_unreachable",
     "Leak taps whose /metrics the guard could not read in its last round.",
-    ["deployment"],
+    list(SCOPE),
 )
 ENGINES_UNREACHABLE = Gauge(
     "dsv4_guard_engines_unreachable",
     "Engine pods whose /metrics the guard could not read in its last round.",
-    ["deployment"],
+    list(SCOPE),
 )
 PLAN_VERIFIED = Gauge(
     "dsv4_plan_verified",
     "1 when every engine pod of the revision reports its plan (PlanVerified=True), 0 on a "
     "mismatch; no series until they answer.",
-    ["deployment", "revision"],
+    [*SCOPE, "revision"],
 )
-QUARANTINED = Gauge("dsv4_quarantined_configs", "Quarantined config hashes.", ["deployment"])
+QUARANTINED = Gauge("dsv4_quarantined_configs", "Quarantined config hashes.", list(SCOPE))
 REVISION_INFO = Gauge(
     "dsv4_revision_info",
     "1 for the revision being served, labelled from the engine config stored with it.",
-    ["deployment", "revision", "index_k_dtype", "hicache", "multi_stream"],
+    [*SCOPE, "revision", "index_k_dtype", "hicache", "multi_stream"],
 )
 OUTCOMES = tuple(o.value for o in GuardResult)
+# A deployment: (namespace, name), the values of series.SCOPE.
+Key = tuple[str, str]
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
@@ -112,27 +113,27 @@ class GuardMetrics:
 
     Series follow what they describe: a revision's leak rate and canary counts go when it is
     no longer served, every series of a deployment goes with the deployment. `revision` is the
-    bare revision hash in every metric, so they join.
+    bare revision hash in every metric, so they join. A deployment is its (namespace, name).
     """
 
     def __init__(self) -> None:
-        self._seen_ooms: dict[str, set[str]] = {}
-        self._served: dict[str, tuple[str, ...]] = {}
-        self._windows: dict[str, str] = {}  # deployment -> revision of its leak-rate series
-        self._plans: dict[str, str] = {}  # deployment -> revision of its plan-verified series
+        self._seen_ooms: dict[Key, set[str]] = {}
+        self._served: dict[Key, tuple[str, ...]] = {}
+        self._windows: dict[Key, str] = {}  # deployment -> revision of its leak-rate series
+        self._plans: dict[Key, str] = {}  # deployment -> revision of its plan-verified series
 
-    def forget(self, deployment: str) -> None:
+    def forget(self, key: Key) -> None:
         """The deployment is gone: drop all its series."""
         for metric in PER_DEPLOYMENT:
-            metric.remove_by_labels({"deployment": deployment})
-        self._seen_ooms.pop(deployment, None)
-        self._served.pop(deployment, None)
-        self._windows.pop(deployment, None)
-        self._plans.pop(deployment, None)
+            metric.remove_by_labels(scope_labels(*key))
+        self._seen_ooms.pop(key, None)
+        self._served.pop(key, None)
+        self._windows.pop(key, None)
+        self._plans.pop(key, None)
 
     def observe(
         self,
-        deployment: str,
+        key: Key,
         served: DSV4DeploymentSpec | None,
         status: DSV4DeploymentStatus,
         rollbacks: list[RollbackReason],
@@ -141,55 +142,56 @@ class GuardMetrics:
     ) -> None:
         """`plan`: the revision PlanVerified is about and whether its engines report their
         plan (None: not all have answered yet, so no series)."""
-        self._plan(deployment, plan)
+        self._plan(key, plan)
         guard = status.guard
         window = guard.revision if guard is not None and guard.leak_rate is not None else None
-        previous_window = self._windows.pop(deployment, None)
+        previous_window = self._windows.pop(key, None)
         if previous_window is not None and previous_window != window:
-            LEAK_RATE.remove_by_labels({"deployment": deployment, "revision": previous_window})
+            LEAK_RATE.remove_by_labels({**scope_labels(*key), "revision": previous_window})
         if guard is not None and window is not None and guard.leak_rate is not None:
-            LEAK_RATE.labels(deployment, window).set(guard.leak_rate)
-            self._windows[deployment] = window
+            LEAK_RATE.labels(*key, window).set(guard.leak_rate)
+            self._windows[key] = window
         verdict = guard.last_verdict if guard is not None else None
         for outcome in OUTCOMES:
-            GUARD_OUTCOME.labels(deployment, outcome).set(1.0 if outcome == verdict else 0.0)
+            GUARD_OUTCOME.labels(*key, outcome).set(1.0 if outcome == verdict else 0.0)
         blind = any(c.type == "GuardBlind" and c.status == "True" for c in status.conditions)
-        GUARD_BLIND.labels(deployment).set(1.0 if blind else 0.0)
-        QUARANTINED.labels(deployment).set(len(status.quarantine))
+        GUARD_BLIND.labels(*key).set(1.0 if blind else 0.0)
+        QUARANTINED.labels(*key).set(len(status.quarantine))
         for reason in rollbacks:
-            ROLLBACKS.labels(deployment, reason.value).inc()
-        seen = self._seen_ooms.setdefault(deployment, set())
-        for key, role, kind in ooms:
-            if key not in seen:
-                seen.add(key)
-                OOM_EVENTS.labels(deployment, role, kind).inc()
+            ROLLBACKS.labels(*key, reason.value).inc()
+        seen = self._seen_ooms.setdefault(key, set())
+        for event, role, kind in ooms:
+            if event not in seen:
+                seen.add(event)
+                OOM_EVENTS.labels(*key, role, kind).inc()
         current = status.current_revision
         # `served` is the spec stored with the served revision (after a rollback it is not
         # the user's spec); None when unknown, and then the series stays as it was.
         if current and served is not None:
             engine = served.engine
             labels = (
-                deployment,
+                *key,
                 current,
                 str(engine.index_k_dtype),
                 str(engine.hicache.enabled).lower(),
                 str(engine.overlap.multi_stream).lower(),
             )
-            previous = self._served.get(deployment)
+            previous = self._served.get(key)
             if previous is not None and previous != labels:
                 REVISION_INFO.remove(*previous)
-                if previous[1] != current:  # that revision's canary counts describe the past
+                old_revision = previous[len(SCOPE)]
+                if old_revision != current:  # that revision's canary counts describe the past
                     CANARY_RESPONSES.remove_by_labels(
-                        {"deployment": deployment, "revision": previous[1]}
+                        {**scope_labels(*key), "revision": old_revision}
                     )
             REVISION_INFO.labels(*labels).set(1.0)
-            self._served[deployment] = labels
+            self._served[key] = labels
 
-    def _plan(self, deployment: str, plan: tuple[str, bool | None] | None) -> None:
+    def _plan(self, key: Key, plan: tuple[str, bool | None] | None) -> None:
         revision, verified = plan if plan is not None else (None, None)
-        previous = self._plans.pop(deployment, None)
+        previous = self._plans.pop(key, None)
         if previous is not None and (previous != revision or verified is None):
-            PLAN_VERIFIED.remove_by_labels({"deployment": deployment, "revision": previous})
+            PLAN_VERIFIED.remove_by_labels({**scope_labels(*key), "revision": previous})
         if revision is not None and verified is not None:
-            PLAN_VERIFIED.labels(deployment, revision).set(1.0 if verified else 0.0)
-            self._plans[deployment] = revision
+            PLAN_VERIFIED.labels(*key, revision).set(1.0 if verified else 0.0)
+            self._plans[key] = revision

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from tests.support.series import operator_families, tap_families
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dsv4-operator"
 RULES_FILE = CHART / "files" / "dsv4.rules.yaml"
@@ -81,41 +83,8 @@ CRD_RULE = {
 NAMESPACE_RULE = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
 
 
-def _operator_metrics() -> frozenset[str]:
-    """The sample names the operator exports, read from its own metric objects."""
-    from prometheus_client.metrics import MetricWrapperBase
-
-    from dsv4_operator import metrics
-
-    names = set()
-    for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
-            for family in value.describe():  # counters are exported with the _total suffix
-                names.add(f"{family.name}_total" if family.type == "counter" else family.name)
-    return frozenset(names)
-
-
-def _tap_metrics() -> frozenset[str]:
-    """The sample names the leak tap exports (`dsv4 tap`), read from its registry, and those
-    its parent adds with `--workers`."""
-    from pathlib import Path
-
-    from dsv4_operator.tap.metrics import TapMetrics
-    from dsv4_operator.tap.proxy import TapConfig
-    from dsv4_operator.tap.worker import ClassifierLink
-    from dsv4_operator.tap.workers import WorkerPool, pool_collector
-
-    pool = WorkerPool(TapConfig("http://127.0.0.1:9", "d"), ("127.0.0.1", 0), 0, Path("/"))
-    families = [
-        *TapMetrics(ClassifierLink(), "d").registry.collect(),
-        *pool_collector(pool, "d").collect(),
-    ]
-    return frozenset(
-        f"{family.name}_total" if family.type == "counter" else family.name for family in families
-    )
-
-
-OPERATOR_METRICS = _operator_metrics() | _tap_metrics()
+# The sample names the operator and the leak tap export, read from their own metric objects.
+OPERATOR_METRICS = frozenset(operator_families()) | frozenset(tap_families())
 
 
 def _words(text: str) -> list[str]:
@@ -209,7 +178,8 @@ def devtools() -> ModuleType:
 
 @functools.cache
 def tool(name: str) -> Path:
-    """Path of a pinned tool (helm, kubectl, promtool, hadolint); fetched on first use."""
+    """Path of a pinned tool (helm, kubectl, promtool, prometheus, hadolint); fetched on first
+    use."""
     path: Path = devtools().ALL[name]().path
     return path
 

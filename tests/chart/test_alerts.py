@@ -143,13 +143,19 @@ def test_rules_use_only_metrics_that_exist() -> None:
         # Only the resolve paths catch these: the alert still fires, but never clears.
         (
             "DSV4GuardBlind",
-            "max by (deployment) (dsv4_guard_blind) > 0",
-            "max by (deployment) (max_over_time(dsv4_guard_blind[1h])) > 0",
+            "max by (namespace, deployment) (dsv4_guard_blind) > 0",
+            "max by (namespace, deployment) (max_over_time(dsv4_guard_blind[1h])) > 0",
         ),
         (
             "DSV4LeakRateHigh",
-            "max by (deployment, revision) (dsv4_leak_rate) > 0.02",
-            "max by (deployment, revision) (last_over_time(dsv4_leak_rate[1h])) > 0.02",
+            "max by (namespace, deployment, revision) (dsv4_leak_rate) > 0.02",
+            "max by (namespace, deployment, revision) (last_over_time(dsv4_leak_rate[1h])) > 0.02",
+        ),
+        # Traffic of one deployment must not silence the canary of its namesake elsewhere.
+        (
+            "DSV4LeakRateHigh",
+            "unless on (namespace, deployment)",
+            "unless on (deployment)",
         ),
     ],
 )

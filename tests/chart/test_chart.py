@@ -534,6 +534,14 @@ def test_service_monitor_scrapes_as_the_job_the_operator_down_alert_watches() ->
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
+def test_service_monitor_keeps_the_namespace_the_operator_labels_its_series_with() -> None:
+    """The operator runs in its own namespace: without honorLabels, prometheus-operator's
+    `namespace` target label would replace each DSV4Deployment's (moved to
+    exported_namespace), and no series of the operator would join the taps' or engines'."""
+    monitor = one(render({"metrics": {"serviceMonitor": {"enabled": True}}}), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+
+
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_operator_settings_accept_the_environment_the_chart_sets(values: dict[str, Any]) -> None:
     from dsv4_operator.settings import OperatorSettings

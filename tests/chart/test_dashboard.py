@@ -151,7 +151,7 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
     leak = next(p for p in _panels() if any("dsv4_leak_rate" in t["expr"] for t in p["targets"]))
     # Production traffic (the leak taps) and the canary side by side, in one panel.
     canary = next(t for t in leak["targets"] if "dsv4_leak_rate" in t["expr"])
-    assert "by (deployment, revision)" in canary["expr"]
+    assert "by (namespace, deployment, revision)" in canary["expr"]
     traffic = next(t for t in leak["targets"] if "dsv4_traffic_responses_total" in t["expr"])
     assert 'verdict!="error"' in traffic["expr"]
     steps = leak["fieldConfig"]["defaults"]["thresholds"]["steps"]

@@ -39,12 +39,13 @@ def test_every_generated_region_is_marked_once_and_drift_in_it_is_caught() -> No
         "tap metrics",
         "settings",
         "exit codes",
+        "labels",
     }
     pages = {o.path.name for o in gen["OUTPUTS"] if o.region is None}
     assert pages >= {"crd-reference.md", "rules.md"}
     for output in regions:
         text = output.path.read_text()
-        begin, end = gen["BEGIN"].format(output.region), gen["END"].format(output.region)
+        begin, end = (marker.format(output.region) for marker in output.markers)
         assert text.count(begin) == 1 and text.count(end) == 1, (output.path, output.region)
         inside = text.index(begin) + len(begin)
         edited = f"hand-written {output.region}\n" + text[:inside] + "\n| stale |" + text[inside:]

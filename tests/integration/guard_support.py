@@ -31,6 +31,8 @@ import httpx
 
 from dsv4_devcluster import wait_for
 from dsv4_devcluster.deployments import Cluster
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 from dsv4_operator.canary.scenario import CANARY_TOOLS
 
 ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
@@ -181,9 +183,16 @@ def paired_prefill_command(
 
 
 @contextlib.contextmanager
-def tap_process(upstream: str, ports: dict[str, int], log_dir: Path) -> Iterator[Popen[bytes]]:
-    """`dsv4 tap` as the router pod runs it, in front of `upstream`, on `ports["tap"]` with its
-    metrics on `ports["tap_metrics"]`; stopped on exit."""
+def tap_process(
+    upstream: str,
+    ports: dict[str, int],
+    log_dir: Path,
+    namespace: str,
+    deployment: str = "dsv4-flash",
+) -> Iterator[Popen[bytes]]:
+    """`dsv4 tap` with the arguments the operator renders for the router pod's sidecar (kwok
+    runs no container), in front of `upstream`, on `ports["tap"]` with its metrics on
+    `ports["tap_metrics"]`; stopped on exit."""
     log = (log_dir / "tap.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -191,7 +200,7 @@ def tap_process(upstream: str, ports: dict[str, int], log_dir: Path) -> Iterator
             "--upstream", upstream,
             "--listen", f"127.0.0.1:{ports['tap']}",
             "--metrics", f"127.0.0.1:{ports['tap_metrics']}",
-            "--deployment", "dsv4-flash",
+            "--deployment", deployment, "--namespace", namespace,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -264,3 +273,23 @@ class Traffic:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+def tap_ports() -> dict[str, int]:
+    """Free ports for the engine double, a tap in front of it, and the tap's /metrics."""
+    return {"engine": free_port(), "tap": free_port(), "tap_metrics": free_port()}
+
+
+def guard_operator(
+    kubeconfig: Path, namespace: str, log_dir: Path, ports: dict[str, int]
+) -> OperatorProcess:
+    """`dsv4 run` allowed to reach the double and the tap on 127.0.0.1, canaries as often as
+    every second; started."""
+    allowed = ",".join(f"http://127.0.0.1:{ports[p]}" for p in ("engine", "tap", "tap_metrics"))
+    return OperatorProcess(
+        kubeconfig,
+        namespace,
+        log_dir,
+        DSV4_CANARY_ENDPOINT_ALLOW=allowed,
+        DSV4_MIN_CANARY_INTERVAL="1s",
+    ).start()

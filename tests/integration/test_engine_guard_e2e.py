@@ -115,7 +115,7 @@ def tap(
     engines: PodEngines, ports: dict[str, int], tmp_path: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`dsv4 tap` as the router pod runs it, in front of the decode engine."""
-    with tap_process(engines.url, ports, tmp_path) as proc:
+    with tap_process(engines.url, ports, tmp_path, engines.cluster.namespace) as proc:
         yield proc
 
 

@@ -162,9 +162,9 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
     assert sum(1 for e in cluster.events() if e["reason"] == "RolledBack") == 1
     # The series tell what is served: nothing of the rolled-back revision is left, the info
     # series describes the fp8 config stored with the good revision (not the user's bf16).
-    deployment = f"{cluster.namespace}/dsv4-flash"
+    scope = {"namespace": cluster.namespace, "deployment": "dsv4-flash"}
     assert [s for s in operator.series("dsv4_leak_rate") if s["revision"] == bad] == []
-    [info] = [s for s in operator.series("dsv4_revision_info") if s["deployment"] == deployment]
+    [info] = [s for s in operator.series("dsv4_revision_info") if scope.items() <= s.items()]
     assert (info["revision"], info["index_k_dtype"]) == (good, "fp8")
     # Deleted: every series of the deployment goes with it.
     cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
@@ -175,7 +175,7 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
                 s
                 for name in ("dsv4_leak_rate", "dsv4_guard_blind", "dsv4_revision_info")
                 for s in operator.series(name)
-                if s.get("deployment") == deployment
+                if scope.items() <= s.items()
             ]
         ),
         timeout=60,

@@ -92,10 +92,10 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
     assert revision["metadata"]["labels"]["dsv4.io/revision"] == status["currentRevision"]
     cluster.wait_events("Creating", "RevisionCreated")
     # The router pod's leak tap sits at a made-up kwok IP: the guard counts it as unreadable.
-    label = f"{cluster.namespace}/dsv4-flash"
+    scope = {"namespace": cluster.namespace, "deployment": "dsv4-flash"}
     wait_for(
         "the unreadable tap counted",
-        lambda: operator.metric("dsv4_guard_taps_unreachable", deployment=label) == 1,
+        lambda: operator.metric("dsv4_guard_taps_unreachable", **scope) == 1,
         timeout=60,
     )
 
@@ -120,23 +120,23 @@ def test_the_guard_reads_router_taps_at_their_pod_ips_past_a_cluster_proxy(
     tap = subprocess.Popen(
         [sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", "http://127.0.0.1:9",
          "--listen", f"{pod_ip}:0", "--metrics", f"{pod_ip}:{TAP_METRICS_PORT}",
-         "--deployment", "dsv4-flash"],
+         "--deployment", "dsv4-flash", "--namespace", namespace],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    label = f"{namespace}/dsv4-flash"
+    scope = {"namespace": namespace, "deployment": "dsv4-flash"}
     try:
         _ready(cluster)
         wait_for(
             "the tap at kwok's made-up IP counted unreadable",
-            lambda: op.metric("dsv4_guard_taps_unreachable", deployment=label) == 1,
+            lambda: op.metric("dsv4_guard_taps_unreachable", **scope) == 1,
             timeout=60,
         )
         [router] = cluster.pods("dsv4.io/deployment=dsv4-flash,dsv4.io/role=router")
         report_pod_ip(cluster.dyn, namespace, router["metadata"]["name"], pod_ip)
         wait_for(
             "the tap read at the pod's IP, not through the proxy",
-            lambda: op.metric("dsv4_guard_taps_unreachable", deployment=label) == 0,
+            lambda: op.metric("dsv4_guard_taps_unreachable", **scope) == 0,
             timeout=60,
         )
     finally:

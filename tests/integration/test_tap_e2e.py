@@ -24,9 +24,15 @@ import pytest
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
-from dsv4_devcluster.process import free_port
 
-from .guard_support import EngineKubelet, Traffic, tap_process, wait_good_revision_served
+from .guard_support import (
+    EngineKubelet,
+    Traffic,
+    guard_operator,
+    tap_ports,
+    tap_process,
+    wait_good_revision_served,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +44,7 @@ def gpu_pool_tap(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {"engine": free_port(), "tap": free_port(), "tap_metrics": free_port()}
+    return tap_ports()
 
 
 @pytest.fixture
@@ -51,14 +57,7 @@ def cluster(dyn: Any, namespace: str, gpu_pool_tap: list[str]) -> Cluster:
 def operator(
     control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
 ) -> Iterator[OperatorProcess]:
-    allowed = ",".join(f"http://127.0.0.1:{ports[p]}" for p in ("engine", "tap", "tap_metrics"))
-    op = OperatorProcess(
-        control_plane.kubeconfig_path,
-        namespace,
-        tmp_path,
-        DSV4_CANARY_ENDPOINT_ALLOW=allowed,
-        DSV4_MIN_CANARY_INTERVAL="1s",
-    ).start()
+    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports)
     yield op
     op.stop()
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
@@ -72,9 +71,10 @@ def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[
 
 
 @pytest.fixture
-def tap(ports: dict[str, int], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def tap(ports: dict[str, int], namespace: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """`dsv4 tap` as the router pod runs it, in front of the engine double."""
-    with tap_process(f"http://127.0.0.1:{ports['engine']}", ports, tmp_path) as proc:
+    upstream = f"http://127.0.0.1:{ports['engine']}"
+    with tap_process(upstream, ports, tmp_path, namespace) as proc:
         yield proc
 
 
@@ -122,9 +122,9 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
             timeout=60,
         )
         # The guard reads the tap in every round.
-        label = f"{namespace}/dsv4-flash"
-        assert {"deployment": label} in operator.series("dsv4_guard_taps_unreachable")
-        assert operator.metric("dsv4_guard_taps_unreachable", deployment=label) == 0
+        scope = {"namespace": namespace, "deployment": "dsv4-flash"}
+        assert scope in operator.series("dsv4_guard_taps_unreachable")
+        assert operator.metric("dsv4_guard_taps_unreachable", **scope) == 0
         # The canary's series show which revisions it has answers for: the good one, now.
         assert good in {s["revision"] for s in operator.series("dsv4_canary_responses_total")}
         leaking = {

@@ -45,6 +45,15 @@ def test_the_rendered_argv_and_env_parse_with_their_values() -> None:
     assert config.multi_stream_overlap is False  # the operator renders it off
 
 
+def test_decode_reads_its_cuda_graph_bound_under_the_rendered_flag() -> None:
+    """Every supported release names decode's bound `--cuda-graph-max-bs-decode`: the double
+    runs a decode pass eager above it (what DSV4EagerDecodeFallback alerts on)."""
+    args, env = rendered({}, role="decode")
+    config = parse_config(args, env)
+    assert config.cuda_graph_max_bs is not None
+    assert args[args.index("--cuda-graph-max-bs-decode") + 1] == str(config.cuda_graph_max_bs)
+
+
 def test_unknown_flags_are_tolerated_and_echoed() -> None:
     config = parse_config(
         ["--model-path", "m", "--page-size", "256", "--enable-foo", "--tp", "8"], {}

@@ -330,8 +330,8 @@ def test_a_plan_mismatch_is_a_condition_an_event_a_metric_and_no_bake(variant: A
     assert later.status.last_known_good_revision is None  # passing for bakeTime, not baked
     assert not [n for n in later.events if n.reason == "PlanMismatch"]  # said once
     metrics = GuardMetrics()
-    metrics.observe("ns/x", None, later.status, [], [], (revision, False))
-    labels = {"deployment": "ns/x", "revision": revision}
+    metrics.observe(("ns", "x"), None, later.status, [], [], (revision, False))
+    labels = {"namespace": "ns", "deployment": "x", "revision": revision}
     assert REGISTRY.get_sample_value("dsv4_plan_verified", labels) == 0.0
     # The engine reports its plan: verified, and the revision bakes.
     infos["decode-uid"] = _info(plan.max_total_tokens.decode, version)
@@ -341,5 +341,5 @@ def test_a_plan_mismatch_is_a_condition_an_event_a_metric_and_no_bake(variant: A
     )
     assert _conditions(baked)["PlanVerified"].reason == "Verified"
     assert baked.status.last_known_good_revision == revision
-    metrics.observe("ns/x", None, baked.status, [], [], None)
+    metrics.observe(("ns", "x"), None, baked.status, [], [], None)
     assert REGISTRY.get_sample_value("dsv4_plan_verified", labels) is None

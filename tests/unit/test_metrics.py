@@ -28,10 +28,14 @@ def _value(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
-def _info(deployment: str, revision: str, dtype: str) -> float | None:
+def _scope(key: tuple[str, str]) -> dict[str, str]:
+    return {"namespace": key[0], "deployment": key[1]}
+
+
+def _info(key: tuple[str, str], revision: str, dtype: str) -> float | None:
     return _value(
         "dsv4_revision_info",
-        deployment=deployment,
+        **_scope(key),
         revision=revision,
         index_k_dtype=dtype,
         hicache="false",
@@ -40,16 +44,16 @@ def _info(deployment: str, revision: str, dtype: str) -> float | None:
 
 
 def test_a_revision_no_longer_served_loses_its_series() -> None:
-    guard, d = metrics.GuardMetrics(), "ns/rolled-back"
+    guard, d = metrics.GuardMetrics(), ("ns", "rolled-back")
     guard.observe(d, BF16, _status("bad", "bad", 0.2), [], [])
-    metrics.CANARY_RESPONSES.labels(d, "bad", "leaked_markup").inc(3)
-    assert _value("dsv4_leak_rate", deployment=d, revision="bad") == 0.2
+    metrics.CANARY_RESPONSES.labels(*d, "bad", "leaked_markup").inc(3)
+    assert _value("dsv4_leak_rate", **_scope(d), revision="bad") == 0.2
     assert _info(d, "bad", "bf16") == 1.0
     # Rolled back: the served revision is "good", with the config stored for it.
     guard.observe(d, FP8, _status("good", "good", 0.0), [], [])
-    assert _value("dsv4_leak_rate", deployment=d, revision="bad") is None
-    assert _value("dsv4_leak_rate", deployment=d, revision="good") == 0.0
-    counts = {"deployment": d, "revision": "bad", "verdict": "leaked_markup"}
+    assert _value("dsv4_leak_rate", **_scope(d), revision="bad") is None
+    assert _value("dsv4_leak_rate", **_scope(d), revision="good") == 0.0
+    counts = {**_scope(d), "revision": "bad", "verdict": "leaked_markup"}
     assert _value("dsv4_canary_responses_total", **counts) is None
     assert _info(d, "bad", "bf16") is None
     assert _info(d, "good", str(FP8.engine.index_k_dtype)) == 1.0
@@ -57,14 +61,29 @@ def test_a_revision_no_longer_served_loses_its_series() -> None:
 
 def test_a_deleted_deployment_loses_every_series_and_only_its_own() -> None:
     guard = metrics.GuardMetrics()
-    for d in ("ns/gone", "ns/stays"):
+    gone, stays = ("ns", "gone"), ("ns", "stays")
+    for d in (gone, stays):
         guard.observe(d, FP8, _status("r1", "r1", 0.01), [], [])
-        metrics.CANARY_LAST_RUN.labels(d).set(1.0)
-    guard.forget("ns/gone")
-    assert _value("dsv4_leak_rate", deployment="ns/gone", revision="r1") is None
-    assert _value("dsv4_guard_blind", deployment="ns/gone") is None
-    assert _value("dsv4_quarantined_configs", deployment="ns/gone") is None
-    assert _value("dsv4_canary_last_run_timestamp_seconds", deployment="ns/gone") is None
-    assert _info("ns/gone", "r1", str(FP8.engine.index_k_dtype)) is None
-    assert _value("dsv4_leak_rate", deployment="ns/stays", revision="r1") == 0.01
-    assert _value("dsv4_guard_blind", deployment="ns/stays") == 0.0
+        metrics.CANARY_LAST_RUN.labels(*d).set(1.0)
+    guard.forget(gone)
+    assert _value("dsv4_leak_rate", **_scope(gone), revision="r1") is None
+    assert _value("dsv4_guard_blind", **_scope(gone)) is None
+    assert _value("dsv4_quarantined_configs", **_scope(gone)) is None
+    assert _value("dsv4_canary_last_run_timestamp_seconds", **_scope(gone)) is None
+    assert _info(gone, "r1", str(FP8.engine.index_k_dtype)) is None
+    assert _value("dsv4_leak_rate", **_scope(stays), revision="r1") == 0.01
+    assert _value("dsv4_guard_blind", **_scope(stays)) == 0.0
+
+
+def test_deployments_of_one_name_in_two_namespaces_are_two_series() -> None:
+    """`namespace` and the bare `deployment` name (series.SCOPE), as the tap and the engines'
+    scrape label them: forgetting one leaves the other."""
+    guard = metrics.GuardMetrics()
+    prod, staging = ("prod", "twin"), ("staging", "twin")
+    guard.observe(prod, FP8, _status("r1", "r1", 0.01), [], [])
+    guard.observe(staging, FP8, _status("r2", "r2", 0.05), [], [])
+    assert _value("dsv4_leak_rate", **_scope(prod), revision="r1") == 0.01
+    assert _value("dsv4_leak_rate", **_scope(staging), revision="r2") == 0.05
+    guard.forget(staging)
+    assert _value("dsv4_leak_rate", **_scope(staging), revision="r2") is None
+    assert _value("dsv4_guard_blind", **_scope(prod)) == 0.0

@@ -280,7 +280,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto")
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None)
+    # Decode's own flag, which the operator renders for every supported release (with
+    # --cuda-graph-max-bs as its alias in 0.5.16: engine/data/releases.yaml).
+    p.add_argument(
+        "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int
+    )
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--tool-call-parser", default=None)

@@ -74,7 +74,7 @@ class Reconciler:
     def forget(self, key: tuple[str, str]) -> None:
         """The deployment is gone: its canary window and every metric series of it."""
         self.observations.forget(key)
-        self.guard_metrics.forget(f"{key[0]}/{key[1]}")
+        self.guard_metrics.forget(key)
 
     async def _report_rejection(self, world: World, decision: Decision, error: KubeError) -> None:
         """Say on the object why the rollout stopped (once per distinct refusal): a child
@@ -163,7 +163,7 @@ class Reconciler:
         if decision.cleared or decision.rollbacks:
             self.observations.forget(key)  # the next window starts from nothing
         self.guard_metrics.observe(
-            f"{namespace}/{name}",
+            (namespace, name),
             served_spec(world, decision.status.current_revision),
             decision.status,
             decision.rollbacks,

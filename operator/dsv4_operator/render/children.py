@@ -18,18 +18,28 @@ from dsv4_operator.names import (
 from dsv4_operator.render import engine, router
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
 from dsv4_operator.render.weights import render_weights
+from dsv4_operator.series import engine_relabelings
+
+TAP_METRICS = "tap-metrics"
 
 
 def service_monitor(ctx: RenderContext) -> Manifest:
     """prometheus-operator ServiceMonitor: engines' /metrics on `http`, router's on `metrics`,
-    the leak tap's on `tap-metrics`."""
+    the leak tap's on `tap-metrics`. Every series gets series.SCOPE: prometheus-operator sets
+    `namespace` from the target, the engines' and the router's `deployment` (and `role`) come
+    from their pods' labels (series.engine_relabelings); the tap exports both itself, so its
+    labels are honoured (else Prometheus would add `exported_namespace` beside them)."""
     monitor = ctx.spec.monitoring.service_monitor
     meta = ctx.metadata(service_monitor_name(ctx.name))
     meta["labels"].update(monitor.labels)
-    ports = ("http", "metrics", *(("tap-metrics",) if router.tap_enabled(ctx) else ()))
+    ports = ("http", "metrics", *((TAP_METRICS,) if router.tap_enabled(ctx) else ()))
     # The text as written (a manifest holds plain values: YAML dumpers refuse a str subclass).
     interval = str(monitor.interval)
-    endpoints = [{"port": port, "path": "/metrics", "interval": interval} for port in ports]
+    endpoints: list[Manifest] = [
+        {"port": port, "path": "/metrics", "interval": interval}
+        | ({"honorLabels": True} if port == TAP_METRICS else {"relabelings": engine_relabelings()})
+        for port in ports
+    ]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",

@@ -39,6 +39,8 @@ def tap_container(ctx: RenderContext) -> Manifest:
             f"0.0.0.0:{TAP_METRICS_PORT}",
             "--deployment",
             ctx.name,
+            "--namespace",
+            ctx.namespace,
             # Only when asked for: the default renders the pod template it always has.
             *(["--workers", str(tap.workers)] if tap.workers > 1 else []),
         ],

@@ -38,6 +38,7 @@ from dsv4_operator.kube.resources import DSV4, POD
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.pods import PodView
+from dsv4_operator.series import scope_labels
 from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
 from dsv4_operator.signals.engine import EngineReader
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
@@ -117,8 +118,8 @@ class GuardSupervisor:
         self._traffic.retain(key, set())
         self.engines.forget(key)
         self._started.pop(key, None)
-        metrics.TAPS_UNREACHABLE.remove_by_labels({"deployment": f"{key[0]}/{key[1]}"})
-        metrics.ENGINES_UNREACHABLE.remove_by_labels({"deployment": f"{key[0]}/{key[1]}"})
+        metrics.TAPS_UNREACHABLE.remove_by_labels(scope_labels(*key))
+        metrics.ENGINES_UNREACHABLE.remove_by_labels(scope_labels(*key))
         for said in [s for s in self._said if s[0] == key]:
             del self._said[said]
         entry = self._tasks.pop(key, None)
@@ -192,7 +193,7 @@ class GuardSupervisor:
             samples, leaks = samples + got, leaks + leaked
         # Not counted toward GuardBlind (the canary still sees for the guard): logged once, and
         # exported for the DSV4LeakTapUnreachable alert.
-        metrics.TAPS_UNREACHABLE.labels(f"{namespace}/{name}").set(len(failed))
+        metrics.TAPS_UNREACHABLE.labels(namespace, name).set(len(failed))
         if failed:
             self._say(key, TAP, f"leak tap /metrics unreachable: {'; '.join(failed)}")
         else:
@@ -209,7 +210,7 @@ class GuardSupervisor:
         listed = await self.client.list(POD, namespace, {DEPLOYMENT_LABEL: name})
         started = self._started.get(key, datetime.now(UTC))
         seen = await self.engines.round(key, [PodView.of(p) for p in listed], started)
-        metrics.ENGINES_UNREACHABLE.labels(f"{namespace}/{name}").set(len(seen.failed))
+        metrics.ENGINES_UNREACHABLE.labels(namespace, name).set(len(seen.failed))
         if seen.failed:
             self._say(key, ENGINE, f"engine /metrics unreachable: {'; '.join(seen.failed)}")
         else:
@@ -225,7 +226,6 @@ class GuardSupervisor:
         owner = await self.client.get(DSV4, namespace, name)
         status = parse_status((owner or {}).get("status"))
         revision = status.current_revision
-        label = f"{namespace}/{name}"
         prometheus_url = effective_prometheus_url(spec, self.policy)
         if prometheus_url is not None:
             await self._prometheus(key, spec, prometheus_url)
@@ -255,9 +255,9 @@ class GuardSupervisor:
                     self._said.pop((key, CANARY), None)
                     self.observations.record(key, revision, counts, leaks, now)
                 for verdict, count in counts.items():
-                    metrics.CANARY_RESPONSES.labels(label, revision, verdict).inc(count)
+                    metrics.CANARY_RESPONSES.labels(*key, revision, verdict).inc(count)
                 if answered:  # a run where nothing answered is no run (DSV4CanaryNotRunning)
-                    metrics.CANARY_LAST_RUN.labels(label).set(now.timestamp())
+                    metrics.CANARY_LAST_RUN.labels(*key).set(now.timestamp())
         self.wake(key)
 
     def _say(self, key: Key, source: str, message: str) -> None:

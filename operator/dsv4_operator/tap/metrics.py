@@ -1,5 +1,5 @@
 """The tap's /metrics: traffic by verdict, tool-calling share, classifier drops and lag, and
-the latency the tap adds. Labelled by deployment only: which revision served a response is
+the latency the tap adds. Labelled by series.SCOPE only: which revision served a response is
 the guard's to say (it counts traffic only while one revision serves, as for the canary)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from dsv4_operator.series import SCOPE
 from dsv4_operator.tap.observe import Unobserved
 from dsv4_operator.tap.worker import LAG_BUCKETS, ClassifierLink
 
@@ -27,8 +28,8 @@ LOOP_LAG_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 class _ClassifierCollector(Collector):
     """Reads the classifier's shared counters at scrape time."""
 
-    def __init__(self, link: ClassifierLink, deployment: str) -> None:
-        self.link, self.labels = link, (deployment,)
+    def __init__(self, link: ClassifierLink, scope: tuple[str, str]) -> None:
+        self.link, self.labels = link, scope
 
     def collect(self) -> Iterator[Metric]:
         counts = self.link.counts()
@@ -36,7 +37,7 @@ class _ClassifierCollector(Collector):
             "dsv4_traffic_responses",
             "Tool-calling responses that went through the tap, by the detector's verdict. On "
             "tool_choice auto a call the engine's parser dropped looks like prose: counted ok.",
-            labels=["deployment", "verdict"],
+            labels=[*SCOPE, "verdict"],
         )
         for kind, value in counts.verdicts.items():
             responses.add_metric([*self.labels, kind.value], value)
@@ -44,7 +45,7 @@ class _ClassifierCollector(Collector):
         lag = HistogramMetricFamily(
             "dsv4_tap_classifier_lag_seconds",
             "Seconds from the end of a response to its verdict (queue wait + classification).",
-            labels=["deployment"],
+            labels=list(SCOPE),
         )
         bounds = [*(str(b) for b in LAG_BUCKETS), "+Inf"]
         lag.add_metric(
@@ -57,7 +58,7 @@ class _ClassifierCollector(Collector):
             "dsv4_tap_classifier_dropped",
             "Tool-calling responses not classified (traffic went on): queue full, classifier "
             "down, or larger than the capture limit.",
-            labels=["deployment", "reason"],
+            labels=[*SCOPE, "reason"],
         )
         dropped.add_metric([*self.labels, "queue_full"], self.link.dropped_full)
         dropped.add_metric([*self.labels, "classifier_down"], self.link.dropped_down)
@@ -66,14 +67,14 @@ class _ClassifierCollector(Collector):
             "dsv4_tap_classifier_backlog_bytes",
             "Bytes of tool-calling exchanges waiting for room in the classifier's pipe (past "
             "the backlog's bound, copies are dropped).",
-            labels=["deployment"],
+            labels=list(SCOPE),
         )
         backlog.add_metric(list(self.labels), self.link.waiting[1])
         yield backlog
         restarts = CounterMetricFamily(
             "dsv4_tap_classifier_restarts",
             "Classifier processes restarted after they died.",
-            labels=["deployment"],
+            labels=list(SCOPE),
         )
         restarts.add_metric(list(self.labels), self.link.restarts)
         yield restarts
@@ -82,17 +83,18 @@ class _ClassifierCollector(Collector):
 class TapMetrics:
     """The registry the tap serves; hot-path instruments are pre-labelled children."""
 
-    def __init__(self, link: ClassifierLink, deployment: str) -> None:
+    def __init__(self, link: ClassifierLink, scope: tuple[str, str]) -> None:
+        """`scope`: the values of series.SCOPE (namespace, deployment)."""
         self.registry = CollectorRegistry()
-        labels = ["deployment"]
+        labels = list(SCOPE)
         requests = Counter(
             "dsv4_traffic_requests",
             "Requests through the tap; tool_calling: the request offered tools.",
             [*labels, "tool_calling"],
             registry=self.registry,
         )
-        self.tool_requests = requests.labels(deployment, "true")
-        self.other_requests = requests.labels(deployment, "false")
+        self.tool_requests = requests.labels(*scope, "true")
+        self.other_requests = requests.labels(*scope, "false")
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, labels, registry=self.registry)
@@ -100,11 +102,11 @@ class TapMetrics:
         self.too_large = counter(
             "dsv4_tap_capture_skipped",
             "Tool-calling responses larger than the capture limit, forwarded unclassified.",
-        ).labels(deployment)
+        ).labels(*scope)
         self.upstream_errors = counter(
             "dsv4_tap_upstream_errors",
             "Requests the tap could not forward (the router unreachable): answered 502.",
-        ).labels(deployment)
+        ).labels(*scope)
         unobserved = Counter(
             "dsv4_tap_unobserved_connections",
             "Connections the tap relays but stopped reading (a HEAD request, an upgrade, bytes "
@@ -112,7 +114,7 @@ class TapMetrics:
             [*labels, "reason"],
             registry=self.registry,
         )
-        self.unobserved = {reason: unobserved.labels(deployment, reason) for reason in Unobserved}
+        self.unobserved = {reason: unobserved.labels(*scope, reason) for reason in Unobserved}
         added = Histogram(
             "dsv4_tap_added_latency_seconds",
             "Time the tap itself spends on the bytes it relays: `request` from a piece of a "
@@ -122,8 +124,8 @@ class TapMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.request_latency = added.labels(deployment, "request")
-        self.chunk_latency = added.labels(deployment, "chunk")
+        self.request_latency = added.labels(*scope, "request")
+        self.chunk_latency = added.labels(*scope, "chunk")
         self.loop_lag = Histogram(
             "dsv4_tap_event_loop_lag_seconds",
             "How late the tap's event loop ran a timer due every 50 ms: how long bytes that "
@@ -132,5 +134,5 @@ class TapMetrics:
             labels,
             buckets=LOOP_LAG_BUCKETS,
             registry=self.registry,
-        ).labels(deployment)
-        self.registry.register(_ClassifierCollector(link, deployment))
+        ).labels(*scope)
+        self.registry.register(_ClassifierCollector(link, scope))

@@ -34,8 +34,14 @@ LOOP_PROBE_SECONDS = 0.05
 @dataclass(frozen=True)
 class TapConfig:
     upstream: str  # the router, e.g. http://127.0.0.1:8000
-    deployment: str
+    deployment: str  # the DSV4Deployment's bare name
     capture_limit: int = CAPTURE_LIMIT
+    namespace: str = "default"
+
+    @property
+    def scope(self) -> tuple[str, str]:
+        """The values of series.SCOPE on every series the tap exports."""
+        return (self.namespace, self.deployment)
 
     def router_address(self) -> tuple[str, int]:
         """(host, port) of `upstream`; ValueError naming what is wrong."""
@@ -62,7 +68,7 @@ class Tap:
         self.supervise_seconds = supervise_seconds
         self.clock = clock  # what the loop-lag watch reads
         self.link = link or ClassifierLink()
-        self.metrics = metrics = TapMetrics(self.link, config.deployment)
+        self.metrics = metrics = TapMetrics(self.link, config.scope)
         hooks = Hooks(
             request=lambda tools: (
                 metrics.tool_requests if tools else metrics.other_requests

@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from dsv4_operator.series import SCOPE
 from dsv4_operator.tap.proxy import TapConfig, run_tap
 
 log = logging.getLogger(__name__)
@@ -202,28 +203,29 @@ class WorkerPool:
 class _PoolCollector(Collector):
     """The workers' metrics summed, and the pool's own."""
 
-    def __init__(self, pool: WorkerPool, deployment: str) -> None:
-        self.pool, self.deployment = pool, deployment
+    def __init__(self, pool: WorkerPool, scope: tuple[str, str]) -> None:
+        self.pool, self.scope = pool, list(scope)
 
     def collect(self) -> Iterator[Metric]:
         yield from self.pool.summed()
         workers = GaugeMetricFamily(
-            "dsv4_tap_workers", "Tap worker processes running.", labels=["deployment"]
+            "dsv4_tap_workers", "Tap worker processes running.", labels=list(SCOPE)
         )
-        workers.add_metric([self.deployment], self.pool.alive())
+        workers.add_metric(self.scope, self.pool.alive())
         yield workers
         restarts = CounterMetricFamily(
             "dsv4_tap_worker_restarts",
             "Tap worker processes restarted after they died.",
-            labels=["deployment"],
+            labels=list(SCOPE),
         )
-        restarts.add_metric([self.deployment], self.pool.restarts)
+        restarts.add_metric(self.scope, self.pool.restarts)
         yield restarts
 
 
-def pool_collector(pool: WorkerPool, deployment: str) -> Collector:
-    """What the parent's /metrics serves (read from the workers at each scrape)."""
-    return _PoolCollector(pool, deployment)
+def pool_collector(pool: WorkerPool, scope: tuple[str, str]) -> Collector:
+    """What the parent's /metrics serves (read from the workers at each scrape); `scope`: the
+    values of series.SCOPE."""
+    return _PoolCollector(pool, scope)
 
 
 async def run_pool(
@@ -236,7 +238,7 @@ async def run_pool(
     """Serve with `count` workers until cancelled or SIGTERM; WorkerFailed if one cannot start."""
     pool = WorkerPool(config, listen, count, socket_dir)
     registry = CollectorRegistry()
-    registry.register(pool_collector(pool, config.deployment))
+    registry.register(pool_collector(pool, config.scope))
 
     async def serve_metrics(request: web.Request) -> web.Response:
         await asyncio.gather(*(pool.read(slot) for slot in pool.slots))

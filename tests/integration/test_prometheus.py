@@ -1,0 +1,532 @@
+"""A real Prometheus (Debian's) scrapes the operator, a `dsv4 tap` in front of the engine
+double and the double's /metrics, as the chart's and the operator's ServiceMonitors would have
+prometheus-operator scrape them, and evaluates the chart's alert rules (durations scaled, see
+prometheus_support): the series join, the dashboard's queries return data, and alerts fire and
+resolve from what the exporters really export.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.prometheus import PrometheusProcess
+from dsv4_operator import series
+from tests.support.series import operator_families, tap_families
+
+from ..chart.support import metric_names, tool
+from .guard_support import EngineKubelet, Traffic, guard_operator, tap_ports, tap_process
+from .prometheus_support import (
+    SCALE,
+    alert_names,
+    dashboard_queries,
+    deployment_jobs,
+    operator_job,
+    scaled_rules,
+    variable_queries,
+)
+
+pytestmark = pytest.mark.integration
+
+# Every alert of the rules file: the test here that drives it to fire and to resolve from real
+# series, or why none does yet.
+DRIVEN = {
+    "DSV4LeakRateHigh": "test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve",
+    "DSV4RollbackPerformed": "test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve",
+    "DSV4ConfigQuarantined": "test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve",
+    "DSV4LeakTapUnreachable": "test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve",
+    "DSV4OperatorDown": "test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve",
+    "DSV4GuardBlind": "test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_"
+    "and_resolve",
+    "DSV4CanaryNotRunning": "test_guard_blind_and_canary_not_running_fire_while_the_engine_is_"
+    "gone_and_resolve",
+    "DSV4GuardNoData": "test_guard_no_data_fires_while_windows_end_without_a_verdict_and_resolves",
+    "DSV4KVTransferFailures": "test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_"
+    "and_resolve",
+    "DSV4KVIntegrity": "test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_"
+    "resolve",
+    "DSV4EagerDecodeFallback": "test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_"
+    "graphs_and_resolves",
+}
+NOT_DRIVEN = {
+    "DSV4OOMEvents": "not attempted: the guard reads OOMs from the engine pods' statuses and "
+    "Events, which the double (a process, not kwok's pod) does not write",
+    "DSV4LeakTapDropping": "not attempted: needs the tap's classifier to fall behind or stay down",
+    "DSV4ReconcileErrors": "not attempted: needs reconcile passes that keep failing",
+    "DSV4KVBootstrapFailures": "the double has no knob for failed PD bootstrap handshakes",
+    "DSV4KVPoolPressure": "not attempted: the double's KV pool use at its declared load",
+}
+
+NAME = "dsv4-flash"
+LEAKING = {
+    "engine.indexKDtype": "bf16",
+    "engine.hicache": {"enabled": True},
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+    "safety.policy": "Warn",
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_pool_prom(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+    return rtx_pool(control_plane, "prom-rtx", 2)
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return tap_ports()
+
+
+@pytest.fixture
+def cluster(dyn: Any, namespace: str, gpu_pool_prom: list[str]) -> Cluster:
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
+) -> Iterator[OperatorProcess]:
+    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports)
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
+
+
+@pytest.fixture
+def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[EngineKubelet]:
+    kubelet = EngineKubelet(cluster, ports["engine"], tmp_path).start()
+    yield kubelet
+    kubelet.stop()
+
+
+@pytest.fixture
+def tap(ports: dict[str, int], namespace: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    upstream = f"http://127.0.0.1:{ports['engine']}"
+    with tap_process(upstream, ports, tmp_path, namespace) as proc:
+        yield proc
+
+
+def _spec(namespace: str, ports: dict[str, int], **changes: Any) -> Any:
+    """The deployment under test: its ServiceMonitor on, a canary every 2s, the taps read each
+    second. The guard's own threshold is far above the double's 4.55% leak, so it never rolls
+    back and the alerts (at their 2%) are what the test watches."""
+    guard = {
+        "enabled": True,
+        "canary": {
+            "enabled": True,
+            "sessions": 8,
+            "rounds": 4,
+            "interval": "2s",
+            "endpoint": f"http://127.0.0.1:{ports['engine']}",
+        },
+        "tap": {
+            "interval": "1s",
+            "metricsEndpoints": [f"http://127.0.0.1:{ports['tap_metrics']}/metrics"],
+        },
+        "leakRate": {"threshold": 0.5, "minSamples": 30, "confidence": 0.99},
+        "bakeTime": "5s",
+    }
+    monitoring = {"serviceMonitor": {"enabled": True}}
+    return example(namespace, **{"guard": guard, "monitoring": monitoring, **changes})
+
+
+@pytest.fixture
+def prometheus(
+    namespace: str, operator: OperatorProcess, ports: dict[str, int], tmp_path: Path
+) -> Iterator[PrometheusProcess]:
+    binary = tool("prometheus")
+    jobs = [
+        operator_job(operator.metrics_port),
+        *deployment_jobs(
+            _spec(namespace, ports)["spec"],
+            namespace,
+            NAME,
+            f"127.0.0.1:{ports['engine']}",
+            f"127.0.0.1:{ports['tap_metrics']}",
+        ),
+    ]
+    workdir = tmp_path / "prometheus"
+    workdir.mkdir()
+    prom = PrometheusProcess(binary, workdir, jobs, [scaled_rules(workdir / "dsv4.rules.yaml")])
+    yield prom.start()
+    prom.stop()
+    print(f"--- prometheus log ---\n{prom.log_tail(20)}")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What every test here runs against: the deployment's cluster, the operator, the engine
+    double, Prometheus scraping them, their ports, and the deployment's SCOPE labels."""
+
+    cluster: Cluster
+    operator: OperatorProcess
+    engine: EngineKubelet
+    prom: PrometheusProcess
+    ports: dict[str, int]
+
+    def unpack(self) -> tuple[Cluster, PrometheusProcess, dict[str, int], dict[str, str]]:
+        scope = {"namespace": self.cluster.namespace, "deployment": NAME}
+        return self.cluster, self.prom, self.ports, scope
+
+
+@pytest.fixture
+def served(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    prometheus: PrometheusProcess,
+    ports: dict[str, int],
+) -> Served:
+    return Served(cluster, operator, engine, prometheus, ports)
+
+
+def test_every_alert_is_driven_here_or_says_why_not() -> None:
+    tests = {name for name in globals() if name.startswith("test_")}
+    assert set(DRIVEN.values()) <= tests
+    assert set(DRIVEN) | set(NOT_DRIVEN) == set(alert_names())
+    assert not set(DRIVEN) & set(NOT_DRIVEN)
+
+
+def _firing(prom: PrometheusProcess, alert: str, **labels: str) -> list[dict[str, Any]]:
+    return [
+        a
+        for a in prom.alerts()
+        if a["labels"]["alertname"] == alert
+        and a["state"] == "firing"
+        and labels.items() <= a["labels"].items()
+    ]
+
+
+def _baked(cluster: Cluster) -> str | None:
+    status = cluster.get().get("status", {})
+    good = status.get("lastKnownGoodRevision")
+    return good if good and good == status.get("currentRevision") else None
+
+
+@pytest.mark.long(seconds=95)
+def test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve(
+    served: Served,
+    tap: subprocess.Popen[bytes],
+) -> None:
+    cluster, prom, ports, scope = served.unpack()
+    engine = served.engine
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, ports))
+    good = str(wait_for("a last known good revision", lambda: _baked(cluster), timeout=180))
+    for name, health, error in prom.rule_health():
+        assert health in ("ok", "unknown"), (name, error)
+
+    # 1. No leak yet: the canary-or-traffic alert is quiet, the rollback and OOM panels read 0
+    # (not "No data") before their first event.
+    wait_for("the operator's series scraped", lambda: prom.query("dsv4_revision_info"), 60)
+    assert not _firing(prom, "DSV4LeakRateHigh")
+    for title, expr in dashboard_queries({**scope, "role": "decode"}):
+        if title in ("Rollbacks", "OOM events by role"):
+            values = {float(s["value"][1]) for s in prom.query(expr)}
+            assert values == {0.0}, (title, expr, values)
+
+    # 2. A leaking revision (the double's 4.55% under load), no production traffic: the
+    # canary's leak rate decides, with the revision it is about.
+    cluster.apply(_spec(namespace, ports, **LEAKING))
+    wait_for(
+        "the leaking revision served",
+        lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "1",
+        timeout=120,
+    )
+    bad = str(wait_for("the leaking revision current", lambda: cluster.get()["status"].get(
+        "currentRevision") if cluster.get()["status"].get("currentRevision") != good else None,
+        timeout=120))  # fmt: skip
+    canary = wait_for(
+        "DSV4LeakRateHigh from the canary",
+        lambda: _firing(prom, "DSV4LeakRateHigh", source="canary", revision=bad, **scope),
+        timeout=180,
+    )
+    print(f"canary alert: {canary[0]['labels']} value {canary[0]['value']}")
+
+    with Traffic(f"http://127.0.0.1:{ports['tap']}") as traffic:
+        # 3. Production traffic through the tap: at 200 responses in the (scaled) window it
+        # decides, and the canary branch of the same deployment stands down: the `unless on
+        # (namespace, deployment)` join matches the tap's series to the operator's.
+        wait_for(
+            "DSV4LeakRateHigh from production traffic",
+            lambda: _firing(prom, "DSV4LeakRateHigh", source="traffic", **scope),
+            timeout=180,
+        )
+        wait_for(
+            "the canary branch suppressed by the traffic of the same deployment",
+            lambda: (
+                not [
+                    a
+                    for a in prom.alerts()
+                    if a["labels"]["alertname"] == "DSV4LeakRateHigh"
+                    and a["labels"].get("source") == "canary"
+                ]
+            ),
+            timeout=60,
+        )
+        _assert_every_family_has_the_vocabulary(prom)
+        _assert_the_series_join(prom, scope)
+        _assert_every_dashboard_query_returns_data(prom, scope)
+
+        # 4. The good configuration again: traffic and canary clean, the alert resolves.
+        cluster.apply(_spec(namespace, ports))
+        wait_for(
+            "the good revision served",
+            lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "0",
+            timeout=120,
+        )
+        wait_for(
+            "DSV4LeakRateHigh resolved",
+            lambda: (
+                not [a for a in prom.alerts() if a["labels"]["alertname"] == "DSV4LeakRateHigh"]
+            ),
+            timeout=30 * 60 // SCALE + 120,
+        )
+    print(f"traffic sent {traffic.sent}, failed {traffic.failed}")
+
+
+def _assert_every_family_has_the_vocabulary(prom: PrometheusProcess) -> None:
+    """What Prometheus stores for each family is what the exporter declares, with the scrape's
+    own target labels: a family that drifts from the vocabulary (loses `namespace`, gains an
+    `exported_namespace`, spells the deployment `ns/name`) fails here."""
+    target_labels = {"instance", "job", "namespace", "pod", "service", "endpoint"}
+    for exporter, families in (("operator", operator_families()), ("tap", tap_families())):
+        for family, labels in families.items():
+            metric = f"{family}_count" if family.endswith("_seconds") else family
+            stored = prom.label_names(metric)
+            if not stored:
+                continue  # no sample yet (a labelled family before its first event)
+            assert stored - target_labels - set(labels) <= {"le"}, (exporter, family, stored)
+            assert not {n for n in stored if n.startswith("exported_")}, (family, stored)
+            if set(series.SCOPE) <= set(labels):
+                assert set(series.SCOPE) <= stored, (family, stored)
+
+
+def _assert_the_series_join(prom: PrometheusProcess, scope: dict[str, str]) -> None:
+    """The operator's, the tap's and the engines' series of one deployment meet on SCOPE."""
+    on = ", ".join(series.SCOPE)
+    joins = {
+        "tap x operator": f"sum by ({on}) (dsv4_traffic_responses_total) * on ({on}) "
+        f"group_left max by ({on}) (dsv4_revision_info)",
+        "engine x operator": f"max by ({on}) (sglang:token_usage) * on ({on}) "
+        f"group_left max by ({on}) (dsv4_revision_info)",
+    }
+    for what, expr in joins.items():
+        result = prom.query(expr)
+        assert [s["metric"] for s in result] == [scope], (what, result)
+
+
+def _assert_every_dashboard_query_returns_data(
+    prom: PrometheusProcess, scope: dict[str, str]
+) -> None:
+    for name, selector in variable_queries().items():
+        selector = selector.replace("$namespace", scope["namespace"])
+        values = {s["metric"].get(name) for s in prom.query(selector)}
+        if name in scope:
+            assert scope[name] in values, (name, values)
+    # The engine double models the decode engine's counters the guard reads and the main
+    # latency and load families, not all of SGLang's: a panel may be empty only because the
+    # double exports none of the families it reads (the test prints which).
+    stored = set(prom.api("label/__name__/values"))
+    empty, unmodelled = [], set()
+    for title, expr in dashboard_queries({**scope, "role": "decode"}):
+        if not prom.query(expr):
+            names = set(metric_names(expr))
+            if names & stored or not all(n.startswith("sglang:") for n in names):
+                empty.append((title, expr))
+            unmodelled |= names
+    assert not empty, "\n".join(f"{t}: {e}" for t, e in empty)
+    print(f"panels left empty by families the double does not export: {sorted(unmodelled)}")
+
+
+def _resolved(prom: PrometheusProcess, alert: str) -> bool:
+    return not [a for a in prom.alerts() if a["labels"]["alertname"] == alert]
+
+
+@pytest.mark.long(seconds=105)
+def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
+    served: Served,
+    tap: subprocess.Popen[bytes],
+    tmp_path: Path,
+) -> None:
+    cluster, prom, ports, scope = served.unpack()
+    namespace = cluster.namespace
+    # The guard at the alert's own 2%: it rolls the leaking revision back.
+    strict = {"guard.leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99}}
+    cluster.apply(_spec(namespace, ports, **strict))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **strict, **LEAKING))
+        wait_for(
+            "DSV4RollbackPerformed",
+            lambda: _firing(prom, "DSV4RollbackPerformed", reason="LeakRate", **scope),
+            timeout=240,
+        )
+    wait_for("DSV4ConfigQuarantined", lambda: _firing(prom, "DSV4ConfigQuarantined", **scope), 60)
+
+    # The tap stops: the guard counts it unreachable; back, and the alert resolves.
+    tap.terminate()
+    tap.wait(10)
+    wait_for(
+        "DSV4LeakTapUnreachable",
+        lambda: _firing(prom, "DSV4LeakTapUnreachable", **scope),
+        timeout=10 * 60 // SCALE + 60,
+    )
+    (tmp_path / "again").mkdir()
+    upstream = f"http://127.0.0.1:{ports['engine']}"
+    with tap_process(upstream, ports, tmp_path / "again", namespace, NAME):
+        wait_for(
+            "DSV4LeakTapUnreachable resolved",
+            lambda: _resolved(prom, "DSV4LeakTapUnreachable"),
+            timeout=60,
+        )
+    # The rollback leaves the (scaled) 15m window: resolved.
+    wait_for(
+        "DSV4RollbackPerformed resolved",
+        lambda: _resolved(prom, "DSV4RollbackPerformed"),
+        timeout=15 * 60 // SCALE + 60,
+    )
+
+    # The operator stops: nothing scrapes job dsv4-operator healthy; back, and it resolves.
+    served.operator.stop()
+    wait_for(
+        "DSV4OperatorDown",
+        lambda: _firing(prom, "DSV4OperatorDown"),
+        timeout=5 * 60 // SCALE + 60,
+    )
+    served.operator.start()
+    wait_for("DSV4OperatorDown resolved", lambda: _resolved(prom, "DSV4OperatorDown"), 60)
+
+    # Deleted: every series of the deployment goes, and with them the quarantine alert.
+    cluster.dsv4.delete(name=NAME, namespace=namespace)
+    wait_for(
+        "DSV4ConfigQuarantined resolved",
+        lambda: _resolved(prom, "DSV4ConfigQuarantined"),
+        timeout=60,
+    )
+
+
+@pytest.mark.long(seconds=110)
+def test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_and_resolve(
+    served: Served,
+    tmp_path: Path,
+) -> None:
+    """No tap runs (an unreachable tap does not blind the guard): the canary is the guard's
+    only source, and with the engine gone no run completes."""
+    cluster, prom, ports, scope = served.unpack()
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, ports))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    alerts = ("DSV4GuardBlind", "DSV4CanaryNotRunning")
+    assert not [a for a in prom.alerts() if a["labels"]["alertname"] in alerts]
+    served.engine.stop()
+    for alert in alerts:
+        wait_for(
+            alert,
+            lambda alert=alert: _firing(prom, alert, **scope),
+            timeout=(15 + 5) * 60 // SCALE + 90,
+        )
+    (tmp_path / "back").mkdir()
+    back = EngineKubelet(cluster, ports["engine"], tmp_path / "back").start()
+    try:
+        for alert in alerts:
+            wait_for(f"{alert} resolved", lambda alert=alert: _resolved(prom, alert), 120)
+    finally:
+        back.stop()
+
+
+# An engine on 0.5.23, whose decode checksums the KV pages it receives (the double follows).
+RELEASE_0_5_23 = {
+    "engine.sglangVersion": "0.5.23",
+    "engine.image": "registry.example.com/dsv4-engine:0.5.23-p1",
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix", "toolCallDropCounter"],
+}
+
+
+@pytest.mark.long(seconds=80)
+def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
+    served: Served,
+    tap: subprocess.Popen[bytes],
+) -> None:
+    """The double fails 5% of its KV transfers (0.5.23's checksum, HTTP 500): the SGLang alerts
+    fire with the deployment's labels, which only the ServiceMonitor's relabelling gives the
+    engines' series; the configuration without the failures again, and they resolve."""
+    cluster, prom, ports, scope = served.unpack()
+    engine = served.engine
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    failing = {"engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.05"}]}
+    alerts = ("DSV4KVTransferFailures", "DSV4KVIntegrity")
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23, **failing))
+        for alert in alerts:
+            wait_for(
+                alert,
+                lambda alert=alert: _firing(prom, alert, job=f"{NAME}-decode", **scope),
+                timeout=180,
+            )
+        cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
+        wait_for(
+            "the double without failing transfers",
+            lambda: "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB" not in engine.env,
+            timeout=120,
+        )
+        for alert in alerts:
+            wait_for(
+                f"{alert} resolved",
+                lambda alert=alert: _resolved(prom, alert),
+                timeout=10 * 60 // SCALE + 60,
+            )
+
+
+@pytest.mark.long(seconds=110)
+def test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_graphs_and_resolves(
+    served: Served,
+    tap: subprocess.Popen[bytes],
+) -> None:
+    """Decode's CUDA graphs captured up to 32 requests, the double serves 60 (rule DSV4-R006, a
+    warning): every decode pass runs eager until the graphs cover the load again."""
+    cluster, prom, ports, scope = served.unpack()
+    namespace = cluster.namespace
+    small_graphs = {"decode.overrides": {"cudaGraphMaxBs": 32}}
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **small_graphs))
+        wait_for(
+            "DSV4EagerDecodeFallback",
+            lambda: _firing(prom, "DSV4EagerDecodeFallback", job=f"{NAME}-decode", **scope),
+            timeout=15 * 60 // SCALE + 120,
+        )
+        cluster.apply(_spec(namespace, ports))
+        wait_for(
+            "DSV4EagerDecodeFallback resolved",
+            lambda: _resolved(prom, "DSV4EagerDecodeFallback"),
+            timeout=10 * 60 // SCALE + 90,
+        )
+
+
+@pytest.mark.long(seconds=150)
+def test_guard_no_data_fires_while_windows_end_without_a_verdict_and_resolves(
+    served: Served,
+) -> None:
+    """The canary answers, but the guard asks for more samples than it will see for a while:
+    every window ends NoData until the bar is lowered."""
+    cluster, prom, ports, scope = served.unpack()
+    namespace = cluster.namespace
+    unreachable = {"guard.leakRate": {"threshold": 0.02, "minSamples": 100_000}}
+    cluster.apply(_spec(namespace, ports, **unreachable))
+    wait_for(
+        "DSV4GuardNoData",
+        lambda: _firing(prom, "DSV4GuardNoData", **scope),
+        timeout=30 * 60 // SCALE + 120,
+    )
+    cluster.apply(_spec(namespace, ports))
+    wait_for("DSV4GuardNoData resolved", lambda: _resolved(prom, "DSV4GuardNoData"), 120)
