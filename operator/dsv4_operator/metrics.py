@@ -106,6 +106,22 @@ PER_DEPLOYMENT = (
     REVISION_INFO,
 )
 
+# The series each guard source exports (signals/supervisor.py): retired when the source is
+# switched off, so an alert on them (DSV4CanaryNotRunning, DSV4LeakTapUnreachable) resolves.
+SOURCE_SERIES: dict[str, tuple[Counter | Gauge, ...]] = {
+    "canary": (CANARY_LAST_RUN, CANARY_RESPONSES),
+    "tap": (TAPS_UNREACHABLE,),
+    "engine": (ENGINES_UNREACHABLE,),
+}
+
+
+def retire_sources(deployment: str, enabled: set[str]) -> None:
+    """Remove the series of every source of `deployment` not in `enabled`."""
+    for source, families in SOURCE_SERIES.items():
+        if source not in enabled:
+            for metric in families:
+                metric.remove_by_labels({"deployment": deployment})
+
 
 class GuardMetrics:
     """Sets the guard gauges from a status and counts new rollbacks and OOM events once.

@@ -68,3 +68,24 @@ def test_a_deleted_deployment_loses_every_series_and_only_its_own() -> None:
     assert _info("ns/gone", "r1", str(FP8.engine.index_k_dtype)) is None
     assert _value("dsv4_leak_rate", deployment="ns/stays", revision="r1") == 0.01
     assert _value("dsv4_guard_blind", deployment="ns/stays") == 0.0
+
+
+def test_a_source_switched_off_loses_its_series_and_only_its_own() -> None:
+    for deployment in ("ns/off", "ns/on"):
+        metrics.CANARY_LAST_RUN.labels(deployment).set(1.0)
+        metrics.CANARY_RESPONSES.labels(deployment, "r1", "ok").inc()
+        metrics.TAPS_UNREACHABLE.labels(deployment).set(0)
+        metrics.ENGINES_UNREACHABLE.labels(deployment).set(0)
+    metrics.retire_sources("ns/off", {"tap"})
+    assert _value("dsv4_canary_last_run_timestamp_seconds", deployment="ns/off") is None
+    assert (
+        _value("dsv4_canary_responses_total", deployment="ns/off", revision="r1", verdict="ok")
+        is None
+    )
+    assert _value("dsv4_guard_engines_unreachable", deployment="ns/off") is None
+    assert _value("dsv4_guard_taps_unreachable", deployment="ns/off") == 0
+    assert _value("dsv4_canary_last_run_timestamp_seconds", deployment="ns/on") == 1.0
+    metrics.retire_sources("ns/off", set())
+    assert _value("dsv4_guard_taps_unreachable", deployment="ns/off") is None
+    for deployment in ("ns/off", "ns/on"):
+        metrics.GuardMetrics().forget(deployment)

@@ -85,20 +85,26 @@ class GuardSupervisor:
         generation by the caller; None when it does not parse)."""
         if spec is None:
             self.stop(key)  # an invalid spec is reported by reconcile; nothing to probe
+            metrics.retire_sources(f"{key[0]}/{key[1]}", set())
             return
         # Never fetch a URL the trust policy refuses, even if the object got past admission
         # (created before the policy changed, or with the webhook down): reconcile reports it.
         if spec_trust_findings(spec, Placement(key[1], key[0]), self.policy):
             self.stop(key)
+            metrics.retire_sources(f"{key[0]}/{key[1]}", set())
             return
         guard = spec.guard
         prometheus_url = effective_prometheus_url(spec, self.policy)
-        wanted = guard.enabled and (
-            guard.canary.enabled
-            or prometheus_url is not None
-            or guard.tap.enabled
-            or guard.engine.enabled
-        )
+        sources = {
+            source
+            for source, on in (
+                ("canary", guard.canary.enabled),
+                ("tap", guard.tap.enabled),
+                ("engine", guard.engine.enabled),
+            )
+            if guard.enabled and on
+        }
+        wanted = bool(sources) or (guard.enabled and prometheus_url is not None)
         fingerprint = (
             guard.model_dump_json()
             + spec.router.model_dump_json()
@@ -112,6 +118,9 @@ class GuardSupervisor:
         if wanted and current is None:
             task = asyncio.create_task(self._loops(key, spec), name=f"guard-{key[0]}/{key[1]}")
             self._tasks[key] = (fingerprint, task)
+        # A source switched off says nothing any more: its series go (the loop that set them
+        # was cancelled above, before it could set them again).
+        metrics.retire_sources(f"{key[0]}/{key[1]}", sources)
 
     def stop(self, key: Key) -> None:
         self._traffic.retain(key, set())
