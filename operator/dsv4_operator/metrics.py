@@ -66,6 +66,12 @@ TAPS_UNREACHABLE = Gauge(
     "Leak taps whose /metrics the guard could not read in its last round.",
     ["deployment"],
 )
+TRAFFIC_UNATTRIBUTED = Counter(
+    "dsv4_guard_traffic_unattributed",
+    "Classified responses read from the leak taps that no one revision served alone since the "
+    "previous read (a rollout between two reads): counted in no revision's window.",
+    ["deployment"],
+)
 ENGINES_UNREACHABLE = Gauge(
     "dsv4_guard_engines_unreachable",
     "Engine pods whose /metrics the guard could not read in its last round.",
@@ -100,6 +106,7 @@ PER_DEPLOYMENT = (
     GUARD_OUTCOME,
     GUARD_BLIND,
     TAPS_UNREACHABLE,
+    TRAFFIC_UNATTRIBUTED,
     ENGINES_UNREACHABLE,
     PLAN_VERIFIED,
     QUARANTINED,
@@ -110,7 +117,7 @@ PER_DEPLOYMENT = (
 # switched off, so an alert on them (DSV4CanaryNotRunning, DSV4LeakTapUnreachable) resolves.
 SOURCE_SERIES: dict[str, tuple[Counter | Gauge, ...]] = {
     "canary": (CANARY_LAST_RUN, CANARY_RESPONSES),
-    "tap": (TAPS_UNREACHABLE,),
+    "tap": (TAPS_UNREACHABLE, TRAFFIC_UNATTRIBUTED),
     "engine": (ENGINES_UNREACHABLE,),
 }
 
