@@ -177,6 +177,16 @@ def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str
     )
 
 
+def tool_calling_request() -> dict[str, object]:
+    """A tool-calling chat request, each a new conversation (the double draws its answer from
+    the conversation)."""
+    return {
+        "model": "deepseek-v4-flash",
+        "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
+        "tools": CANARY_TOOLS,
+    }
+
+
 class Traffic:
     """Tool-calling requests through the tap from 4 clients, until stopped; each a new
     conversation (the double draws its answer from the conversation)."""
@@ -188,13 +198,10 @@ class Traffic:
 
     async def _client(self, client: httpx.AsyncClient) -> None:
         while not self._stop.is_set():
-            body = {
-                "model": "deepseek-v4-flash",
-                "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
-                "tools": CANARY_TOOLS,
-            }
             try:
-                reply = await client.post(f"{self.url}/v1/chat/completions", json=body)
+                reply = await client.post(
+                    f"{self.url}/v1/chat/completions", json=tool_calling_request()
+                )
                 self.sent += 1
                 self.failed += reply.status_code != 200
             except httpx.HTTPError:

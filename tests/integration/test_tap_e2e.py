@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,9 +34,8 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
-from dsv4_operator.canary.scenario import CANARY_TOOLS
 
-from .guard_support import EngineKubelet, Traffic, wait_good_revision_served
+from .guard_support import EngineKubelet, Traffic, tool_calling_request, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 
@@ -251,12 +249,8 @@ def _answered(url: str, count: int) -> None:
     """`count` tool-calling requests through the tap, one after another, each answered."""
     with httpx.Client(timeout=30) as client:
         for _ in range(count):
-            body = {
-                "model": "deepseek-v4-flash",
-                "messages": [{"role": "user", "content": f"Plan trip {uuid.uuid4()}"}],
-                "tools": CANARY_TOOLS,
-            }
-            assert client.post(f"{url}/v1/chat/completions", json=body).status_code == 200
+            reply = client.post(f"{url}/v1/chat/completions", json=tool_calling_request())
+            assert reply.status_code == 200
 
 
 READ_INTERVAL = 40  # seconds: longer than the rollout below
