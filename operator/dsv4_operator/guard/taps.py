@@ -1,4 +1,4 @@
-"""The leak taps' counters (pure): their /metrics text turned into new classified responses.
+"""The leak taps' counters (pure): new classified responses, and the revision they belong to.
 
 A tap counts `dsv4_traffic_responses_total{verdict}` since it started. The guard scrapes each
 tap (signals/taps.py) every `spec.guard.tap.interval` and keeps, per tap URL, the last counts:
