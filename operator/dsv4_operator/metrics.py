@@ -65,6 +65,12 @@ TAPS_UNREACHABLE = Gauge(
     "Leak taps whose /metrics the guard could not read in its last round.",
     list(SCOPE),
 )
+TRAFFIC_UNATTRIBUTED = Counter(
+    "dsv4_guard_traffic_unattributed",
+    "Classified responses read from the leak taps that no one revision served alone since the "
+    "previous read (a rollout between two reads): counted in no revision's window.",
+    list(SCOPE),
+)
 ENGINES_UNREACHABLE = Gauge(
     "dsv4_guard_engines_unreachable",
     "Engine pods whose /metrics the guard could not read in its last round.",
@@ -101,11 +107,28 @@ PER_DEPLOYMENT = (
     GUARD_OUTCOME,
     GUARD_BLIND,
     TAPS_UNREACHABLE,
+    TRAFFIC_UNATTRIBUTED,
     ENGINES_UNREACHABLE,
     PLAN_VERIFIED,
     QUARANTINED,
     REVISION_INFO,
 )
+
+# The series each guard source exports (signals/supervisor.py): retired when the source is
+# switched off, so an alert on them (DSV4CanaryNotRunning, DSV4LeakTapUnreachable) resolves.
+SOURCE_SERIES: dict[str, tuple[Counter | Gauge, ...]] = {
+    "canary": (CANARY_LAST_RUN, CANARY_RESPONSES),
+    "tap": (TAPS_UNREACHABLE, TRAFFIC_UNATTRIBUTED),
+    "engine": (ENGINES_UNREACHABLE,),
+}
+
+
+def retire_sources(key: Key, enabled: set[str]) -> None:
+    """Remove the series of every source of the deployment `key` not in `enabled`."""
+    for source, families in SOURCE_SERIES.items():
+        if source not in enabled:
+            for metric in families:
+                metric.remove_by_labels(scope_labels(*key))
 
 
 class GuardMetrics:

@@ -225,6 +225,16 @@ def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str
     )
 
 
+def tool_calling_request(conversation: str | None = None) -> dict[str, object]:
+    """A tool-calling chat request; by default each a new conversation (the double draws its
+    answer from the conversation)."""
+    return {
+        "model": "deepseek-v4-flash",
+        "messages": [{"role": "user", "content": f"Plan trip {conversation or uuid.uuid4()}"}],
+        "tools": CANARY_TOOLS,
+    }
+
+
 class Traffic:
     """Tool-calling requests (`tool_choice` unset: "auto", the OpenAI default) through the tap
     from 4 clients, until stopped; each a new conversation (the double draws its answer from the
@@ -246,14 +256,8 @@ class Traffic:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             started = loop.time()
-            body = {
-                "model": "deepseek-v4-flash",
-                "messages": [
-                    {"role": "user", "content": f"Plan trip {self._run_id}-{next(self._next)}"}
-                ],
-                "tools": CANARY_TOOLS,
-            }
             try:
+                body = tool_calling_request(f"{self._run_id}-{next(self._next)}")
                 reply = await client.post(f"{self.url}/v1/chat/completions", json=body)
                 self.sent += 1
                 self.failed += reply.status_code != 200
@@ -283,9 +287,9 @@ def tap_ports() -> dict[str, int]:
 def guard_operator(
     kubeconfig: Path, namespace: str, log_dir: Path, ports: dict[str, int]
 ) -> OperatorProcess:
-    """`dsv4 run` allowed to reach the double and the tap on 127.0.0.1, canaries as often as
-    every second; started."""
-    allowed = ",".join(f"http://127.0.0.1:{ports[p]}" for p in ("engine", "tap", "tap_metrics"))
+    """`dsv4 run` allowed to reach every one of `ports` on 127.0.0.1 (the double, the tap, its
+    metrics), canaries as often as every second; started."""
+    allowed = ",".join(f"http://127.0.0.1:{port}" for port in ports.values())
     return OperatorProcess(
         kubeconfig,
         namespace,

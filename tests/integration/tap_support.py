@@ -1,14 +1,23 @@
 """The router's stand-in for the leak tap's tests: an aiohttp app streaming a tool call (or its
-leaked markup), served on a free port of 127.0.0.1."""
+leaked markup), served on a free port of 127.0.0.1; a running `dsv4 tap` process read through
+its /metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from dsv4_devcluster.process import free_port
+from tests.support.polling import until
 
 TOOLS = [
     {
@@ -92,3 +101,68 @@ async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
     await site.start()
     host, port = runner.addresses[0][:2]
     return runner, f"http://{host}:{port}"
+
+
+class TapProcess:
+    """`dsv4 tap --workers 2` in front of the upstream stand-in."""
+
+    def __init__(self, process: asyncio.subprocess.Process, url: str, metrics: str) -> None:
+        self.process, self.url, self.metrics_url = process, url, metrics
+
+    async def text(self) -> str:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(self.metrics_url) as reply,
+        ):
+            return await reply.text()
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = await self.text()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    async def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples named `name` whose labels include `labels`."""
+        return sum(
+            value
+            for (sample, sample_labels), value in (await self.metrics()).items()
+            if sample == name and labels.items() <= dict(sample_labels).items()
+        )
+
+    async def settled(self, name: str, want: float, **labels: str) -> None:
+        async def reached() -> bool:
+            return await self.value(name, **labels) == want
+
+        await until(f"{name}{labels} = {want}", reached)
+
+
+@contextlib.asynccontextmanager
+async def running_tap(upstream_url: str, workers: int = 1) -> AsyncIterator[TapProcess]:
+    """`dsv4 tap --workers N` (deployment "d") in front of `upstream_url`, once it serves."""
+    port, metrics = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", upstream_url,
+        "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
+        "--deployment", "d", "--workers", str(workers),
+    )  # fmt: skip
+    tap = TapProcess(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics")
+    try:
+
+        async def serving() -> bool:
+            try:  # /metrics answers first, then the relay listens
+                await tap.text()
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except (aiohttp.ClientError, OSError):
+                return False
+            writer.close()
+            return workers == 1 or await tap.value("dsv4_tap_workers") == workers
+
+        await until(f"{workers} tap worker(s) serving", serving, timeout=60)
+        yield tap
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()

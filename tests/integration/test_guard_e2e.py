@@ -328,3 +328,44 @@ def test_a_canary_that_reaches_nothing_says_why_with_the_url(
     assert f"canary against {url}: all 2 requests failed" in message
     assert "the first with cannot connect after" in message and "ConnectError" in message
     assert message in _condition(obj, "GuardBlind")["message"]
+
+
+@pytest.mark.long(seconds=50)
+def test_a_source_switched_off_retires_its_series(
+    cluster: Cluster, operator: OperatorProcess, engine: EngineKubelet, engine_port: int
+) -> None:
+    """On the operator's /metrics: the canary's last run goes when the canary is switched off
+    (DSV4CanaryNotRunning resolves, as the runbook says), the taps' and engines' when they
+    are, and every series of the deployment when it is deleted."""
+    namespace, endpoint = cluster.namespace, f"http://127.0.0.1:{engine_port}"
+    label = f"{namespace}/dsv4-flash"
+    last_run, canary = "dsv4_canary_last_run_timestamp_seconds", "dsv4_canary_responses_total"
+    taps, engines = "dsv4_guard_taps_unreachable", "dsv4_guard_engines_unreachable"
+    sources = {last_run, canary, taps, engines}
+    others = {"dsv4_guard_outcome", "dsv4_guard_blind", "dsv4_revision_info"}
+
+    def exported(*names: str) -> set[str]:
+        """Which of `names` have a series of this deployment on the operator's /metrics."""
+        return {n for n in names if any(s["deployment"] == label for s in operator.series(n))}
+
+    cluster.apply(_guarded(namespace, endpoint))
+    wait_for("every source's series", lambda: exported(*sources) == sources, timeout=180)
+    cluster.apply(_guarded(namespace, endpoint, **{"guard.canary.enabled": False}))
+    wait_for("the canary's series retired", lambda: not exported(last_run, canary), timeout=60)
+    operator.more_passes(2)  # and they stay retired; the sources still on keep theirs
+    assert exported(*sources) == {taps, engines}
+    tap_off = {"guard.canary.enabled": False, "guard.tap": {"enabled": False}}
+    cluster.apply(_guarded(namespace, endpoint, **tap_off))
+    wait_for("the taps' series retired", lambda: not exported(taps), timeout=60)
+    assert exported(*sources) == {engines}
+    cluster.apply(_guarded(namespace, endpoint))  # all on again, then the deployment goes
+    wait_for(
+        "the series back",
+        lambda: exported(last_run, taps, engines) == {last_run, taps, engines},
+        timeout=120,
+    )
+    assert exported(*others) == others
+    cluster.dsv4.delete(name="dsv4-flash", namespace=namespace)
+    wait_for(
+        "no series of the deleted deployment", lambda: not exported(*sources, *others), timeout=60
+    )

@@ -9,21 +9,30 @@ tool-calling requests through it the whole time. The guard reads the tap's /metr
 one run in 10 minutes and a leaking configuration (bf16 index-K + HiCache: 4.55% of
 responses) is applied: the traffic signal must roll it back on its own, with the canary
 holding no sample of the bad revision.
+
+A rollout shorter than the taps' read interval charges the responses answered before it to no
+revision, in particular not to the new one (the guard reads the taps at each change of the
+served revision, and counts what it read across one apart).
 """
 
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 
 from .guard_support import (
     EngineKubelet,
@@ -31,6 +40,7 @@ from .guard_support import (
     guard_operator,
     tap_ports,
     tap_process,
+    tool_calling_request,
     wait_good_revision_served,
 )
 
@@ -44,7 +54,7 @@ def gpu_pool_tap(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return tap_ports()
+    return {**tap_ports(), "reads": free_port()}
 
 
 @pytest.fixture
@@ -171,3 +181,115 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
     assert [q["hash"] for q in final["status"]["quarantine"]] == [entry["hash"]]
     assert sum(1 for e in cluster.events() if e["reason"] == "RolledBack") == 1
     assert tap.poll() is None  # the tap served throughout
+
+
+class MetricsReads:
+    """The tap's /metrics passed through unchanged, noting when each read began: the test
+    knows when the operator read the tap."""
+
+    def __init__(self, port: int, target: str) -> None:
+        reads: list[float] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                reads.append(time.monotonic())
+                with urllib.request.urlopen(target, timeout=5) as reply:
+                    body = reply.read()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.reads, self.url = reads, f"http://127.0.0.1:{port}/metrics"
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def read_after(self, moment: float, timeout: float = 90) -> float:
+        """Until a read began after `moment`; when it began."""
+        return float(
+            wait_for(
+                "a read of the tap",
+                lambda: next((r for r in self.reads if r > moment), None),
+                timeout=timeout,
+            )
+        )
+
+
+@pytest.fixture
+def reads(ports: dict[str, int]) -> Iterator[MetricsReads]:
+    relay = MetricsReads(ports["reads"], f"http://127.0.0.1:{ports['tap_metrics']}/metrics")
+    yield relay
+    relay.server.shutdown()
+
+
+def _answered(url: str, count: int) -> None:
+    """`count` tool-calling requests through the tap, one after another, each answered."""
+    with httpx.Client(timeout=30) as client:
+        for _ in range(count):
+            reply = client.post(f"{url}/v1/chat/completions", json=tool_calling_request())
+            assert reply.status_code == 200
+
+
+READ_INTERVAL = 40  # seconds: longer than the rollout below
+
+
+@pytest.mark.long(seconds=90)
+def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_the_new_revision(
+    cluster: Cluster,
+    operator: OperatorProcess,
+    engine: EngineKubelet,
+    tap: subprocess.Popen[bytes],
+    reads: MetricsReads,
+    ports: dict[str, int],
+) -> None:
+    namespace, label = cluster.namespace, f"{cluster.namespace}/dsv4-flash"
+    tap_url = f"http://127.0.0.1:{ports['tap']}"
+    slow_reads = {"guard.tap": {"interval": f"{READ_INTERVAL}s", "metricsEndpoints": [reads.url]}}
+    cluster.apply(_spec(namespace, ports, "10m", **slow_reads))
+    first = cluster.wait_phase("Ready", timeout=180)["status"]["currentRevision"]
+    # Right after a read of the tap with the first revision served alone and settled, it
+    # answers some requests, then a rollout to a second revision ends before the next read.
+    read = reads.read_after(time.monotonic())
+    before_change = 20
+    _answered(tap_url, before_change)
+    cluster.apply(_spec(namespace, ports, "10m", **slow_reads, **{"engine.maxRunningRequests": 48}))
+
+    def second_served() -> str | None:
+        status = cluster.get().get("status", {})
+        current = status.get("currentRevision")
+        return current if status.get("phase") == "Ready" and current != first else None
+
+    second = str(wait_for("the second revision served", second_served, timeout=120))
+    settled = time.monotonic()
+    assert settled - read < READ_INTERVAL, "the rollout took longer than the read interval"
+
+    def charged_to_second() -> int:
+        guard = cluster.get()["status"].get("guard", {})
+        return int(guard.get("trafficSamples", 0)) if guard.get("revision") == second else 0
+
+    def unattributed() -> float:
+        return operator.metric("dsv4_guard_traffic_unattributed_total", deployment=label) or 0
+
+    # The answers before the change were read once the rollout had begun: counted apart, or
+    # (before this was fixed) at the next read, for the second revision.
+    wait_for(
+        "the answers before the change read",
+        lambda: unattributed() + charged_to_second() >= before_change,
+        timeout=READ_INTERVAL + 60,
+    )
+    assert charged_to_second() == 0
+    assert unattributed() == before_change
+    # The second revision's own answers count for it, from the read taken as it settled.
+    reads.read_after(settled)
+    after_change = 10
+    _answered(tap_url, after_change)
+    wait_for(
+        "the second revision's answers counted",
+        lambda: charged_to_second() == after_change,
+        timeout=READ_INTERVAL + 60,
+    )
+    assert unattributed() == before_change

@@ -16,56 +16,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4_devcluster.process import free_port, spawned_children
 from dsv4_operator.cli import main
 from dsv4_operator.guard.taps import parse_counts
 from dsv4_operator.tap.proxy import TapConfig
 from dsv4_operator.tap.workers import WorkerPool
-from tests.support.polling import exited, until
+from tests.support.polling import exited
 
-from .tap_support import TOOLS, Upstream, serve_app
+from .tap_support import TOOLS, TapProcess, Upstream, running_tap, serve_app
 
 pytestmark = pytest.mark.asyncio
 
 CONNECTIONS = 24  # each on its own connection: the kernel spreads them over the workers
-
-
-class TapProcess:
-    """`dsv4 tap --workers 2` in front of the upstream stand-in."""
-
-    def __init__(self, process: asyncio.subprocess.Process, url: str, metrics: str) -> None:
-        self.process, self.url, self.metrics_url = process, url, metrics
-
-    async def text(self) -> str:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(self.metrics_url) as reply,
-        ):
-            return await reply.text()
-
-    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = await self.text()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
-
-    async def value(self, name: str, **labels: str) -> float:
-        """The sum of the samples named `name` whose labels include `labels`."""
-        return sum(
-            value
-            for (sample, sample_labels), value in (await self.metrics()).items()
-            if sample == name and labels.items() <= dict(sample_labels).items()
-        )
-
-    async def settled(self, name: str, want: float, **labels: str) -> None:
-        async def reached() -> bool:
-            return await self.value(name, **labels) == want
-
-        await until(f"{name}{labels} = {want}", reached)
 
 
 @pytest.fixture
@@ -74,27 +37,10 @@ async def tap() -> AsyncIterator[TapProcess]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", upstream.chat)
     runner, up_url = await serve_app(app)
-    port, metrics = free_port(), free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", up_url,
-        "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
-        "--deployment", "d", "--workers", "2",
-    )  # fmt: skip
-    tap = TapProcess(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics")
     try:
-
-        async def serving() -> bool:
-            try:
-                return await tap.value("dsv4_tap_workers") == 2
-            except aiohttp.ClientError:
-                return False
-
-        await until("two tap workers serving", serving, timeout=60)
-        yield tap
+        async with running_tap(up_url, workers=2) as tap:
+            yield tap
     finally:
-        if process.returncode is None:
-            process.terminate()
-            await process.wait()
         await runner.cleanup()
 
 

@@ -49,6 +49,14 @@ def test_policy_chain(evidence: Evidence, outcome: GuardResult, reason: str) -> 
     assert verdict.message
 
 
+def test_the_confidence_is_printed_as_it_is() -> None:
+    for confidence, printed in ((0.999, "99.9%"), (0.99, "99%")):
+        guard = GUARD.model_copy(deep=True)
+        guard.leak_rate.confidence = confidence
+        message = evaluate(Evidence(samples=32, leaks=6), guard).message
+        assert f"(18.8%, {printed} bounds " in message
+
+
 def test_rollback_reasons() -> None:
     assert evaluate(Evidence(samples=32, leaks=6), GUARD).rollback_reason == "LeakRate"
     assert evaluate(Evidence(oom_events=1), GUARD).rollback_reason == "OOM"

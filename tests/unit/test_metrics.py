@@ -87,3 +87,22 @@ def test_deployments_of_one_name_in_two_namespaces_are_two_series() -> None:
     guard.forget(staging)
     assert _value("dsv4_leak_rate", **_scope(staging), revision="r2") is None
     assert _value("dsv4_guard_blind", **_scope(prod)) == 0.0
+
+
+def test_a_source_switched_off_loses_its_series_and_only_its_own() -> None:
+    off, on = ("ns", "off"), ("ns", "on")
+    for key in (off, on):
+        metrics.CANARY_LAST_RUN.labels(*key).set(1.0)
+        metrics.CANARY_RESPONSES.labels(*key, "r1", "ok").inc()
+        metrics.TAPS_UNREACHABLE.labels(*key).set(0)
+        metrics.ENGINES_UNREACHABLE.labels(*key).set(0)
+    metrics.retire_sources(off, {"tap"})
+    assert _value("dsv4_canary_last_run_timestamp_seconds", **_scope(off)) is None
+    assert _value("dsv4_canary_responses_total", **_scope(off), revision="r1", verdict="ok") is None
+    assert _value("dsv4_guard_engines_unreachable", **_scope(off)) is None
+    assert _value("dsv4_guard_taps_unreachable", **_scope(off)) == 0
+    assert _value("dsv4_canary_last_run_timestamp_seconds", **_scope(on)) == 1.0
+    metrics.retire_sources(off, set())
+    assert _value("dsv4_guard_taps_unreachable", **_scope(off)) is None
+    for key in (off, on):
+        metrics.GuardMetrics().forget(key)

@@ -197,12 +197,16 @@ class _Guards:
     def __init__(self) -> None:
         self.ensured: list[tuple[tuple[str, str], DSV4DeploymentSpec | None]] = []
         self.stopped: list[tuple[str, str]] = []
+        self.statuses: list[tuple[tuple[str, str], object]] = []
 
     def ensure(self, key: tuple[str, str], spec: DSV4DeploymentSpec | None) -> None:
         self.ensured.append((key, spec))
 
     def stop(self, key: tuple[str, str]) -> None:
         self.stopped.append(key)
+
+    def saw_status(self, key: tuple[str, str], status: object) -> None:
+        self.statuses.append((key, status))
 
 
 class _Queue:
@@ -237,6 +241,8 @@ def test_the_listener_hands_the_guards_the_spec_parsed_once_per_generation() -> 
     listener(DSV4, {**copy.deepcopy(owner), "status": {"phase": "Ready"}}, False)
     [(key, first), (_, again)] = guards.ensured
     assert key == ("ns", "x") and isinstance(first, DSV4DeploymentSpec) and again is first
+    # Every status seen goes to the guards: a change of the served revision cuts the tap reads.
+    assert guards.statuses[-1] == (("ns", "x"), {"phase": "Ready"})
     listener(DSV4, _owner(with_changes(doc, {"guard.canary.interval": "soon"}), 2), False)
     assert guards.ensured[-1] == (("ns", "x"), None)  # invalid: the guard stops
     # A child's change enqueues its owner and leaves the guard alone.

@@ -190,7 +190,7 @@ def _leak_rate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     rate = evidence.leaks / evidence.samples
     observed = (
         f"{evidence.leaks}/{evidence.samples} responses leaked ({rate:.1%}, "
-        f"{guard.leak_rate.confidence:.0%} bounds {low:.1%}-{high:.1%})"
+        f"{100 * guard.leak_rate.confidence:g}% bounds {low:.1%}-{high:.1%})"  # 99.9%, not 100%
     )
     if low > threshold:
         return GuardVerdict(

@@ -1,15 +1,24 @@
-"""The leak taps' counters (pure): their /metrics text turned into new classified responses.
+"""The leak taps' counters (pure): new classified responses, and the revision they belong to.
 
 A tap counts `dsv4_traffic_responses_total{verdict}` since it started. The guard scrapes each
 tap (signals/taps.py) every `spec.guard.tap.interval` and keeps, per tap URL, the last counts:
 the difference is what the taps saw since. The first scrape of a URL only sets its baseline
 (what came before may belong to an earlier revision); a counter that went down is a restarted
-tap, whose new count is all new. Which revision served those responses is the caller's to say.
+tap, whose new count is all new.
+
+Which revision served them: the taps cannot see it (a response names no revision), and a read
+every interval cannot place a change of revision that falls between two reads. So the guard
+keeps a log of the served revision as the watch sees it change (`ServingLog`: a revision only
+while it serves alone and settled, None during a rollout, and a count of the changes), reads
+every tap at each change besides every interval, and gives the responses new since the last
+read to a revision only when that revision served, alone, at both reads and nothing changed in
+between (`attribute`). What came in across a change is counted apart, never charged to either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -64,3 +73,41 @@ def samples_and_leaks(new: Mapping[str, float]) -> tuple[int, int]:
     samples = sum(int(n) for v, n in new.items() if v != VerdictKind.ERROR.value)
     leaks = sum(int(new.get(kind.value, 0)) for kind in LEAK_KINDS)
     return samples, leaks
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What served, as the watch saw it: `revision` alone and settled (None during a rollout
+    or before any settles), after `changes` changes of it."""
+
+    revision: str | None
+    changes: int
+
+
+class ServingLog:
+    """Per owner, the served revision and how many times it changed (pure bookkeeping)."""
+
+    def __init__(self) -> None:
+        self._now: dict[object, Serving] = {}
+
+    def saw(self, owner: object, revision: str | None) -> bool:
+        """Record what serves now; True when it changed (a tap read belongs here)."""
+        before = self._now.get(owner)
+        if before is not None and before.revision == revision:
+            return False
+        self._now[owner] = Serving(revision, before.changes + 1 if before else 0)
+        return before is not None
+
+    def now(self, owner: object) -> Serving | None:
+        return self._now.get(owner)
+
+    def forget(self, owner: object) -> None:
+        self._now.pop(owner, None)
+
+
+def attribute(before: Serving | None, now: Serving | None) -> str | None:
+    """The revision the responses read between two reads (at `before` and `now`) belong to:
+    the one that served alone at both with no change in between; None when none did."""
+    if before is None or now is None or now.revision is None:
+        return None
+    return now.revision if before == now else None

@@ -50,6 +50,7 @@ class Leadership:
             owner = await self.cache.get(DSV4, namespace, name)
             if owner is not None:
                 self.guards.ensure((namespace, name), self.specs.spec(owner))
+                self.guards.saw_status((namespace, name), owner.get("status"))
                 self.queue.add((namespace, name), owner["metadata"].get("generation"))
         self.work = work = asyncio.create_task(self.queue.run())
         if self.elector is None:

@@ -89,6 +89,7 @@ def enqueue_owner(
                 queue.add(key, meta.get("generation"))
                 if leadership.leading.is_set():  # a standby runs no canary
                     guards.ensure(key, specs.spec(obj))
+                    guards.saw_status(key, obj.get("status"))  # the served revision's changes
             return
         owner = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
         if owner:

@@ -20,8 +20,9 @@ fingerprint, cancelled on deletion and at cleanup) in under 60 lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
 import httpx
@@ -29,10 +30,16 @@ import httpx
 from dsv4_operator import metrics
 from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.api.status import Phase, parse_status
+from dsv4_operator.api.status import DSV4DeploymentStatus, Phase, parse_status
 from dsv4_operator.api.times import Duration
 from dsv4_operator.guard.observations import CANARY, ENGINE, PROMETHEUS, TAP, Key, Observations
-from dsv4_operator.guard.taps import TrafficDeltas, samples_and_leaks
+from dsv4_operator.guard.taps import (
+    Serving,
+    ServingLog,
+    TrafficDeltas,
+    attribute,
+    samples_and_leaks,
+)
 from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import DSV4, POD
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
@@ -54,6 +61,11 @@ log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
 
 
+def _served(status: DSV4DeploymentStatus) -> str | None:
+    """The revision serving alone: as for the canary, only a settled one."""
+    return status.current_revision if status.phase in SETTLED_PHASES else None
+
+
 class GuardSupervisor:
     """One asyncio task per guarded deployment; restarted when its guard settings change."""
 
@@ -70,6 +82,9 @@ class GuardSupervisor:
         # The last failure logged, per deployment and source.
         self._said: dict[tuple[Key, str], str] = {}
         self._traffic = TrafficDeltas()
+        self._serving = ServingLog()  # the served revision as the watch saw it change
+        self._read_at: dict[Key, Serving | None] = {}  # what served at each key's last tap read
+        self._cuts: dict[Key, asyncio.Event] = {}  # set: read the taps now (a change)
         # URLs from the spec (Prometheus, tap.metricsEndpoints; the canary has its own client)
         # follow HTTP(S)_PROXY and NO_PROXY, as any client would.
         self.http = http or httpx.AsyncClient(timeout=10.0, follow_redirects=False)
@@ -86,20 +101,26 @@ class GuardSupervisor:
         generation by the caller; None when it does not parse)."""
         if spec is None:
             self.stop(key)  # an invalid spec is reported by reconcile; nothing to probe
+            metrics.retire_sources(key, set())
             return
         # Never fetch a URL the trust policy refuses, even if the object got past admission
         # (created before the policy changed, or with the webhook down): reconcile reports it.
         if spec_trust_findings(spec, Placement(key[1], key[0]), self.policy):
             self.stop(key)
+            metrics.retire_sources(key, set())
             return
         guard = spec.guard
         prometheus_url = effective_prometheus_url(spec, self.policy)
-        wanted = guard.enabled and (
-            guard.canary.enabled
-            or prometheus_url is not None
-            or guard.tap.enabled
-            or guard.engine.enabled
-        )
+        sources = {
+            source
+            for source, on in (
+                ("canary", guard.canary.enabled),
+                ("tap", guard.tap.enabled),
+                ("engine", guard.engine.enabled),
+            )
+            if guard.enabled and on
+        }
+        wanted = bool(sources) or (guard.enabled and prometheus_url is not None)
         fingerprint = (
             guard.model_dump_json()
             + spec.router.model_dump_json()
@@ -113,9 +134,23 @@ class GuardSupervisor:
         if wanted and current is None:
             task = asyncio.create_task(self._loops(key, spec), name=f"guard-{key[0]}/{key[1]}")
             self._tasks[key] = (fingerprint, task)
+        # A source switched off says nothing any more: its series go (the loop that set them
+        # was cancelled above, before it could set them again).
+        metrics.retire_sources(key, sources)
+
+    def saw_status(self, key: Key, status: Mapping[str, object] | None) -> None:
+        """The watch saw `key`'s status: when the revision served changes, read the taps now,
+        so the responses up to here are not counted with what follows."""
+        if self._serving.saw(key, _served(parse_status(status))):
+            cut = self._cuts.get(key)
+            if cut is not None:
+                cut.set()
 
     def stop(self, key: Key) -> None:
         self._traffic.retain(key, set())
+        self._serving.forget(key)
+        self._read_at.pop(key, None)
+        self._cuts.pop(key, None)
         self.engines.forget(key)
         self._started.pop(key, None)
         metrics.TAPS_UNREACHABLE.remove_by_labels(scope_labels(*key))
@@ -136,7 +171,8 @@ class GuardSupervisor:
         self._started[key] = datetime.now(UTC)
         loops = [self._loop(key, spec, self._round, spec.guard.canary.interval)]
         if spec.guard.tap.enabled:
-            loops.append(self._loop(key, spec, self._tap_round, spec.guard.tap.interval))
+            cut = self._cuts[key] = asyncio.Event()
+            loops.append(self._loop(key, spec, self._tap_round, spec.guard.tap.interval, cut))
         if spec.guard.engine.enabled:
             loops.append(self._loop(key, spec, self._engine_round, spec.guard.engine.interval))
         await asyncio.gather(*loops)
@@ -147,14 +183,19 @@ class GuardSupervisor:
         spec: DSV4DeploymentSpec,
         round_: Callable[[Key, DSV4DeploymentSpec], Awaitable[None]],
         every: Duration,
+        early: asyncio.Event | None = None,
     ) -> None:
+        """`round_` every `every`, and at once when `early` is set."""
         interval = every.delta.total_seconds()
+        early = early or asyncio.Event()
         while True:
             try:
                 await round_(key, spec)
             except Exception:  # one bad round must not end the loop, but must be seen
                 log.exception("%s/%s: guard round failed", *key)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(early.wait(), interval)
+            early.clear()
 
     async def _tap_endpoints(
         self, key: Key, spec: DSV4DeploymentSpec
@@ -173,17 +214,20 @@ class GuardSupervisor:
         )
 
     async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
-        """New classified responses from every tap, counted for the revision served."""
+        """New classified responses from every tap, counted for the revision that served
+        them alone since the last read (guard/taps.py `attribute`), else counted apart."""
         namespace, name = key
         owner = await self.client.get(DSV4, namespace, name)
-        status = parse_status((owner or {}).get("status"))
-        # As for the canary: only while one settled revision serves is a response its own.
-        served = status.current_revision if status.phase in SETTLED_PHASES else None
+        self.saw_status(key, (owner or {}).get("status"))
         http, endpoints = await self._tap_endpoints(key, spec)
         self._traffic.retain(key, set(endpoints))
         samples = leaks = 0
         failed: list[str] = []
+        before = self._serving.now(key)
         replies = await asyncio.gather(*(scrape(http, url) for url in endpoints))
+        after = self._serving.now(key)  # a change during the reads: they straddle it
+        served = attribute(self._read_at.get(key), before) if before == after else None
+        self._read_at[key] = after
         for url, (counts, error) in zip(endpoints, replies, strict=True):
             if error is not None:
                 failed.append(f"{url}: {error}")
@@ -200,6 +244,8 @@ class GuardSupervisor:
             self._said.pop((key, TAP), None)
         if served is not None and (samples or not failed):
             self.observations.record_traffic(key, served, samples, leaks)
+        elif samples:
+            metrics.TRAFFIC_UNATTRIBUTED.labels(namespace, name).inc(samples)
         if samples:
             self.wake(key)
 

@@ -1,6 +1,6 @@
 """The tap's /metrics: traffic by verdict, tool-calling share, classifier drops and lag, and
 the latency the tap adds. Labelled by series.SCOPE only: which revision served a response is
-the guard's to say (it counts traffic only while one revision serves, as for the canary)."""
+the guard's to say (guard/taps.py: only a revision that served alone between two reads)."""
 
 from __future__ import annotations
 

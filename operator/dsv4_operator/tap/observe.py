@@ -1,6 +1,10 @@
 """Reads the HTTP/1.1 exchanges of one relayed connection (httptools), never altering them:
 which requests offered tools, and a copy of their responses for the classifier.
 
+A response with neither a length nor chunks ends when the router closes the connection (HTTP/1.0,
+or `Connection: close`): the parser cannot see that end, so the relay reports the close
+(`ConnectionObserver.router_closed`) and the response is handed over as the client got it.
+
 The relay forwards every byte whatever happens here: a connection this module cannot follow
 (a HEAD request, whose response length the parser cannot know; an upgrade; bytes that are not
 HTTP/1.1) is left unobserved from then on, and counted.
@@ -95,7 +99,8 @@ class ConnectionObserver:
         self.active = True
         self._pending: deque[Exchange] = deque()  # requests whose responses have not ended
         self._requests = httptools.HttpRequestParser(_RequestSide(self))
-        self._responses = httptools.HttpResponseParser(_ResponseSide(self))
+        self._response_side = _ResponseSide(self)
+        self._responses = httptools.HttpResponseParser(self._response_side)
 
     def feed_request(self, data: bytes) -> None:
         if self.active:
@@ -104,6 +109,17 @@ class ConnectionObserver:
     def feed_response(self, data: bytes) -> None:
         if self.active:
             self._feed(self._responses, data)
+
+    def router_closed(self) -> None:
+        """The router closed the connection: a response still being read ends here (one that
+        ends with the close, as HTTP says, or one cut short), and it is accounted as the
+        client got it. Nothing more comes on this connection."""
+        if self.active:
+            try:
+                self._response_side.end()
+            except Exception:  # as in _feed: never reaches the relay
+                log.exception("the tap could not account a response ended by a close")
+            self.active = False
 
     def _feed(
         self, parser: httptools.HttpRequestParser | httptools.HttpResponseParser, data: bytes
@@ -163,6 +179,15 @@ class _ResponseSide:
     def __init__(self, observer: ConnectionObserver) -> None:
         self.observer = observer
         self.interim = False
+        self.reading = False  # a response has begun and not ended
+
+    def on_message_begin(self) -> None:
+        self.reading, self.interim = True, False
+
+    def end(self) -> None:
+        """The connection closed: what was read of the current response is all of it."""
+        if self.reading:
+            self.on_message_complete()
 
     def on_headers_complete(self) -> None:
         status = self.observer._responses.get_status_code()
@@ -177,6 +202,7 @@ class _ResponseSide:
                 exchange.response_part(body, self.observer.hooks.capture_limit)
 
     def on_message_complete(self) -> None:
+        self.reading = False
         if self.interim or not self.observer._pending:
             return
         exchange = self.observer._pending.popleft()

@@ -39,6 +39,7 @@ class _Router(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.client.transport.close()  # after what is buffered has been written
+        self.client.observer.router_closed()  # the end of a close-delimited response
 
     def pause_writing(self) -> None:  # the router reads slower than the client sends
         self.client.transport.pause_reading()
