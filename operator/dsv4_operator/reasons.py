@@ -451,6 +451,24 @@ class ConditionReason(Reason):
     )
 
 
+def condition_rows() -> list[tuple[str, str, str, str]]:
+    """(condition, status, reason, when it is set and what to do) for every reason a status
+    condition can carry: ConditionReason descriptions open with `Type=Status:` (Degraded's
+    may add `, phase Failed`), WeightsReady's are the WeightsReason members, RolledBack=True's
+    the RollbackReason members."""
+    rows = []
+    for member in ConditionReason:
+        head, _, text = member.description.partition(": ")
+        type_, _, status = head.partition("=")
+        status, _, phase = status.partition(", ")
+        rows.append((type_, status, member.value, f"{phase}: {text}" if phase else text))
+    for weights in WeightsReason:
+        status = "True" if weights is WeightsReason.DOWNLOADED else "False"
+        rows.append(("WeightsReady", status, weights.value, weights.description))
+    rows += [("RolledBack", "True", r.value, r.description) for r in RollbackReason]
+    return rows
+
+
 # Every catalogue, in the order the docs list them.
 CATALOGUE: tuple[type[Reason], ...] = (
     GuardResult,
