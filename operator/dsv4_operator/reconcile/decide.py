@@ -41,7 +41,7 @@ from dsv4_operator.names import (
 from dsv4_operator.reasons import ConditionReason, EventReason, WeightsReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass, plan_check
-from dsv4_operator.reconcile.health import Health, seconds_to_deadline
+from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY, Health, seconds_to_deadline
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
 from dsv4_operator.reconcile.world import Pair, World
@@ -254,13 +254,14 @@ def _weights(
     state = weights_state(actions.world, ctx)
     if state is None:
         return None, None
-    actions.ensure(render_weights(ctx))
+    if state.reason != WeightsReason.TOKEN_SECRET_MISSING:  # refused: no Job before it exists
+        actions.ensure(render_weights(ctx))
     for name in stale_jobs(actions.world, ctx, state.ready):
         actions.remove(JOB, name)
     if not state.ready:
         was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
         if was is None or was.reason != state.reason:
-            ok = state.reason in (WeightsReason.PENDING, WeightsReason.DOWNLOADING)
+            ok = state.reason in WEIGHTS_UNDER_WAY
             reason = weights_event_reason(state.reason)
             actions.note("Normal" if ok else "Warning", reason, state.message)
         actions.wait()
@@ -312,6 +313,10 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> 
         return None
     due = window.passing_since.at + spec.guard.bake_time.delta
     return max((due - world.now).total_seconds(), 1.0)
+
+
+# How often a missing Hub token Secret is looked for (Secrets are not watched).
+SECRET_RECHECK_SECONDS = 15.0
 
 
 def _deadline_wake(
@@ -407,7 +412,12 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     _monitoring_event(actions, decision.status)
     _plan_event(actions, decision.status)
     decision.requeue_after = _earliest(
-        _bake_wake(world, spec, guard), _deadline_wake(decision.status, world, spec)
+        _bake_wake(world, spec, guard),
+        _deadline_wake(decision.status, world, spec),
+        # No watch on Secrets: look for the missing token Secret again.
+        SECRET_RECHECK_SECONDS
+        if weights is not None and weights.reason == WeightsReason.TOKEN_SECRET_MISSING
+        else None,
     )
     return decision
 
