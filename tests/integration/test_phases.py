@@ -4,7 +4,6 @@ then Failed once its progress deadline passes, as `kubectl get dsv4` shows."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
-from tests.chart.support import tool
+from tests.integration.cluster_support import kubectl_get_dsv4
 
 pytestmark = pytest.mark.integration
 
@@ -60,23 +59,6 @@ class StatusWrites:
 
 def _degraded(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), {})
-
-
-def _kubectl_get(control_plane: ControlPlane, namespace: str) -> str:
-    return subprocess.run(
-        [
-            str(tool("kubectl")),
-            "--kubeconfig",
-            str(control_plane.kubeconfig_path),
-            "get",
-            "dsv4",
-            "-n",
-            namespace,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 @pytest.fixture
@@ -163,11 +145,11 @@ def test_a_planned_recreate_is_progressing_at_every_status_write(
             )
 
         wait_for("the new roles ready, the router held", roles_ready_router_not, timeout=120)
-        print(_kubectl_get(control_plane, cluster.namespace))
+        print(kubectl_get_dsv4(control_plane, cluster.namespace))
         _router_quota(quotas, cluster.namespace, priority_class, pods=1)
         done = cluster.wait_phase("Ready", timeout=240)
         assert done["status"]["currentRevision"] != old
-    print(_kubectl_get(control_plane, cluster.namespace))
+    print(kubectl_get_dsv4(control_plane, cluster.namespace))
     phases = [s.get("phase") for s in writes.seen]
     faults = [_degraded(s) for s in writes.seen if _degraded(s).get("status") == "True"]
     print("phases written:", phases)
@@ -194,7 +176,7 @@ def test_a_stuck_deployment_is_degraded_then_failed_at_its_deadline(
     status = wait_for("Degraded Unschedulable", degraded, timeout=60)
     assert status["phase"] == "Degraded"
     assert 'persistentvolumeclaim "dsv4-weights" not found' in _degraded(status)["message"]
-    listed = _kubectl_get(control_plane, cluster.namespace)
+    listed = kubectl_get_dsv4(control_plane, cluster.namespace)
     print(listed)
     assert "Degraded" in listed and "Unschedulable" in listed
 
@@ -206,7 +188,7 @@ def test_a_stuck_deployment_is_degraded_then_failed_at_its_deadline(
     condition = _degraded(status)
     assert (condition["status"], condition["reason"]) == ("True", "ProgressDeadlineExceeded")
     assert "spec.progressDeadlineSeconds" in condition["message"]
-    listed = _kubectl_get(control_plane, cluster.namespace)
+    listed = kubectl_get_dsv4(control_plane, cluster.namespace)
     print(listed)
     assert "Failed" in listed and "ProgressDeadlineExceeded" in listed
     # The fix clears it: the claim lets the pods through and the rollout completes.

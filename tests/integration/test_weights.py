@@ -22,7 +22,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, volume_for
 from dsv4_devcluster.hub import HubRepo, StandInHub
 from dsv4_devcluster.operator import OperatorProcess
-from tests.integration.weights_support import JobContainer
+from tests.integration.weights_support import JobContainer, token_secret
 
 pytestmark = pytest.mark.integration
 
@@ -112,15 +112,7 @@ def setup(
     gpu_nodes: list[str],
     tmp_path: Path,
 ) -> Iterator[tuple[Cluster, OperatorProcess]]:
-    dyn.resources.get(api_version="v1", kind="Secret").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "hf-token"},
-            "stringData": {"token": TOKEN},
-        },
-    )
+    token_secret(dyn, namespace, TOKEN)
     operator = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
     try:
         yield Cluster(dyn, namespace), operator
