@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster import ControlPlane, report_container_waiting, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
 from tests.integration.cluster_support import kubectl_get_dsv4
@@ -195,3 +195,33 @@ def test_a_stuck_deployment_is_degraded_then_failed_at_its_deadline(
     weights_volume(cluster.dyn, cluster.namespace)
     cluster.wait_phase("Ready")
     assert _degraded(cluster.get()["status"])["status"] == "False"
+
+
+def test_a_pod_that_cannot_pull_its_image_is_degraded_and_says_which(
+    control_plane: ControlPlane, cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """The kubelet reports ImagePullBackOff on the decode pod: Degraded names it at once
+    (main read Progressing, or Ready=False only), and clears when the pod runs again."""
+    weights_volume(cluster.dyn, cluster.namespace)
+    cluster.apply(example(cluster.namespace))
+    cluster.wait_phase("Ready")
+    [pod] = cluster.pods("dsv4.io/role=decode")
+    report_container_waiting(
+        cluster.dyn,
+        cluster.namespace,
+        pod["metadata"]["name"],
+        pod["spec"]["containers"][0]["name"],
+        "ImagePullBackOff",
+        'Back-off pulling image "registry.example.com/sglang:missing"',
+    )
+
+    def degraded() -> dict[str, Any] | None:
+        status = cluster.get().get("status", {})
+        return status if _degraded(status).get("reason") == "ImagePullBackOff" else None
+
+    status = wait_for("Degraded ImagePullBackOff", degraded, timeout=60)
+    assert status["phase"] == "Degraded"
+    assert pod["metadata"]["name"] in _degraded(status)["message"]
+    listed = kubectl_get_dsv4(control_plane, cluster.namespace)
+    print(listed)
+    assert "Degraded" in listed and "ImagePullBackOff" in listed
