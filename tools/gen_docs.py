@@ -39,6 +39,7 @@ from pydantic.fields import FieldInfo
 
 from dsv4_operator import cli, reasons, series, settings
 from dsv4_operator import metrics as operator_metrics
+from dsv4_operator.api.status import ConditionType
 from dsv4_operator.tap.metrics import TapMetrics
 from dsv4_operator.tap.proxy import TapConfig
 from dsv4_operator.tap.worker import ClassifierLink
@@ -427,6 +428,19 @@ def reasons_catalogue() -> str:
         "metric label, when it is set, and what to do about it. The strings are part of the "
         "API: alerts and scripts may match on them.\n"
     ]
+    order = list(typing.get_args(ConditionType))
+    rows = sorted(reasons.condition_rows(), key=lambda row: order.index(row[0]))
+    parts.append(
+        "\n## Conditions\n\nEach status condition and reason: when it is set and what to do. "
+        "`Degraded=True` means a fault (it never marks a planned rollout) and `status.phase` "
+        "is then `Degraded`, or `Failed` when the fault stays until someone acts; "
+        "`kubectl get dsv4` shows the Degraded reason in its REASON column. Every condition "
+        "carries a message.\n\n"
+        + _table(
+            ("condition", "status", "reason", "when it is set and what to do"),
+            [(c, s, f"`{r}`", text) for c, s, r, text in rows],
+        )
+    )
     for catalogue in reasons.CATALOGUE:
         where = " ".join((catalogue.__doc__ or "").split())
         rows = [(f"`{member.value}`", member.description) for member in catalogue]

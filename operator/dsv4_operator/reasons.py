@@ -136,11 +136,28 @@ class WeightsReason(Reason):
     """The reason of the `WeightsReady` condition (Hub downloads); the fetcher's failures
     (weights.progress.FailureReason) are named by the same members."""
 
-    PENDING = "Pending", "The download Job is being created."
+    PENDING = (
+        "Pending",
+        "Nothing downloads yet: the Job is being created, its claim is not bound or its pod "
+        "cannot be scheduled or started (the message says which). A claim that stays unbound "
+        "needs a StorageClass that can provision `spec.model.cache.huggingFace.storage`.",
+    )
     DOWNLOADING = (
         "Downloading",
-        "The Job lists, downloads or verifies the files (a failed attempt is retried and "
-        "resumes); the rollout waits, the running pair keeps serving.",
+        "The Job lists or downloads the files; the message gives the bytes and files done of "
+        "the total (a failed attempt is retried and resumes); the rollout waits, the running "
+        "pair keeps serving.",
+    )
+    VERIFYING = (
+        "Verifying",
+        "Every file is downloaded; the Job checks their sizes and sha256 (files done of the "
+        "total in the message).",
+    )
+    TOKEN_SECRET_MISSING = (
+        "TokenSecretMissing",
+        "`spec.model.cache.huggingFace.tokenSecret` names a Secret that does not exist in the "
+        "namespace: no download Job is created until it does. Create it (key `token`), or "
+        "remove the field for a public repo.",
     )
     DOWNLOADED = "Downloaded", "The weights of this source are on the claim and verified."
     DOWNLOAD_FAILED = (
@@ -263,9 +280,11 @@ class EventReason(Reason):
         "prometheus-operator CRDs or disable `spec.monitoring.serviceMonitor`.",
     )
     # The weights download: "Weights" + the WeightsReady reason (weights_event_reason); a
-    # Warning for all but Pending and Downloading. Never posted for Downloaded.
+    # Warning for all but Pending, Downloading and Verifying. Never posted for Downloaded.
     WEIGHTS_PENDING = _weights_event(WeightsReason.PENDING)
     WEIGHTS_DOWNLOADING = _weights_event(WeightsReason.DOWNLOADING)
+    WEIGHTS_VERIFYING = _weights_event(WeightsReason.VERIFYING)
+    WEIGHTS_TOKEN_SECRET_MISSING = _weights_event(WeightsReason.TOKEN_SECRET_MISSING)
     WEIGHTS_DOWNLOAD_FAILED = _weights_event(WeightsReason.DOWNLOAD_FAILED)
     WEIGHTS_UNAUTHORIZED = _weights_event(WeightsReason.UNAUTHORIZED)
     WEIGHTS_NOT_FOUND = _weights_event(WeightsReason.NOT_FOUND)
@@ -294,7 +313,8 @@ class ConditionReason(Reason):
     CREATING = "Creating", "Progressing=True: the first pair of a revision is being created."
     ROLLING_UPDATE = (
         "RollingUpdate",
-        "Progressing=True: a role rolls in place to the new revision, decode first.",
+        "Progressing=True: a role rolls in place to the new revision, decode first, then the "
+        "router's pods become available (also after a Recreate).",
     )
     RECREATING = (
         "Recreating",
@@ -334,11 +354,48 @@ class ConditionReason(Reason):
         "WeightsNotReady",
         "Ready=False: the engines wait for the weights download (see WeightsReady).",
     )
-    # Degraded
-    AS_EXPECTED = "AsExpected", "Degraded=False."
+    # Degraded: True only for a fault (a planned rollout, Recreate included, is Progressing)
+    AS_EXPECTED = (
+        "AsExpected",
+        "Degraded=False: no fault; the message says what the rollout does. Nothing to do.",
+    )
     REPLICAS_UNAVAILABLE = (
         "ReplicasUnavailable",
         "Degraded=True: the rollout is complete but replicas are not ready; see the message.",
+    )
+    UNSCHEDULABLE = (
+        "Unschedulable",
+        "Degraded=True: a pod cannot be scheduled; the message quotes the scheduler (no node "
+        "with the GPU product label, not enough GPUs, an unbound claim). Add nodes or fix "
+        "`spec.gpu` and the placement.",
+    )
+    IMAGE_PULL_BACK_OFF = (
+        "ImagePullBackOff",
+        "Degraded=True: a pod's image cannot be pulled (also ErrImagePull, InvalidImageName); "
+        "fix `spec.engine.image` or the pull secrets (`spec.podTemplate.imagePullSecrets`).",
+    )
+    CRASH_LOOP_BACK_OFF = (
+        "CrashLoopBackOff",
+        "Degraded=True: a container keeps exiting; the message gives its last exit. Read its "
+        "logs (`kubectl logs --previous`).",
+    )
+    CREATE_CONTAINER_CONFIG_ERROR = (
+        "CreateContainerConfigError",
+        "Degraded=True: a container cannot be created from its config (also "
+        "CreateContainerError), most often a missing Secret or ConfigMap key; the message "
+        "names it. Create it.",
+    )
+    PROGRESS_DEADLINE_EXCEEDED = (
+        "ProgressDeadlineExceeded",
+        "Degraded=True, phase Failed: the rollout made no progress (its Progressing reason did "
+        "not change) for `spec.progressDeadlineSeconds` (default 600); the message says where "
+        "it stands. A running download with figures is progress. Fix the cause the message "
+        "names; the operator keeps trying.",
+    )
+    WEIGHTS_FAILED = (
+        "WeightsFailed",
+        "Degraded=True, phase Failed: the weights cannot be had (the download Job gave up, or "
+        "its token Secret is missing); WeightsReady says why and what to do.",
     )
     NO_KNOWN_GOOD = (
         "NoKnownGood",
@@ -392,6 +449,24 @@ class ConditionReason(Reason):
         "MonitoringReady=False: the ServiceMonitor CRD is not served. Install the "
         "prometheus-operator CRDs or disable `spec.monitoring.serviceMonitor`.",
     )
+
+
+def condition_rows() -> list[tuple[str, str, str, str]]:
+    """(condition, status, reason, when it is set and what to do) for every reason a status
+    condition can carry: ConditionReason descriptions open with `Type=Status:` (Degraded's
+    may add `, phase Failed`), WeightsReady's are the WeightsReason members, RolledBack=True's
+    the RollbackReason members."""
+    rows = []
+    for member in ConditionReason:
+        head, _, text = member.description.partition(": ")
+        type_, _, status = head.partition("=")
+        status, _, phase = status.partition(", ")
+        rows.append((type_, status, member.value, f"{phase}: {text}" if phase else text))
+    for weights in WeightsReason:
+        status = "True" if weights is WeightsReason.DOWNLOADED else "False"
+        rows.append(("WeightsReady", status, weights.value, weights.description))
+    rows += [("RolledBack", "True", r.value, r.description) for r in RollbackReason]
+    return rows
 
 
 # Every catalogue, in the order the docs list them.

@@ -63,6 +63,8 @@ NAMESPACED_RULES = [
         "resources": ["jobs"],
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
+    # The Hub token's Secret: get by name (metadata only), never list or watch.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     {
         "apiGroups": ["rbac.authorization.k8s.io"],
         "resources": ["roles", "rolebindings"],

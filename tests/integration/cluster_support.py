@@ -5,6 +5,7 @@ support shared with the demo and the benchmarks: dsv4_devcluster.operator and .d
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster
 from dsv4_operator.engine.effective import parse_args
 from dsv4_operator.names import API_VERSION, KIND
+from tests.chart.support import tool
 
 
 def exists(resource: Any, name: str, namespace: str | None = None) -> bool:
@@ -158,3 +160,21 @@ def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path
         context["context"]["user"] = name
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def kubectl_get_dsv4(control_plane: ControlPlane, namespace: str) -> str:
+    """`kubectl get dsv4 -n <namespace>`, as a user sees it (the CRD's printer columns)."""
+    return subprocess.run(
+        [
+            str(tool("kubectl")),
+            "--kubeconfig",
+            str(control_plane.kubeconfig_path),
+            "get",
+            "dsv4",
+            "-n",
+            namespace,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout

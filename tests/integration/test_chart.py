@@ -310,7 +310,11 @@ def test_the_service_account_cannot_do_more_than_the_chart_grants(
         )
         assert can_i("watch", "customresourcedefinitions.apiextensions.k8s.io")
         assert not can_i("patch", "statefulsets.apps", "-n", "default")  # not a watched namespace
-        assert not can_i("get", "secrets", "-n", work_namespace)
+        # A Secret by name (the Hub token's existence, read as metadata), never listed or
+        # watched: the operator cannot enumerate the namespace's Secrets.
+        assert can_i("get", "secrets", "-n", work_namespace)
+        assert not can_i("list", "secrets", "-n", work_namespace)
+        assert not can_i("watch", "secrets", "-n", work_namespace)
         assert not can_i("create", "pods", "-n", work_namespace)
         assert not can_i("update", "dsv4deployments.dsv4.io", "-n", work_namespace)
         assert not can_i("delete", "customresourcedefinitions.apiextensions.k8s.io")

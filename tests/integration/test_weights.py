@@ -22,7 +22,8 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, volume_for
 from dsv4_devcluster.hub import HubRepo, StandInHub
 from dsv4_devcluster.operator import OperatorProcess
-from tests.integration.weights_support import JobContainer
+from tests.integration.cluster_support import kubectl_get_dsv4
+from tests.integration.weights_support import JobContainer, token_secret
 
 pytestmark = pytest.mark.integration
 
@@ -112,15 +113,7 @@ def setup(
     gpu_nodes: list[str],
     tmp_path: Path,
 ) -> Iterator[tuple[Cluster, OperatorProcess]]:
-    dyn.resources.get(api_version="v1", kind="Secret").create(
-        namespace=namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "hf-token"},
-            "stringData": {"token": TOKEN},
-        },
-    )
+    token_secret(dyn, namespace, TOKEN)
     operator = OperatorProcess(control_plane.kubeconfig_path, namespace, tmp_path).start()
     try:
         yield Cluster(dyn, namespace), operator
@@ -205,6 +198,14 @@ def test_a_missing_repo_fails_the_job_at_once_and_says_why(
     assert "check spec.model.name" in condition["message"]
     ready = next(c for c in cluster.get(name)["status"]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "WeightsNotReady"
+    # The Job gave up: a fault that stays until someone acts, as `kubectl get dsv4` shows.
+    status = cluster.get(name)["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (status["phase"], degraded["reason"]) == ("Failed", "WeightsFailed")
+    assert "NotFound" in degraded["message"]
+    listed = kubectl_get_dsv4(control_plane, namespace)
+    print(listed)
+    assert "WeightsFailed" in listed
     # podFailurePolicy: no retry of a 404.
     live = cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}")[0]
     assert live["status"].get("failed") == 1 and not live["status"].get("active")

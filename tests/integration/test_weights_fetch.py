@@ -121,6 +121,26 @@ def test_a_token_opens_a_gated_repo(hub: StandInHub, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_the_container_logs_files_bytes_and_resumption_never_the_token(
+    hub: StandInHub, tmp_path: Path
+) -> None:
+    """What `kubectl logs` shows of a download Job: the plan, each file with its bytes, a
+    resumed attempt, the verification; the token not once (main logged only `size not known
+    yet` and the phases)."""
+    env = _env(hub, tmp_path, HF_TOKEN=TOKEN)
+    done = _run(env)
+    assert done.returncode == 0, done.stderr
+    log = done.stdout + done.stderr
+    assert "4 files, " in log and "0 files and 0 bytes already on disk" in log
+    assert f"model-00001-of-00002.safetensors: downloading {BIG} bytes" in log
+    assert f"model-00001-of-00002.safetensors: done ({BIG} bytes)" in log
+    assert "verifying 4 files (Checksum)" in log and "with a token" in log
+    assert TOKEN not in log
+    again = _run(env)  # everything on disk: nothing downloads again, and the log says so
+    assert again.returncode == 0 and "4 files and" in again.stderr
+    assert "(resuming an earlier attempt)" in again.stderr and TOKEN not in again.stderr
+
+
 def test_a_volume_too_small_is_refused_before_downloading(hub: StandInHub, tmp_path: Path) -> None:
     # A free-space figure below the repo's size: the fetcher must refuse up front. The file
     # system's real free space is far larger, so the repo is made larger than it instead.

@@ -21,6 +21,19 @@ from dsv4_operator.kube.objects import Obj
 from .cluster_support import service_account_kubeconfig
 
 
+def token_secret(dyn: Any, namespace: str, token: str, name: str = "hf-token") -> None:
+    """The Hub token's Secret, with the key `token` the spec's tokenSecret defaults to."""
+    dyn.resources.get(api_version="v1", kind="Secret").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {"token": token},
+        },
+    )
+
+
 def container_env(dyn: Any, namespace: str, container: Obj) -> dict[str, str]:
     """The container's env as the kubelet resolves it (the kinds the Job uses)."""
     env: dict[str, str] = {}

@@ -63,7 +63,7 @@ def test_names_subresource_and_printer_columns() -> None:
     assert crd["spec"]["scope"] == "Namespaced"
     assert _version()["subresources"] == {"status": {}}
     columns = [c["name"] for c in _version()["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Prefill", "Decode", "Revision", "Leak", "Age"]
+    assert columns == ["Phase", "Reason", "Prefill", "Decode", "Revision", "Leak", "Age"]
 
 
 def test_cel_rules_present() -> None:

@@ -11,6 +11,7 @@ import pytest
 from dsv4_operator.pods import PodView
 from dsv4_operator.reconcile.pod_causes import (
     MESSAGE_LIMIT,
+    first_fault,
     first_problem,
     pod_problem,
     unexplained,
@@ -226,3 +227,33 @@ def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() ->
     assert unexplained([view], datetime(2026, 11, 29, 11, 59, 5, tzinfo=UTC)) == []
     ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     assert unexplained([PodView.of(ready)], now) == []
+
+
+@pytest.mark.parametrize(
+    ("waiting", "kind"),
+    [
+        ("CrashLoopBackOff", "CrashLoopBackOff"),
+        ("ImagePullBackOff", "ImagePullBackOff"),
+        ("ErrImagePull", "ImagePullBackOff"),
+        ("CreateContainerConfigError", "CreateContainerConfigError"),
+        ("ContainerCreating", None),
+    ],
+)
+def test_first_fault_names_causes_that_do_not_clear_by_waiting(
+    waiting: str, kind: str | None
+) -> None:
+    pod = _pod(
+        "x-decode-0",
+        [NOT_READY],
+        [{"name": "engine", "state": {"waiting": {"reason": waiting, "message": "m"}}}],
+    )
+    fault = first_fault([PodView.of(pod)])
+    assert (fault[0] if fault else None) == kind
+    if fault:
+        assert fault[1].startswith("pod x-decode-0 container engine: ")
+
+
+def test_an_unschedulable_pod_is_a_fault() -> None:
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    fault = first_fault([PodView.of(_pod("x-prefill-0", [scheduled], []))])
+    assert fault is not None and fault[0] == "Unschedulable"

@@ -65,6 +65,8 @@ WIRE = {
         "CRDMissing",
         "WeightsPending",
         "WeightsDownloading",
+        "WeightsVerifying",
+        "WeightsTokenSecretMissing",
         "WeightsDownloadFailed",
         "WeightsUnauthorized",
         "WeightsNotFound",
@@ -92,6 +94,12 @@ WIRE = {
         "WeightsNotReady",
         "AsExpected",
         "ReplicasUnavailable",
+        "Unschedulable",
+        "ImagePullBackOff",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "ProgressDeadlineExceeded",
+        "WeightsFailed",
         "NoKnownGood",
         "NotRolledBack",
         "Seeing",
@@ -108,6 +116,8 @@ WIRE = {
     "WeightsReason": {
         "Pending",
         "Downloading",
+        "Verifying",
+        "TokenSecretMissing",
         "Downloaded",
         "DownloadFailed",
         "Unauthorized",
@@ -271,3 +281,20 @@ def test_the_crd_keeps_the_verdict_fields_plain_strings() -> None:
         assert field["type"] == "string" and "enum" not in field
     reason = status["quarantine"]["items"]["properties"]["reason"]
     assert reason["type"] == "string" and "enum" not in reason
+
+
+def test_every_condition_reason_names_its_condition_and_status() -> None:
+    """The docs' condition table is read from the descriptions' `Type=Status:` openings."""
+    from typing import get_args
+
+    from dsv4_operator.api.status import ConditionType
+    from dsv4_operator.reasons import ConditionReason, condition_rows
+
+    rows = condition_rows()
+    assert len([r for r in rows if r[2] in ConditionReason._value2member_map_]) >= len(
+        ConditionReason
+    )
+    for condition, status, reason, text in rows:
+        assert condition in get_args(ConditionType), reason
+        assert status in ("True", "False"), reason
+        assert text, reason

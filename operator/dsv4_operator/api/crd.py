@@ -29,6 +29,12 @@ _DROPPED_KEYS = frozenset({"title", "examples", "additionalProperties"})
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
+        "description": "The Degraded condition's reason: the fault, or AsExpected",
+    },
+    {
         "name": "Prefill",
         "type": "integer",
         "jsonPath": ".status.roles.prefill.ready",

@@ -53,6 +53,10 @@ _SPEC_RULES: list[JsonDict] = [
 ]
 
 
+# Deployment's default: a step that has not moved in ten minutes is stuck, not slow.
+PROGRESS_DEADLINE_SECONDS = 600
+
+
 class DSV4DeploymentSpec(ApiModel):
     """Desired state of a PD-disaggregated DeepSeek-V4-class deployment on SGLang."""
 
@@ -68,6 +72,14 @@ class DSV4DeploymentSpec(ApiModel):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="Capacity target.")
     safety: SafetySpec = Field(default_factory=SafetySpec, description="Rule gating.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout strategy.")
+    progress_deadline_seconds: int = Field(
+        default=PROGRESS_DEADLINE_SECONDS,
+        ge=1,
+        le=7 * 24 * 3600,
+        description="Seconds a rollout step may make no progress before the deployment is "
+        "Degraded (ProgressDeadlineExceeded, phase Failed), like a Deployment's; a running "
+        f"weights download with figures is progress. Default {PROGRESS_DEADLINE_SECONDS}.",
+    )
     guard: GuardSpec = Field(default_factory=GuardSpec, description="Leak/OOM guard and rollback.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Scraping.")
     pod_template: PodSettings = Field(

@@ -14,7 +14,7 @@ from dsv4_operator.reasons import GuardReason, GuardResult, Reason, RollbackReas
 
 log = logging.getLogger(__name__)
 
-Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "RolledBack", "Invalid"]
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed", "RolledBack", "Invalid"]
 ConditionType = Literal[
     "Validated",
     "Ready",

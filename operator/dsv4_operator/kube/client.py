@@ -236,6 +236,10 @@ def yaml_safe_json(body: object) -> bytes:
     return _YAML_UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
 
 
+# The API server answers a GET with the object's metadata only (no data, no spec).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
 class KubeClient:
     """The operations the operator needs, with typed errors and a write counter.
 
@@ -278,6 +282,7 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         body: Obj | None = None,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> Obj:
         if method in WRITE_METHODS and not (params and "dryRun" in params):
             self.writes += 1  # a dry run stores nothing
@@ -290,7 +295,10 @@ class KubeClient:
                 path,
                 params=params,
                 content=yaml_safe_json(body) if body is not None else None,
-                headers={"Content-Type": content_type} if body is not None else None,
+                headers={
+                    **({"Content-Type": content_type} if body is not None else {}),
+                    **({"Accept": accept} if accept else {}),
+                },
             )
         except httpx.HTTPError as error:
             raise Unreachable(0, type(error).__name__, str(error)) from error
@@ -311,6 +319,21 @@ class KubeClient:
             )
         except NotFound:
             return None
+
+    async def exists(self, res: Resource, namespace: str | None, name: str) -> bool:
+        """Whether the object exists, read as its metadata only (PartialObjectMetadata): the
+        operator learns that a Secret is there, never what it holds."""
+        try:
+            await self._request(
+                "GET",
+                res.path(namespace, name),
+                verb="get",
+                resource=res.plural,
+                accept=METADATA_ONLY,
+            )
+        except NotFound:
+            return False
+        return True
 
     async def serves(self, res: Resource) -> bool:
         """Whether the API server serves `res` (discovery of its group version; 404: no)."""

@@ -39,6 +39,8 @@ SERVICE_MONITOR = Resource("monitoring.coreos.com/v1", "ServiceMonitor", "servic
 LEASE = Resource("coordination.k8s.io/v1", "Lease", "leases")
 # Weights from the Hugging Face Hub: the claim, the download Job and the Job's own rights.
 JOB = Resource("batch/v1", "Job", "jobs")
+# Read by name for its existence only (metadata, KubeClient.exists), never listed or watched.
+SECRET = Resource("v1", "Secret", "secrets")
 PVC = Resource("v1", "PersistentVolumeClaim", "persistentvolumeclaims")
 SERVICE_ACCOUNT = Resource("v1", "ServiceAccount", "serviceaccounts")
 RBAC_ROLE = Resource("rbac.authorization.k8s.io/v1", "Role", "roles")

@@ -41,6 +41,7 @@ from dsv4_operator.names import (
 from dsv4_operator.reasons import ConditionReason, EventReason, WeightsReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass, plan_check
+from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY, Health, seconds_to_deadline
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
 from dsv4_operator.reconcile.world import Pair, World
@@ -142,6 +143,14 @@ def _roll_in_place(
         )
         actions.wait()
         return Progress(ConditionReason.CLEANING_UP, f"deleting old pair(s) {', '.join(stale)}")
+    router = actions.world.router()
+    if router is None or not router.rolled:
+        # After a Recreate (or an edit of the router) its pods come up last: the rollout is
+        # not complete until they are available, so a planned rollout is never Degraded.
+        actions.wait()
+        return Progress(
+            ConditionReason.ROLLING_UPDATE, "waiting for the router's pods to be available"
+        )
     orphans = _orphans(actions.world, pairs)
     if orphans:
         for res, name in orphans:
@@ -245,13 +254,14 @@ def _weights(
     state = weights_state(actions.world, ctx)
     if state is None:
         return None, None
-    actions.ensure(render_weights(ctx))
+    if state.reason != WeightsReason.TOKEN_SECRET_MISSING:  # refused: no Job before it exists
+        actions.ensure(render_weights(ctx))
     for name in stale_jobs(actions.world, ctx, state.ready):
         actions.remove(JOB, name)
     if not state.ready:
         was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
         if was is None or was.reason != state.reason:
-            ok = state.reason in (WeightsReason.PENDING, WeightsReason.DOWNLOADING)
+            ok = state.reason in WEIGHTS_UNDER_WAY
             reason = weights_event_reason(state.reason)
             actions.note("Normal" if ok else "Warning", reason, state.message)
         actions.wait()
@@ -303,6 +313,43 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> 
         return None
     due = window.passing_since.at + spec.guard.bake_time.delta
     return max((due - world.now).total_seconds(), 1.0)
+
+
+# How often a missing Hub token Secret is looked for (Secrets are not watched).
+SECRET_RECHECK_SECONDS = 15.0
+
+
+def _deadline_wake(
+    status: DSV4DeploymentStatus, world: World, spec: DSV4DeploymentSpec
+) -> float | None:
+    """Seconds until the progress deadline passes (no watch event marks that moment either)."""
+    progressing = next((c for c in status.conditions if c.type == "Progressing"), None)
+    degraded = next((c for c in status.conditions if c.type == "Degraded"), None)
+    if (
+        progressing is None
+        or progressing.status != "True"
+        or progressing.last_transition_time is None
+    ):
+        return None
+    if degraded is not None and degraded.reason == ConditionReason.PROGRESS_DEADLINE_EXCEEDED:
+        return None
+    weights = next((c for c in status.conditions if c.type == "WeightsReady"), None)
+    health = Health(
+        complete=False,
+        progress_reason=progressing.reason,
+        progress_message=progressing.message,
+        step_since=progressing.last_transition_time.at,
+        now=world.now,
+        deadline_seconds=spec.progress_deadline_seconds,
+        weights_reason=weights.reason if weights else None,
+    )
+    left = seconds_to_deadline(health)
+    return None if left is None else max(left, 0.0) + 1.0
+
+
+def _earliest(*delays: float | None) -> float | None:
+    known = [d for d in delays if d is not None]
+    return min(known) if known else None
 
 
 def _monitoring_event(actions: Actions, status: DSV4DeploymentStatus) -> None:
@@ -364,7 +411,14 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     )
     _monitoring_event(actions, decision.status)
     _plan_event(actions, decision.status)
-    decision.requeue_after = _bake_wake(world, spec, guard)
+    decision.requeue_after = _earliest(
+        _bake_wake(world, spec, guard),
+        _deadline_wake(decision.status, world, spec),
+        # No watch on Secrets: look for the missing token Secret again.
+        SECRET_RECHECK_SECONDS
+        if weights is not None and weights.reason == WeightsReason.TOKEN_SECRET_MISSING
+        else None,
+    )
     return decision
 
 

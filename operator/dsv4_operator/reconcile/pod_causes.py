@@ -100,6 +100,45 @@ def _status_problem(pod: PodView) -> str | None:
     return None
 
 
+# Causes that do not clear by waiting: each is a fault (Degraded=True) under the name a user
+# knows from `kubectl get pods`; ErrImagePull and InvalidImageName read as the image pull they
+# are, CreateContainerError as the container config (a missing Secret or ConfigMap key).
+FAULT_CAUSES: Mapping[str, str] = {
+    "Unschedulable": "Unschedulable",
+    "CrashLoopBackOff": "CrashLoopBackOff",
+    "ImagePullBackOff": "ImagePullBackOff",
+    "ErrImagePull": "ImagePullBackOff",
+    "InvalidImageName": "ImagePullBackOff",
+    "CreateContainerConfigError": "CreateContainerConfigError",
+    "CreateContainerError": "CreateContainerConfigError",
+}
+
+
+def _fault_kind(pod: PodView) -> str | None:
+    """The FAULT_CAUSES name of what keeps `pod` from running, None for no fault."""
+    if pod.ready:
+        return None
+    scheduled = pod.condition("PodScheduled")
+    if scheduled is not None and scheduled.status == "False":
+        return FAULT_CAUSES.get(scheduled.reason or "")
+    for container in pod.containers:
+        waiting = container.waiting.reason if container.waiting is not None else None
+        if waiting is not None and waiting in FAULT_CAUSES:
+            return FAULT_CAUSES[waiting]
+    return None
+
+
+def first_fault(pods: Iterable[PodView]) -> tuple[str, str] | None:
+    """The first pod (by name) held by a fault: its FAULT_CAUSES name and its problem as
+    pod_problem tells it; None when every pod runs or is only on its way."""
+    for pod in sorted(pods, key=lambda p: p.name):
+        kind = _fault_kind(pod)
+        problem = _status_problem(pod) if kind else None
+        if kind and problem:
+            return kind, problem
+    return None
+
+
 def first_problem(
     pods: Iterable[PodView], events: Mapping[str, Sequence[Obj]] | None = None
 ) -> str | None:

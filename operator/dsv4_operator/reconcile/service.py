@@ -14,7 +14,7 @@ from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, refused
 from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.reader import CachedReader, Reader
-from dsv4_operator.kube.resources import DSV4
+from dsv4_operator.kube.resources import DSV4, SECRET
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.reasons import EventReason
 from dsv4_operator.reconcile.act import act
@@ -69,6 +69,7 @@ class Reconciler:
         self.observations = observations or Observations()
         self.guard_metrics = GuardMetrics()
         self._events_forbidden = False
+        self._secrets_forbidden = False
         self._pod_events: dict[tuple[str, str], tuple[datetime, list[Obj]]] = {}
 
     def forget(self, key: tuple[str, str]) -> None:
@@ -91,6 +92,24 @@ class Reconciler:
             Note("Warning", EventReason.CHILD_REJECTED, error.message),
             world.now,
         )
+
+    async def _with_token_secret(self, world: World) -> World:
+        """Whether the Hub token's Secret exists (its metadata only, never its data): a
+        missing one is refused before a download Job is created (WeightsReady
+        TokenSecretMissing). Without the right to read it (an older chart's RBAC) the Job
+        is created as before and its pod tells."""
+        spec = world.validation.spec
+        hub = spec.model.cache.hugging_face if spec is not None else None
+        if hub is None or hub.token_secret is None or self._secrets_forbidden:
+            return world
+        name = hub.token_secret.name
+        try:
+            present = await self.client.exists(SECRET, world.namespace, name)
+        except Forbidden:
+            self._secrets_forbidden = True
+            log.warning("cannot get Secrets (RBAC): a missing Hub token Secret shows on the Job")
+            return world
+        return world if present else dataclasses.replace(world, missing_secrets=frozenset({name}))
 
     async def _with_pod_events(self, world: World) -> World:
         """The Warning Events of the few pods whose status does not say why they are stuck
@@ -130,6 +149,7 @@ class Reconciler:
             self.forget(key)
             return None
         world = await self._with_pod_events(world)
+        world = await self._with_token_secret(world)
         previous = world.status.guard
         if previous is not None and previous.revision:
             # Resume the window after a restart (once per key; a no-op after that).

@@ -12,7 +12,6 @@ from dsv4_operator.api.status import (
     ConditionType,
     DSV4DeploymentStatus,
     GuardStatus,
-    Phase,
     PlanStatus,
     RoleNumbers,
     RolesStatus,
@@ -27,7 +26,8 @@ from dsv4_operator.guard.plan import PlanCheck
 from dsv4_operator.names import ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
-from dsv4_operator.reconcile.pod_causes import first_problem
+from dsv4_operator.reconcile.health import Fault, Health, find_fault, no_fault_message, phase
+from dsv4_operator.reconcile.pod_causes import first_fault, first_problem
 from dsv4_operator.reconcile.weights import WeightsState
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import RenderContext
@@ -47,13 +47,22 @@ class Progress:
 
 
 def _condition(
-    world: World, type_: ConditionType, ok: bool, reason: str, message: str
+    world: World,
+    type_: ConditionType,
+    ok: bool,
+    reason: str,
+    message: str,
+    per_reason: bool = False,
 ) -> Condition:
+    """The condition, its lastTransitionTime kept while its status (and, `per_reason`, its
+    reason: Progressing's, whose time is when the current step began) stays the same."""
     status = "True" if ok else "False"
     previous = next((c for c in world.status.conditions if c.type == type_), None)
     since = (
         previous.last_transition_time
-        if previous is not None and previous.status == status
+        if previous is not None
+        and previous.status == status
+        and (not per_reason or previous.reason == reason)
         else None
     )
     return Condition(
@@ -77,12 +86,26 @@ def _because(what: str, problem: str | None) -> str:
     return f"{what} ({problem})" if problem else what
 
 
-def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
-    """Per-role observed state of the active pair, whether all is ready, and what is not."""
+@dataclass(frozen=True)
+class Observed:
+    """The roles and the router as this pass saw them."""
+
+    roles: RolesStatus
+    missing: list[str]  # what is not ready, with the first pod problem of each
+    fault: tuple[str, str] | None  # the first pod held by a fault (pod_causes.first_fault)
+
+    @property
+    def ready(self) -> bool:
+        return not self.missing
+
+
+def _observed(world: World) -> Observed:
+    """Per-role observed state of the active pair, what is not ready and any pod fault."""
     pairs = world.pairs()
     active = pairs.get(world.active_pair_id() or "")
     roles: dict[str, RoleStatus] = {}
     missing: list[str] = []
+    stuck: list[PodView] = []
     for role in ROLES:
         sts = active.statefulsets.get(role) if active else None
         want = (sts.replicas or 0) if sts else 0
@@ -94,6 +117,7 @@ def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
         )
         if sts is None or ready < want or want == 0:
             pods = _pods(world, role, active.id if active else None)
+            stuck += pods
             missing.append(
                 _because(f"{role} {ready}/{want} ready", first_problem(pods, world.pod_events))
             )
@@ -101,9 +125,13 @@ def _roles(world: World) -> tuple[RolesStatus, bool, list[str]]:
     router_want = (router.replicas or 0) if router else 0
     router_ready = router.available if router else 0
     if router is None or router_ready < router_want:
-        problem = first_problem(_pods(world, ROUTER, None), world.pod_events)
+        pods = _pods(world, ROUTER, None)
+        stuck += pods
+        problem = first_problem(pods, world.pod_events)
         missing.append(_because(f"router {router_ready}/{router_want} available", problem))
-    return RolesStatus(prefill=roles["prefill"], decode=roles["decode"]), not missing, missing
+    return Observed(
+        RolesStatus(prefill=roles["prefill"], decode=roles["decode"]), missing, first_fault(stuck)
+    )
 
 
 def _plan(ctx: RenderContext) -> PlanStatus:
@@ -164,17 +192,11 @@ def _ready_condition(world: World, missing: list[str], weights: WeightsState | N
     return _condition(world, "Ready", False, ConditionReason.REPLICAS_NOT_READY, "; ".join(missing))
 
 
-def _degraded_condition(
-    world: World, unavailable: list[str], no_known_good: str | None = None
-) -> Condition:
-    """Degraded: quarantined with nothing to fall back to, or replicas unavailable once settled."""
-    if no_known_good:
-        return _condition(world, "Degraded", True, ConditionReason.NO_KNOWN_GOOD, no_known_good)
-    if unavailable:
-        return _condition(
-            world, "Degraded", True, ConditionReason.REPLICAS_UNAVAILABLE, "; ".join(unavailable)
-        )
-    return _condition(world, "Degraded", False, ConditionReason.AS_EXPECTED, "")
+def _degraded_condition(world: World, fault: Fault | None, otherwise: str) -> Condition:
+    """Degraded: True for a fault only (health.find_fault); `otherwise` says what goes on."""
+    if fault is not None:
+        return _condition(world, "Degraded", True, fault.reason, fault.message)
+    return _condition(world, "Degraded", False, ConditionReason.AS_EXPECTED, otherwise)
 
 
 def _guard_conditions(world: World, guard: GuardDecision) -> list[Condition]:
@@ -188,14 +210,16 @@ def _guard_conditions(world: World, guard: GuardDecision) -> list[Condition]:
         f"serving last known good {guard.last_known_good}; revision {back.hash} is "
         f"quarantined: {back.message}"
         if back
-        else "",
+        else "not rolled back: the spec's revision is the one served",
     )
     blind = _condition(
         world,
         "GuardBlind",
         guard.blind,
         ConditionReason.SOURCE_ERRORS if guard.blind else ConditionReason.SEEING,
-        (guard.guard.last_message or "") if guard.blind and guard.guard else "",
+        (guard.guard.last_message or "the guard's sources fail")
+        if guard.blind and guard.guard
+        else "the guard's sources answer (or none is due yet)",
     )
     return [rolled_back, blind]
 
@@ -230,17 +254,6 @@ def plan_condition(world: World, plan: PlanCheck) -> Condition:
     return _condition(world, "PlanVerified", plan.verified, plan.reason, plan.message)
 
 
-def _rollout_phase(progress: Progress, ready: bool, guard: GuardDecision) -> Phase:
-    """Ready once settled and ready, unless rolled back or with no known good to serve."""
-    if not progress.complete:
-        return "Progressing"
-    if not ready:
-        return "Degraded"
-    if guard.rolled_back is not None:
-        return "RolledBack"
-    return "Degraded" if guard.no_known_good else "Ready"
-
-
 def _running_revision(world: World, roles: RolesStatus) -> str | None:
     """The revision both roles run, else the one recorded before (mid-rollout, or none yet)."""
     revisions = {roles.prefill.revision, roles.decode.revision}
@@ -253,7 +266,8 @@ def invalid_spec_status(world: World, validation: Validation, message: str) -> D
     """The status while the spec is invalid: nothing rolls out; the plan and the guard's memory
     carry over from the previous status."""
     previous = world.status
-    roles, _, missing = _roles(world)
+    seen = _observed(world)
+    roles, missing = seen.roles, seen.missing
     has_rule = any(f.rule.startswith("DSV4-") for f in validation.errors)
     return DSV4DeploymentStatus(
         phase="Invalid",
@@ -275,7 +289,9 @@ def invalid_spec_status(world: World, validation: Validation, message: str) -> D
                 "no rollout while the spec is invalid",
             ),
             _ready_condition(world, missing, None),
-            _degraded_condition(world, []),
+            _degraded_condition(
+                world, None, "no fault: nothing rolls out while the spec is invalid"
+            ),
         ],
         findings=list(validation.findings),
         plan=previous.plan,
@@ -298,8 +314,31 @@ def rollout_status(
     """The status of a valid spec's rollout to `ctx`: progress, readiness, the guard's verdicts
     and memory, what it can see and whether the engines run their plan, monitoring and (when
     the operator fetches them) the weights."""
-    roles, ready, missing = _roles(world)
+    seen = _observed(world)
+    roles = seen.roles
     warnings = len(validation.findings) - len(validation.errors)
+    progressing = _condition(
+        world,
+        "Progressing",
+        not progress.complete,
+        progress.reason,
+        progress.message,
+        per_reason=True,
+    )
+    health = Health(
+        complete=progress.complete,
+        progress_reason=progress.reason,
+        progress_message=progress.message,
+        step_since=(progressing.last_transition_time or Timestamp.of(world.now)).at,
+        now=world.now,
+        deadline_seconds=ctx.spec.progress_deadline_seconds,
+        unavailable=tuple(seen.missing),
+        pod_fault=seen.fault,
+        weights_reason=weights.reason if weights else None,
+        weights_message=weights.message if weights else "",
+        no_known_good=guard.no_known_good,
+    )
+    fault = find_fault(health)
     conditions = [
         _condition(
             world,
@@ -308,9 +347,9 @@ def rollout_status(
             ConditionReason.VALID,
             f"no error findings ({warnings} warnings)",
         ),
-        _condition(world, "Progressing", not progress.complete, progress.reason, progress.message),
-        _ready_condition(world, missing, weights),
-        _degraded_condition(world, missing if progress.complete else [], guard.no_known_good),
+        progressing,
+        _ready_condition(world, seen.missing, weights),
+        _degraded_condition(world, fault, no_fault_message(health)),
         *_guard_conditions(world, guard),
         leak_shapes_condition(world, ctx),
         monitoring_condition(world, ctx.spec),
@@ -322,7 +361,7 @@ def rollout_status(
             _condition(world, "WeightsReady", weights.ready, weights.reason, weights.message)
         )
     return DSV4DeploymentStatus(
-        phase=_rollout_phase(progress, ready, guard),
+        phase=phase(progress.complete, fault, guard.rolled_back is not None),
         observed_generation=world.generation,
         current_revision=ctx.revision if progress.complete else _running_revision(world, roles),
         conditions=conditions,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsv4_operator.kube.objects import Obj, annotations_of, name_of
+from dsv4_operator.names import weights_claim_name
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import WeightsReason
 from dsv4_operator.reconcile.pod_causes import first_problem
@@ -50,12 +51,23 @@ def weights_state(world: World, ctx: RenderContext) -> WeightsState | None:
         return None
     where = f"{ctx.spec.model.name}@{hub.revision}"
     job = world.live("Job", name)
+    complete = job is not None and _job_condition(job, "Complete") is not None
+    secret = hub.token_secret
+    if secret is not None and secret.name in world.missing_secrets and not complete:
+        return WeightsState(
+            False,
+            WeightsReason.TOKEN_SECRET_MISSING,
+            f"Secret {secret.name} (spec.model.cache.huggingFace.tokenSecret) does not exist in "
+            f"namespace {world.namespace}: no download Job for {where} is created until it "
+            f"does; create it with the key {secret.key!r} holding a Hub token, or remove "
+            "tokenSecret for a public repo",
+        )
     if job is None:
         return WeightsState(
             False, WeightsReason.PENDING, f"creating Job {name} to download {where}"
         )
     report = WeightsProgress.from_annotation(annotations_of(job).get(PROGRESS_ANNOTATION))
-    if _job_condition(job, "Complete") is not None:
+    if complete:
         detail = (
             f"{report.summary()} at commit {(report.commit or '')[:12]}, {report.message}"
             if report is not None and report.phase == "Complete"
@@ -75,24 +87,64 @@ def weights_state(world: World, ctx: RenderContext) -> WeightsState | None:
             f"downloading {where} failed: {cause}; Job {name} gave up (delete it to retry "
             "once fixed; the downloaded part is kept)",
         )
-    problem = first_problem(_job_pods(world, name), world.pod_events)
+    return _running(world, ctx, name, where, job, report)
+
+
+def _running(
+    world: World,
+    ctx: RenderContext,
+    name: str,
+    where: str,
+    job: Obj,
+    report: WeightsProgress | None,
+) -> WeightsState:
+    """A Job that has not ended: Pending until it reports figures, then Downloading, then
+    Verifying (never back: all bytes on disk, or Verifying said before for this Job)."""
+    notes = []
     attempts = int((job.get("status") or {}).get("failed", 0))
-    verb = _VERBS.get(report.phase, "downloading") if report is not None else "downloading"
-    parts = [f"{verb} {where}" + (f": {report.summary()}" if report and report.bytes_total else "")]
     if report is not None and report.phase == "Failed":
-        parts.append(f"retrying after {report.reason}: {report.message}")
+        notes.append(f"retrying after {report.reason}: {report.message}")
     elif attempts:
-        parts.append(f"{attempts} attempt(s) failed, retrying")
+        notes.append(f"{attempts} attempt(s) failed, retrying")
+    problem = first_problem(_job_pods(world, name), world.pod_events)
     if problem:
-        parts.append(problem)
-    return WeightsState(False, WeightsReason.DOWNLOADING, "; ".join(parts) + f" (Job {name})")
+        notes.append(problem)
+    tail = "".join(f"; {note}" for note in notes) + f" (Job {name})"
+    figures = report is not None and report.phase != "Failed" and report.bytes_total is not None
+    if report is None or not figures:
+        return WeightsState(False, WeightsReason.PENDING, _pending(world, ctx, where) + tail)
+    previous = next((c for c in world.status.conditions if c.type == "WeightsReady"), None)
+    verifying = (
+        report.phase == "Verifying"
+        or report.bytes_done >= (report.bytes_total or 0)
+        or (
+            previous is not None
+            and previous.reason == WeightsReason.VERIFYING
+            and previous.message.endswith(f"(Job {name})")
+        )
+    )
+    if verifying:
+        return WeightsState(
+            False, WeightsReason.VERIFYING, f"verifying {where}: {report.summary()}{tail}"
+        )
+    return WeightsState(
+        False, WeightsReason.DOWNLOADING, f"downloading {where}: {report.summary()}{tail}"
+    )
 
 
-_VERBS = {
-    "Planning": "listing the files of",
-    "Downloading": "downloading",
-    "Verifying": "verifying",
-}
+def _pending(world: World, ctx: RenderContext, where: str) -> str:
+    """Why nothing downloads yet: the claim not bound, or the Job's pod not running."""
+    claim_name = weights_claim_name(ctx.name)
+    claim = world.live("PersistentVolumeClaim", claim_name)
+    phase = str(((claim or {}).get("status") or {}).get("phase") or "Pending")
+    said = f"nothing downloads {where} yet"
+    if phase != "Bound":
+        return (
+            f"{said}: claim {claim_name} is {phase}, not bound (a StorageClass must provision "
+            "it, or it binds once the Job's pod is scheduled)"
+        )
+    running = any(p.phase == "Running" for p in _job_pods(world, job_name(ctx) or ""))
+    return f"{said}: listing its files" if running else f"{said}: the Job's pod is not running"
 
 
 def stale_jobs(world: World, ctx: RenderContext, ready: bool) -> list[str]:

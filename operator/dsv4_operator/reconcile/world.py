@@ -82,6 +82,8 @@ class World:
     canary: Snapshot | None = None
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
     monitoring_served: bool = True
+    # Secrets the spec names (the Hub token's) that were looked up and are not there.
+    missing_secrets: frozenset[str] = frozenset()
 
     @classmethod
     def from_objects(

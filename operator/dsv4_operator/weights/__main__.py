@@ -20,6 +20,7 @@ from dsv4_operator.weights.progress import WeightsProgress
 from dsv4_operator.weights.report import JobReporter, LogReporter
 
 TERMINATION_LOG = "/dev/termination-log"
+log = logging.getLogger("dsv4_operator.weights")
 
 
 def _request(env: dict[str, str]) -> FetchRequest:
@@ -47,9 +48,24 @@ def main() -> int:
     request = _request(env)
     job, namespace = env.get("DSV4_WEIGHTS_JOB"), env.get("DSV4_WEIGHTS_NAMESPACE")
     reporter = JobReporter(namespace, job) if job and namespace else LogReporter()
+    log.info(
+        "fetching %s@%s from %s (verify %s, %s)",
+        request.repo,
+        request.revision,
+        request.endpoint or "https://huggingface.co",
+        request.verify,
+        "with a token" if request.token else "without a token",
+    )
     try:
         final = fetch(request, reporter, interval=float(env.get("DSV4_WEIGHTS_INTERVAL", "5")))
     except FetchError as err:
+        log.error(
+            "failed (%s, exit code %d%s): %s",
+            err.reason.reason,
+            err.reason.exit_code,
+            "" if err.reason.permanent else "; the Job retries and the next attempt resumes",
+            err.message,
+        )
         failed = WeightsProgress(
             phase="Failed",
             repo=request.repo,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import threading
@@ -39,6 +40,10 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
 from dsv4_operator.weights.progress import FailureReason, WeightsProgress
+
+# What the container logs: the plan, each file (resumed from where, done), the verification,
+# the failure. Never the token (only huggingface_hub's headers carry it; none is logged here).
+log = logging.getLogger(__name__)
 
 Verify = Literal["Size", "Checksum"]
 _HASH_CHUNK = 8 << 20
@@ -202,8 +207,18 @@ def download_blobs(request: FetchRequest, plan: WeightsPlan, workers: int = 8) -
                 return
             have = handle.tell()
             if have > item.size:  # not this blob's bytes: start over
+                log.info(
+                    "%s: %d bytes on disk are more than its %d: starting over",
+                    item.path,
+                    have,
+                    item.size,
+                )
                 handle.truncate(0)
                 have = 0
+            if have:
+                log.info("%s: resuming at byte %d of %d", item.path, have, item.size)
+            else:
+                log.info("%s: downloading %d bytes", item.path, item.size)
             if have < item.size:
                 http_get(
                     url,
@@ -214,6 +229,7 @@ def download_blobs(request: FetchRequest, plan: WeightsPlan, workers: int = 8) -
                     displayed_filename=item.path,
                 )
             part.replace(blob)  # under the lock: a waiting writer then sees the blob
+            log.info("%s: done (%d bytes)", item.path, item.size)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(one, plan.files))
@@ -278,7 +294,19 @@ def fetch(request: FetchRequest, reporter: Reporter, interval: float = 5.0) -> W
     api = HfApi(endpoint=request.endpoint, token=request.token)
     try:
         plan = make_plan(api, request)
-        check_room(request, plan, on_disk(request, plan)[1])
+        files_present, bytes_present = on_disk(request, plan)
+        log.info(
+            "%s@%s is commit %s: %d files, %d bytes; %d files and %d bytes already on disk%s",
+            request.repo,
+            request.revision,
+            plan.commit,
+            len(plan.files),
+            plan.total_bytes,
+            files_present,
+            bytes_present,
+            " (resuming an earlier attempt)" if bytes_present else "",
+        )
+        check_room(request, plan, bytes_present)
         known = base.model_copy(
             update={
                 "commit": plan.commit,
@@ -326,6 +354,7 @@ def fetch(request: FetchRequest, reporter: Reporter, interval: float = 5.0) -> W
             }
         )
         reporter.report(done)
+        log.info("verifying %d files (%s)", len(plan.files), request.verify)
         verify_snapshot(snapshot, plan, request.verify)
     except Exception as exc:  # every failure is classified and reported
         raise classify(exc, request) from exc

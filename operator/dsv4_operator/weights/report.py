@@ -17,7 +17,12 @@ class LogReporter:
     """Progress to the log only (no Job to report on, e.g. a local run)."""
 
     def report(self, progress: WeightsProgress) -> None:
-        log.info("%s %s: %s", progress.phase, progress.repo, progress.summary())
+        if progress.phase == "Planning":
+            log.info("listing the files of %s@%s", progress.repo, progress.revision)
+        elif progress.phase == "Failed":
+            log.info("Failed %s: %s: %s", progress.repo, progress.reason, progress.message)
+        else:
+            log.info("%s %s: %s", progress.phase, progress.repo, progress.summary())
 
 
 class JobReporter(LogReporter):

@@ -1,0 +1,62 @@
+"""Phases and conditions through decide(): a planned rollout reads Progressing, never
+Degraded; a stuck step turns Failed at its progress deadline; every condition has a message."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.reconcile.decide import decide
+from tests.support.builders import as_live, make_world
+
+
+def _conditions(status: DSV4DeploymentStatus) -> dict[str, Any]:
+    return {c.type: c for c in status.conditions}
+
+
+def test_a_recreate_is_progressing_until_the_router_is_available(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    """After a Recreate the new roles run and are ready while the router's new pod is not
+    available yet: a planned step, not a fault (main said Degraded ReplicasUnavailable)."""
+    spec = variant({"engine.indexKDtype": "bf16"})
+    created = decide(make_world(spec))
+    live = as_live([o for o in created.apply if o["kind"] != "Deployment"])
+    live["deployments"] = as_live(
+        [o for o in created.apply if o["kind"] == "Deployment"], ready=False
+    )["deployments"]
+    decision = decide(make_world(spec, revisions=created.create, **live))
+    conditions = _conditions(decision.status)
+    assert decision.status.phase == "Progressing"
+    assert conditions["Degraded"].status == "False"
+    assert conditions["Progressing"].status == "True"
+    assert "router" in conditions["Progressing"].message
+
+
+def test_every_condition_carries_a_message(variant: Callable[..., dict[str, Any]]) -> None:
+    spec = variant({})
+    first = decide(make_world(spec))
+    settled = decide(make_world(spec, revisions=first.create, **as_live(first.apply)))
+    for status in (first.status, settled.status):
+        assert [c.type for c in status.conditions if not c.message] == []
+
+
+def test_a_stuck_step_turns_failed_once_its_deadline_passes(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    spec = variant({"progressDeadlineSeconds": 60})
+    first = decide(make_world(spec))
+    live = as_live(first.apply, ready=False)
+    start = make_world(spec, status=first.status, revisions=first.create, **live)
+    waiting = decide(start)
+    assert waiting.status.phase == "Progressing" and waiting.requeue_after is not None
+    later = dataclasses.replace(
+        start, status=waiting.status, now=start.now + timedelta(seconds=waiting.requeue_after)
+    )
+    stuck = decide(later)
+    degraded = _conditions(stuck.status)["Degraded"]
+    assert stuck.status.phase == "Failed"
+    assert (degraded.status, degraded.reason) == ("True", "ProgressDeadlineExceeded")
