@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from dsv4_operator.exit_codes import EXIT_CHECK_FAILED, EXIT_OK, with_exit_codes
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, Unreachable
 from dsv4_operator.kube.objects import Obj
@@ -181,7 +182,10 @@ async def _checks(kubeconfig: str | None, **kwargs: Any) -> list[InstallationChe
         await client.close()
 
 
-@click.command("selftest")
+@click.command(
+    "selftest",
+    help=with_exit_codes("selftest", "Check a running installation, as `helm test` does."),
+)
 @click.option("--namespace", required=True, help="The operator's namespace (Deployment, Lease).")
 @click.option("--deployment", required=True, help="The operator's Deployment.")
 @click.option("--lease", default="", help="The leader-election Lease (empty: not checked).")
@@ -207,7 +211,6 @@ def selftest_command(
     kubeconfig: str | None,
     output: str,
 ) -> None:
-    """Check a running installation: exit 0 when every check passes, 1 otherwise."""
     try:
         checks = asyncio.run(
             _checks(
@@ -228,4 +231,4 @@ def selftest_command(
     else:
         for c in checks:
             click.echo(f"{'PASS' if c.ok else 'FAIL'} {c.name}: {c.reason}: {c.message}")
-    sys.exit(0 if passed else 1)
+    sys.exit(EXIT_OK if passed else EXIT_CHECK_FAILED)
