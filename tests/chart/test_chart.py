@@ -216,6 +216,7 @@ def test_operator_deployment_is_two_non_root_read_only_replicas_with_leader_elec
     env = {e["name"]: e for e in _container(objects)["env"]}
     assert env["DSV4_LEADER_ELECTION"]["value"] == "true"
     assert env["DSV4_LEASE_NAME"]["value"] == "dsv4-operator"
+    assert env["DSV4_LEASE_OWNER"]["value"] == deployment["metadata"]["name"]
     assert env["DSV4_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["DSV4_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.namespace"
@@ -656,6 +657,13 @@ def test_leader_election_role_is_narrowed_to_the_release_lease() -> None:
             "resources": ["leases"],
             "resourceNames": ["dsv4-operator"],
             "verbs": ["get", "update"],
+        },
+        # The Lease's owner (DSV4_LEASE_OWNER): uninstalling deletes the Lease with it.
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "resourceNames": ["dsv4-operator"],
+            "verbs": ["get"],
         },
     ]
     binding = _named(objects, "RoleBinding", "dsv4-operator-leader-election")
