@@ -39,6 +39,7 @@ from pydantic.fields import FieldInfo
 
 from dsv4_operator import metrics as operator_metrics
 from dsv4_operator import reasons, settings
+from dsv4_operator.api.crd import without_default_note
 from dsv4_operator.exit_codes import EXIT_CODES, USAGE_ERROR
 from dsv4_operator.tap.metrics import TapMetrics
 from dsv4_operator.tap.proxy import TapConfig
@@ -111,7 +112,8 @@ def _default(node: Schema) -> str:
 def _rows(node: Schema, path: str, required: bool, rows: list[str]) -> None:
     rows.append(
         f"| `{path}` | {_cell(_type(node))} | {'yes' if required else ''} | {_default(node)} "
-        f"| {_cell(_constraints(node))} | {_cell(node.get('description', ''))} |"
+        f"| {_cell(_constraints(node))} "
+        f"| {_cell(without_default_note(node))} |"
     )
     children: Schema = node.get("properties", {})
     needed = set(node.get("required", []))
