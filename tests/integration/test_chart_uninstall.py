@@ -1,6 +1,8 @@
-"""`helm uninstall` against the real API server leaves only what docs/install.md says it keeps
-(the CRD): no `helm test` pod, no test RBAC, and no leader-election Lease (the Lease names the
-operator's Deployment as its owner; the garbage collector deletes it with the Deployment).
+"""Day 2 with the chart against the real API server. `helm uninstall` leaves only what
+docs/install.md says it keeps (the CRD): no `helm test` pod, no test RBAC, and no
+leader-election Lease (the Lease names the operator's Deployment as its owner; the garbage
+collector deletes it with the Deployment). With the webhook off, `helm test` checks what there
+is to check and passes, as NOTES.txt says.
 
 The Lease is written by the operator's own leader election (runtime/lease.py) with a token of
 the chart's ServiceAccount, as a replica would; the `helm test` pod is played as a kubelet
@@ -10,11 +12,15 @@ would run it (it exits 0), since nothing executes on kwok nodes.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import POOL_LABEL, rtx_pool
@@ -31,6 +37,8 @@ pytestmark = pytest.mark.integration
 POOL = "chart-uninstall"
 RELEASE = "gone"
 FULLNAME = f"{RELEASE}-dsv4-operator"
+# Another release for the other test: the releases' cluster-scoped objects are named after them.
+WEBHOOKLESS = "webhookless"
 # Namespaced kinds a release could leave behind (Events are the API server's, not the chart's).
 KINDS = [
     ("v1", "Pod"),
@@ -64,17 +72,19 @@ def _left(dyn: Any, namespaces: list[str]) -> set[tuple[str, str, str]]:
     return found
 
 
-def _lead_once(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+def _lead_once(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path, fullname: str = FULLNAME
+) -> None:
     """Take the Lease as a replica of the chart does: its env's name and owner, its token."""
     kubeconfig = service_account_kubeconfig(
-        control_plane, namespace, FULLNAME, tmp_path / "operator.kubeconfig"
+        control_plane, namespace, fullname, tmp_path / "operator.kubeconfig"
     )
 
     async def lead() -> None:
         client = KubeClient.from_environment(str(kubeconfig), field_manager="dsv4-operator")
         try:
             elector = LeaderElector(
-                client, namespace, FULLNAME, "replica-0", Timing(), owner=FULLNAME
+                client, namespace, fullname, "replica-0", Timing(), owner=fullname
             )
             await asyncio.wait_for(elector.acquire(), timeout=60)
         finally:
@@ -173,3 +183,64 @@ def test_helm_uninstall_leaves_only_the_crd(
             for i in dyn.resources.get(api_version=api_version, kind=kind).get().items
         ]
         assert not [n for n in names if n.startswith(FULLNAME)], (kind, names)
+
+
+def _selftest(control_plane: ControlPlane, namespace: str, args: list[str], tmp_path: Path) -> Any:
+    """The chart's test pod's args, run as `dsv4` with its ServiceAccount's token."""
+    kubeconfig = service_account_kubeconfig(
+        control_plane, namespace, f"{WEBHOOKLESS}-dsv4-operator-test", tmp_path / "test.kubecfg"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "dsv4_operator.cli", *args, "-o", "json"],
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.long(seconds=20)
+def test_with_the_webhook_off_helm_test_checks_what_there_is_and_passes(
+    control_plane: ControlPlane,
+    dyn: Any,
+    namespace: str,
+    work_namespace: str,
+    uninstall_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    helm, fullname = Helm(control_plane.kubeconfig_path), f"{WEBHOOKLESS}-dsv4-operator"
+    values = {
+        "nodeSelector": {POOL_LABEL: POOL},  # kwok runs the operator pods: the Deployment is up
+        "crds": {"enabled": False},
+        "watchNamespaces": [work_namespace],
+        "webhook": {"enabled": False},
+    }
+    helm("install", WEBHOOKLESS, CHART, "--namespace", namespace, *helm_args(values))
+    try:
+        deployments = dyn.resources.get(api_version="apps/v1", kind="Deployment")
+        wait_for(
+            "the operator Deployment available",
+            lambda: deployments.get(name=fullname, namespace=namespace).status.availableReplicas,
+            timeout=90,
+        )
+        _lead_once(control_plane, namespace, tmp_path, fullname)
+        template = helm("get", "hooks", WEBHOOKLESS, "-n", namespace).stdout
+        (pod,) = [d for d in yaml.safe_load_all(template) if d and d["kind"] == "Pod"]
+        args = pod["spec"]["containers"][0]["args"]
+        assert "--no-webhook" in args
+        passed = _selftest(control_plane, namespace, args, tmp_path)
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        checks = {c["name"]: c["ok"] for c in json.loads(passed.stdout)["checks"]}
+        assert checks == {"operator": True, "leader": True, "admitsSound": True}
+        # Without --no-webhook nothing refuses the unsafe spec: the test would fail for good.
+        checked = _selftest(
+            control_plane, namespace, [a for a in args if a != "--no-webhook"], tmp_path
+        )
+        assert checked.returncode == 1
+        (unsafe,) = [
+            c for c in json.loads(checked.stdout)["checks"] if c["name"] == "refusesUnsafe"
+        ]
+        assert unsafe["reason"] == "UnsafeAdmitted"
+    finally:
+        helm.uninstall(WEBHOOKLESS, namespace)
