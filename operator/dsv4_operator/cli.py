@@ -16,88 +16,27 @@ from pydantic import ValidationError
 
 from dsv4_operator.api.crd import crd_yaml
 from dsv4_operator.api.status import Finding
-from dsv4_operator.canary.cli import EXIT_LEAKING, probe_command
+from dsv4_operator.canary.cli import probe_command
 from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
 from dsv4_operator.engine.releases import versions_text
 from dsv4_operator.engine.rules import CATALOGUE
 from dsv4_operator.engine.validation import NotADeployment, Validation, validate_object
+from dsv4_operator.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_CODES,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    USAGE_ERROR,
+    with_exit_codes,
+)
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.selftest import selftest_command
 from dsv4_operator.settings import OperatorSettings
-from dsv4_operator.yaml_input import (
-    MAX_ALIASES,
-    MAX_BYTES,
-    MAX_DEPTH,
-    MAX_INTEGER_DIGITS,
-    InputError,
-    load_documents,
-)
+from dsv4_operator.yaml_input import InputError, load_documents
 
-EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_CHECK_FAILED = 1  # `dsv4 selftest`: a check of the installation failed
+__all__ = ["EXIT_CODES", "main"]  # EXIT_CODES: the contract docs/cli.md is generated from
+
 INPUT_RULE = "input"  # the finding of a document that is not a DSV4Deployment
-
-_UNUSABLE_FILE = (
-    "FILE unreadable, not UTF-8 or not YAML (a control character such as NUL, a syntax error), "
-    f"larger than {MAX_BYTES // 2**20} MiB, nested deeper than {MAX_DEPTH} levels, with more "
-    f"than {MAX_ALIASES} aliases (an alias bomb) or an integer of more than "
-    f"{MAX_INTEGER_DIGITS:,} digits"
-)
-#: What each command's exit codes mean: other tools call `dsv4`, so they are a contract.
-#: docs/cli.md's table is generated from this (tools/gen_docs.py). `dsv4 run` has none: it
-#: serves until it is stopped.
-EXIT_CODES: dict[str, tuple[tuple[int, str], ...]] = {
-    "validate": (
-        (EXIT_OK, "no error finding"),
-        (
-            EXIT_FINDINGS,
-            "an error finding (schema errors are findings with rule `schema` and the field path)",
-        ),
-        (
-            EXIT_BAD_INPUT,
-            f"{_UNUSABLE_FILE}; or a document that is not a `dsv4.io/v1alpha1` "
-            "`DSV4Deployment` (the other documents are still reported; the worst document "
-            "decides)",
-        ),
-    ),
-    "plan": (
-        (EXIT_OK, "every document planned"),
-        (
-            EXIT_FINDINGS,
-            "a document cannot be planned (schema or profile errors); the others are still planned",
-        ),
-        (EXIT_BAD_INPUT, "as for `validate`"),
-    ),
-    "render": (
-        (EXIT_OK, "every child manifest written"),
-        (EXIT_FINDINGS, "a spec is invalid (nothing rendered)"),
-        (
-            EXIT_BAD_INPUT,
-            f"{_UNUSABLE_FILE}; or a document that is not a DSV4Deployment (nothing rendered)",
-        ),
-    ),
-    "crd": ((EXIT_OK, "the CRD written"),),
-    "rules": ((EXIT_OK, "the catalogue written"),),
-    "probe": (
-        (EXIT_OK, "no endpoint's leak rate is significantly above the threshold"),
-        (EXIT_LEAKING, "an endpoint's leak rate is significantly above the threshold"),
-        (
-            EXIT_BAD_INPUT,
-            "a bad URL or option, the canary could not run, or no response could be classified",
-        ),
-    ),
-    "selftest": (
-        (EXIT_OK, "every check passed"),
-        (EXIT_CHECK_FAILED, "a check failed (each is printed with a reason)"),
-    ),
-    "tap": (
-        (
-            EXIT_BAD_INPUT,
-            "a bad `--upstream`, `--listen` or `--metrics`, or a worker that cannot start "
-            "(otherwise the tap serves until it is stopped)",
-        ),
-    ),
-}
 
 
 @dataclass
@@ -187,10 +126,14 @@ def _echo_json(payload: Any) -> None:
     click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="dsv4: validate, plan and render DeepSeek-V4 PD deployments on SGLang.\n\n"
+    f"Each command's --help lists its exit codes. {USAGE_ERROR}",
+)
 @click.version_option(package_name="dsv4-operator")
 def main() -> None:
-    """dsv4: validate, plan and render DeepSeek-V4 PD deployments on SGLang."""
+    pass
 
 
 main.add_command(probe_command)
@@ -209,15 +152,12 @@ OUTPUT_OPTION = click.option(
 )
 
 
-@main.command()
+@main.command(
+    help=with_exit_codes("validate", "Check a spec against the schema and the rule catalogue.")
+)
 @FILE_OPTION
 @OUTPUT_OPTION
 def validate(path: str, output: str) -> None:
-    """Check a spec against the schema and the rule catalogue.
-
-    Exit 0 when no error finding remains, 1 when one does, 2 when the file is unreadable or a
-    document is not a DSV4Deployment (every document is still reported).
-    """
     docs = _documents(path, output)
     if output == "json":
         _echo_json(
@@ -274,40 +214,52 @@ def _plan_table(name: str, plan: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
-@main.command()
+@main.command(
+    help=with_exit_codes(
+        "plan",
+        "Memory plan per role: bytes per token by pool, max total tokens, capacity, over-commit.",
+    )
+)
 @FILE_OPTION
 @OUTPUT_OPTION
 def plan(path: str, output: str) -> None:
-    """Memory plan per role: bytes per token by pool, max total tokens, capacity, over-commit."""
     docs = _documents(path, output)
     results: list[dict[str, Any]] = []
     for d in docs:
-        planned, errors = d.validation.plan, d.validation.errors
-        if output == "text" and planned is None:
-            for f in errors:
-                click.echo(f"dsv4: {d.name}: {f.rule} {f.field}: {f.message}", err=True)
-        elif output == "text" and planned is not None:
+        # Every error finding fails the plan: a role that does not fit is DSV4-R008's.
+        planned, findings = d.validation.plan, d.validation.errors
+        if output == "text" and planned is not None:
             click.echo(_plan_table(d.name, planned))
+        if output == "text":
+            verdict = "cannot be planned" if planned is None else "INVALID"
+            for f in findings:
+                click.echo(f"dsv4: {d.name}: {f.rule} {f.field}: {f.message}", err=True)
+            if findings:
+                click.echo(f"dsv4: {d.name}: {verdict} ({len(findings)} error findings)", err=True)
         results.append(
             {
                 **_document_dict(d),
                 "plan": planned.as_dict() if planned else None,
-                # What kept the document from being planned (none when it was).
-                "findings": [] if planned else [f.model_dump(mode="json") for f in errors],
+                # What makes the document fail: why it could not be planned, a role that does
+                # not fit, or another error finding (none when it is sound).
+                "findings": [f.model_dump(mode="json") for f in findings],
             }
         )
     if output == "json":
         _echo_json({"documents": results})
     if any(d.foreign for d in docs):
         sys.exit(EXIT_BAD_INPUT)
-    sys.exit(EXIT_FINDINGS if any(r["plan"] is None for r in results) else EXIT_OK)
+    sys.exit(EXIT_FINDINGS if any(r["findings"] for r in results) else EXIT_OK)
 
 
-@main.command()
+@main.command(
+    help=with_exit_codes(
+        "render", "Every child manifest as multi-document YAML (byte-for-byte deterministic)."
+    )
+)
 @FILE_OPTION
 @click.option("-n", "--namespace", default=None, help="Namespace (default: metadata.namespace).")
 def render(path: str, namespace: str | None) -> None:
-    """Every child manifest as multi-document YAML (byte-for-byte deterministic)."""
     docs = _documents(path)
     out: list[dict[str, Any]] = []
     for d in docs:
@@ -322,16 +274,18 @@ def render(path: str, namespace: str | None) -> None:
     click.echo(yaml.safe_dump_all(out, sort_keys=True, width=100), nl=False)
 
 
-@main.command()
+@main.command(
+    help=with_exit_codes(
+        "crd", "The DSV4Deployment CustomResourceDefinition generated from the API models."
+    )
+)
 def crd() -> None:
-    """The DSV4Deployment CustomResourceDefinition generated from the API models."""
     click.echo(crd_yaml(), nl=False)
 
 
-@main.command()
+@main.command(help=with_exit_codes("rules", "The rule catalogue."))
 @OUTPUT_OPTION
 def rules(output: str) -> None:
-    """The rule catalogue."""
     if output == "json":
         _echo_json({"rules": [r.as_dict() for r in CATALOGUE]})
         return
@@ -375,7 +329,11 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@main.command()
+@main.command(
+    help=with_exit_codes(
+        "tap", "Run the leak tap: proxy to the router, classify tool calls, serve /metrics."
+    )
+)
 @click.option("--upstream", required=True, help="The router's URL, e.g. http://127.0.0.1:8000.")
 @click.option("--listen", default="0.0.0.0:8100", show_default=True, help="Proxy address.")
 @click.option("--metrics", default="0.0.0.0:9100", show_default=True, help="/metrics address.")
@@ -402,7 +360,6 @@ def _address(text: str) -> tuple[str, int]:
 def tap(
     upstream: str, listen: str, metrics: str, deployment: str, namespace: str | None, workers: int
 ) -> None:
-    """Run the leak tap: proxy to the router, classify tool calls, serve /metrics."""
     import logging
     import tempfile
     from pathlib import Path

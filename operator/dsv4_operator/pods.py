@@ -8,7 +8,7 @@ object; and it lives outside kube/ because the guard, which is pure, reads it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -97,6 +97,7 @@ class PodView:
     ip: str | None
     conditions: tuple[PodCondition, ...]
     containers: tuple[ContainerView, ...]
+    node_selector: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
@@ -115,6 +116,7 @@ class PodView:
                 for c in status.get("conditions") or []
             ),
             containers=tuple(ContainerView.of(c) for c in status.get("containerStatuses") or []),
+            node_selector=dict((pod.get("spec") or {}).get("nodeSelector") or {}),
         )
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from dsv4_operator.exit_codes import EXIT_CHECK_FAILED, EXIT_OK, with_exit_codes
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, Unreachable
 from dsv4_operator.kube.objects import Obj
@@ -154,16 +155,19 @@ async def run_checks(
     target: str,
     image: str,
     now: dt.datetime | None = None,
+    webhook: bool = True,
 ) -> list[InstallationCheck]:
-    """Gather the facts (reads and dry runs), then judge them."""
+    """Gather the facts (reads and dry runs), then judge them (without the webhook, nothing
+    refuses an unsafe spec at admission, so that check is left out)."""
     checks = [judge_deployment(deployment, await client.get(DEPLOYMENT, namespace, deployment))]
     if lease:
         obj = await client.get(LEASE, namespace, lease)
         checks.append(judge_lease(lease, obj, now or dt.datetime.now(dt.UTC)))
     name = f"dsv4-selftest-{secrets.token_hex(3)}"
     checks.append(judge_sound(await _dry_run(client, spec_document(name, target, image))))
-    unsafe = spec_document(name, target, image, unsafe=True)
-    checks.append(judge_unsafe(await _dry_run(client, unsafe)))
+    if webhook:
+        unsafe = spec_document(name, target, image, unsafe=True)
+        checks.append(judge_unsafe(await _dry_run(client, unsafe)))
     return checks
 
 
@@ -181,7 +185,10 @@ async def _checks(kubeconfig: str | None, **kwargs: Any) -> list[InstallationChe
         await client.close()
 
 
-@click.command("selftest")
+@click.command(
+    "selftest",
+    help=with_exit_codes("selftest", "Check a running installation, as `helm test` does."),
+)
 @click.option("--namespace", required=True, help="The operator's namespace (Deployment, Lease).")
 @click.option("--deployment", required=True, help="The operator's Deployment.")
 @click.option("--lease", default="", help="The leader-election Lease (empty: not checked).")
@@ -194,6 +201,13 @@ async def _checks(kubeconfig: str | None, **kwargs: Any) -> list[InstallationChe
     show_default=True,
     help="The engine image of the sound spec (one your trust settings allow).",
 )
+@click.option(
+    "--webhook/--no-webhook",
+    default=True,
+    show_default=True,
+    help="Whether the installation runs the admission webhook (--no-webhook: the check that it "
+    "refuses an unsafe spec is left out).",
+)
 @click.option("--kubeconfig", default=None, help="Default: in-cluster, then KUBECONFIG.")
 @click.option(
     "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
@@ -204,10 +218,10 @@ def selftest_command(
     lease: str,
     target_namespace: str,
     engine_image: str,
+    webhook: bool,
     kubeconfig: str | None,
     output: str,
 ) -> None:
-    """Check a running installation: exit 0 when every check passes, 1 otherwise."""
     try:
         checks = asyncio.run(
             _checks(
@@ -217,6 +231,7 @@ def selftest_command(
                 lease=lease,
                 target=target_namespace,
                 image=engine_image,
+                webhook=webhook,
             )
         )
     except KubeError as error:  # the reads themselves failed (RBAC, API server down)
@@ -228,4 +243,4 @@ def selftest_command(
     else:
         for c in checks:
             click.echo(f"{'PASS' if c.ok else 'FAIL'} {c.name}: {c.reason}: {c.message}")
-    sys.exit(0 if passed else 1)
+    sys.exit(EXIT_OK if passed else EXIT_CHECK_FAILED)

@@ -88,6 +88,12 @@ class OperatorSettings(BaseSettings):
         default="default", description="Namespace of the leader-election Lease."
     )
     lease_name: str = Field(default=OPERATOR, description="Name of the leader-election Lease.")
+    lease_owner: str = Field(
+        default="",
+        description="The operator's Deployment, in the Lease's namespace: the Lease names it as "
+        "its owner, so deleting the Deployment (helm uninstall) deletes the Lease (empty: no "
+        "owner).",
+    )
     lease_duration_seconds: float = Field(
         default=15.0,
         ge=3,

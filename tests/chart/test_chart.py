@@ -125,6 +125,15 @@ def test_rendered_objects_validate_against_kubernetes_1_37(values: dict[str, Any
             assert obj["metadata"]["namespace"] == "dsv4-system"
 
 
+# The `helm test` pod's Roles: release objects (one `helm test` entry, the pod).
+TEST_ROLES = ["dsv4-operator-test", "dsv4-operator-test-dry-run"]
+
+
+def _named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [o for o in by_kind(objects, kind) if o["metadata"]["name"] == name]
+    return found
+
+
 def _selftest(objects: list[dict[str, Any]]) -> dict[str, Any]:
     (pod,) = [o for o in by_kind(objects, "Pod")]
     return pod
@@ -136,8 +145,9 @@ def test_helm_test_runs_the_selftest_with_rights_for_dry_runs_only_where_the_web
     objects = render({"watchNamespaces": ["work", "other"]}, tests=True)
     pod = _selftest(objects)
     hooks = [o for o in objects if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
-    assert {o["kind"] for o in hooks} == {"Pod", "ServiceAccount", "Role", "RoleBinding"}
-    assert all(o["metadata"]["annotations"]["helm.sh/hook"] == "test" for o in hooks)
+    assert [(o["kind"], o["metadata"]["annotations"]["helm.sh/hook"]) for o in hooks] == [
+        ("Pod", "test")
+    ]
     (container,) = pod["spec"]["containers"]
     assert container["args"] == [
         "selftest",
@@ -159,7 +169,9 @@ def test_helm_test_runs_the_selftest_with_rights_for_dry_runs_only_where_the_web
     assert selectors and not [s for s in selectors if s.items() <= labels]
     # Its ServiceAccount may create DSV4Deployments (dry runs) only in the first watched
     # namespace, and read only the operator's own Deployment and Lease.
-    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(hooks, "Role")}
+    roles = {
+        (r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(objects, "Role")
+    }
     rules = roles["work", "dsv4-operator-test-dry-run"]["rules"]
     assert rules == [
         {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments"], "verbs": ["create"]}
@@ -204,6 +216,7 @@ def test_operator_deployment_is_two_non_root_read_only_replicas_with_leader_elec
     env = {e["name"]: e for e in _container(objects)["env"]}
     assert env["DSV4_LEADER_ELECTION"]["value"] == "true"
     assert env["DSV4_LEASE_NAME"]["value"] == "dsv4-operator"
+    assert env["DSV4_LEASE_OWNER"]["value"] == deployment["metadata"]["name"]
     assert env["DSV4_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["DSV4_LEASE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.namespace"
@@ -237,7 +250,8 @@ def test_operator_deployment_is_two_non_root_read_only_replicas_with_leader_elec
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]]
-    assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+    assert pod["serviceAccountName"] == "dsv4-operator"
+    assert _named(objects, "ServiceAccount", "dsv4-operator")
 
 
 def test_probes_call_kopfs_health_endpoint_on_the_port_the_operator_serves() -> None:
@@ -281,12 +295,13 @@ def test_cluster_wide_rbac_is_one_cluster_role_with_the_measured_rules() -> None
     objects = render()
     assert _env(objects)["DSV4_NAMESPACES"] == ""
     assert [r["metadata"]["name"] for r in by_kind(objects, "Role")] == [
-        "dsv4-operator-leader-election"
+        "dsv4-operator-leader-election",
+        *TEST_ROLES,  # the `helm test` pod's (test_helm_test_runs_the_selftest_...)
     ]
     roles = {r["metadata"]["name"]: r for r in _operator_cluster_roles(objects)}
     assert roles["dsv4-operator"]["rules"] == NAMESPACED_RULES
     assert roles["dsv4-operator-discovery"]["rules"] == [CRD_RULE]
-    sa = one(objects, "ServiceAccount")["metadata"]
+    sa = _named(objects, "ServiceAccount", "dsv4-operator")["metadata"]
     bindings = by_kind(objects, "ClusterRoleBinding")
     assert {b["roleRef"]["name"] for b in bindings} == set(roles)
     for binding in bindings:
@@ -637,7 +652,7 @@ def test_users_rights_are_aggregated_into_the_default_roles() -> None:
 
 def test_leader_election_role_is_narrowed_to_the_release_lease() -> None:
     objects = render()
-    role = one(objects, "Role")
+    role = _named(objects, "Role", "dsv4-operator-leader-election")
     assert role["metadata"] == {
         **role["metadata"],
         "name": "dsv4-operator-leader-election",
@@ -651,6 +666,13 @@ def test_leader_election_role_is_narrowed_to_the_release_lease() -> None:
             "resourceNames": ["dsv4-operator"],
             "verbs": ["get", "update"],
         },
+        # The Lease's owner (DSV4_LEASE_OWNER): uninstalling deletes the Lease with it.
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "resourceNames": ["dsv4-operator"],
+            "verbs": ["get"],
+        },
     ]
-    binding = one(objects, "RoleBinding")
+    binding = _named(objects, "RoleBinding", "dsv4-operator-leader-election")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]

@@ -291,8 +291,10 @@ def probe(*args: str) -> tuple[int, str, str]:
 
 
 def test_probe_exits_0_on_fp8(fp8: str) -> None:
-    code, out, err = probe("--url", fp8, "--sessions", "60", "--rounds", "4")
+    # 0 of 60 sessions: the 99% upper bound is 9.96%, under a 10% threshold (CLEAN).
+    code, out, err = probe("--url", fp8, "--sessions", "60", "--rounds", "4", "--threshold", "0.1")
     assert code == 0, out + err
+    assert "verdict    CLEAN" in out
     assert "responses  240 (ok 240" in out
     assert "leak rate  per session  0/60 = 0.0%" in out
     assert "latency    p50" in out
@@ -327,10 +329,20 @@ def test_probe_per_response_threshold(fp8: str) -> None:
     code, out, _ = probe(
         "--url", fp8, "--sessions", "5", "--rounds", "2", "--per", "responses", "-o", "json"
     )
-    assert code == 0
+    assert code == 3  # 0 of 10 responses: too few to tell a 2% leak rate from none
     payload = json.loads(out)
     assert_contract("probe", payload)
     assert payload["results"][0]["responseLeakRate"]["of"] == 10
+    assert payload["results"][0]["judgement"] == "inconclusive" and payload["exitCode"] == 3
+
+
+def test_probe_exits_3_when_inconclusive(fp8: str) -> None:
+    """No leak in 60 sessions cannot tell a 2% leak rate from none (upper bound 9.96%): a CI
+    job that passes on exit 0 must not pass on it."""
+    code, out, err = probe("--url", fp8, "--sessions", "60", "--rounds", "4")
+    assert code == 3, out + err
+    assert "verdict    INCONCLUSIVE: not significantly above 2.0%" in out
+    assert "upper bound 10.0%" in out
 
 
 @pytest.mark.parametrize(

@@ -209,6 +209,7 @@ def _prove_rbac(
         DSV4_LEADER_ELECTION="true",
         DSV4_LEASE_NAMESPACE=sa_namespace,
         DSV4_LEASE_NAME=sa_name,
+        DSV4_LEASE_OWNER=sa_name,  # the chart's Deployment, named as its ServiceAccount
     ).start()
     try:
         _lifecycle(Cluster(dyn, work), op)
@@ -236,8 +237,9 @@ def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
     )
     try:
         rbac = k8s.RbacAuthorizationV1Api(control_plane.api_client())
-        assert [r.metadata.name for r in rbac.list_namespaced_role(work_namespace).items] == [
-            f"{release}-dsv4-operator"
+        assert sorted(r.metadata.name for r in rbac.list_namespaced_role(work_namespace).items) == [
+            f"{release}-dsv4-operator",
+            f"{release}-dsv4-operator-test-dry-run",  # the `helm test` pod's dry runs
         ]
         _prove_rbac(
             control_plane,

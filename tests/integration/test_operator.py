@@ -763,6 +763,7 @@ def test_ready_names_a_gpu_product_no_node_has(cluster: Cluster, operator: Opera
     )
     print(f"Ready: {message}")
     assert "pod dsv4-flash-" in message and "node(s) didn't match" in message
+    assert "a node labelled nvidia.com/gpu.product=NVIDIA-H200 (spec.gpu.product)" in message
 
 
 @pytest.mark.parametrize("cause", ["ImagePullBackOff", "CrashLoopBackOff", "FailedMount"])

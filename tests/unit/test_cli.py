@@ -12,6 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from dsv4_operator.cli import main
+from dsv4_operator.exit_codes import EXIT_CODES, USAGE_ERROR
 from tests.support.contract import assert_contract
 from tests.support.paths import EXAMPLE, REPO
 
@@ -234,7 +235,34 @@ def test_plan_table_and_invalid_plan() -> None:
     assert code == 0 and "bytes per full token" in out and "7705.45" in out
     bad = REPO / "examples" / "unsafe" / "r008-plan-does-not-fit.yaml"
     code, payload = run_json("plan", "-f", str(bad))
-    assert code == 0 and payload["documents"][0]["plan"]["roles"]["decode"]["fits"] is False
+    assert code == 1 and payload["documents"][0]["plan"]["roles"]["decode"]["fits"] is False
+
+
+def test_a_plan_that_does_not_fit_exits_1_saying_so() -> None:
+    """A KV pool of -80 GiB per rank is a finding CI must see, not a table row that exits 0."""
+    bad = REPO / "examples" / "unsafe" / "r008-plan-does-not-fit.yaml"
+    result = CliRunner().invoke(main, ["plan", "-f", str(bad)])
+    assert result.exit_code == 1
+    assert "KV pool GiB" in result.stdout and "-80.43" in result.stdout  # the plan still shows
+    for role in ("prefill", "decode"):
+        assert f"DSV4-R008 spec.{role}.tensorParallel: {role} does not fit" in result.stderr
+    assert "unsafe-r008: INVALID (2 error findings)" in result.stderr
+    _, payload = run_json("plan", "-f", str(bad))
+    assert {(f["rule"], f["field"]) for f in payload["documents"][0]["findings"]} == {
+        ("DSV4-R008", "spec.prefill.tensorParallel"),
+        ("DSV4-R008", "spec.decode.tensorParallel"),
+    }
+
+
+@pytest.mark.parametrize("path", UNSAFE, ids=lambda p: p.stem)
+def test_plan_exits_1_on_every_document_validate_calls_invalid(path: Path) -> None:
+    """`dsv4 plan` judges a document as `dsv4 validate` does: the same error findings, exit 1,
+    whether or not a plan could be drawn (docs/cli.md#exit-codes)."""
+    validate_code, validated = run_json("validate", "-f", str(path))
+    plan_code, planned = run_json("plan", "-f", str(path))
+    assert validate_code == plan_code == 1
+    errors = [f for f in all_findings(validated) if f["severity"] == "error"]
+    assert all_findings(planned) == errors
 
 
 def test_plan_has_one_shape_for_one_or_many_documents(tmp_path: Path) -> None:
@@ -363,3 +391,19 @@ def test_valid_label_keys_are_accepted(tmp_path: Path, key: str) -> None:
     path.write_text(yaml.safe_dump(doc))
     code, _ = run_json("validate", "-f", str(path))
     assert code == 0
+
+
+@pytest.mark.parametrize("command", sorted(EXIT_CODES))
+def test_help_states_the_exit_codes_the_docs_state(command: str) -> None:
+    """`dsv4 COMMAND --help` ends with the codes docs/cli.md and the README are generated from,
+    word for word (test_docs checks those pages against the same table)."""
+    code, out = run(command, "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    for exit_code, meaning in EXIT_CODES[command]:
+        assert f"Exit {exit_code}: {' '.join(meaning.split())}." in text
+
+
+def test_dsv4_help_says_what_a_usage_error_exits_with() -> None:
+    _, out = run("--help")
+    assert USAGE_ERROR in " ".join(out.split())

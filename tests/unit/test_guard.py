@@ -292,3 +292,13 @@ def test_each_source_is_counted_on_its_own() -> None:
     snap = obs.snapshot(key)
     assert snap is not None and snap.consecutive_errors == 1
     assert snap.last_error == "prometheus: ReadTimeout (1 in a row)"
+
+
+@pytest.mark.parametrize(
+    ("confidence", "text"), [(0.999, "99.9%"), (0.99, "99%"), (0.9995, "99.95%")]
+)
+def test_leak_rate_messages_print_the_confidence_as_it_is(confidence: float, text: str) -> None:
+    """0.999 is "99.9% bounds": rounded to "100%", the message would claim certainty."""
+    guard = GuardSpec.model_validate({"leakRate": {"confidence": confidence}})
+    verdict = evaluate(Evidence(samples=40, leaks=1), guard)
+    assert f", {text} bounds " in verdict.message

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4_operator.runtime.lease import Observed, Timing, _record, may_take
+from dsv4_operator.runtime.lease import (
+    Observed,
+    Timing,
+    _record,
+    lease_owner_reference,
+    may_take,
+    with_owners,
+)
 
 
 def lease(holder: str, renew: str = "2026-12-01T00:00:00.000000Z", transitions: int = 0) -> Any:
@@ -35,3 +42,14 @@ def test_the_timing_of_a_lease_duration_keeps_client_gos_ratios() -> None:
     # 15 s gives client-go's defaults: renew every 2 s, stop leading after 10 s unrenewed.
     assert Timing.for_duration(15.0) == Timing(duration=15.0, deadline=10.0, retry=2.0)
     assert Timing.for_duration(60.0) == Timing(duration=60.0, deadline=40.0, retry=8.0)
+
+
+def test_the_lease_names_its_owner_once_and_keeps_other_owners() -> None:
+    deployment = {"metadata": {"name": "op", "uid": "u-1", "namespace": "ops"}}
+    owner = lease_owner_reference(deployment)
+    assert owner == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "op", "uid": "u-1"}
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u-2"}
+    once = with_owners({"name": "op", "ownerReferences": [other]}, [owner])
+    assert once["ownerReferences"] == [other, owner]
+    assert with_owners(once, [owner]) is once  # already there: no change, no write of it
+    assert with_owners({"name": "op"}, []) == {"name": "op"}

@@ -257,3 +257,41 @@ def test_an_unschedulable_pod_is_a_fault() -> None:
     scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
     fault = first_fault([PodView.of(_pod("x-prefill-0", [scheduled], []))])
     assert fault is not None and fault[0] == "Unschedulable"
+
+
+def _unschedulable(message: str, node_selector: dict[str, str]) -> Any:
+    pod = _pod(
+        "x-decode-0",
+        [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+            }
+        ],
+        [],
+    )
+    return {**pod, "spec": {"nodeSelector": node_selector}}
+
+
+def test_no_node_of_the_gpu_product_names_the_label_the_operator_pinned() -> None:
+    """The scheduler says no node matched; the message says which label it looked for."""
+    message = (
+        "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector. "
+        "preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+    )
+    selector = {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "a"}
+    problem = pod_problem(PodView.of(_unschedulable(message, selector)))
+    assert problem == (
+        "pod x-decode-0: Unschedulable: 0/3 nodes are available: 3 node(s) didn't match Pod's "
+        "node affinity/selector. preemption: 0/3 nodes are available: 3 Preemption is not "
+        "helpful for scheduling. The pod needs a node labelled "
+        "nvidia.com/gpu.product=NVIDIA-H200 (spec.gpu.product), and pool=a; "
+        "`kubectl get nodes -L nvidia.com/gpu.product` shows each node's product"
+    )
+    # Another cause (too few GPUs, a missing claim) is not about the label: no note.
+    other = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    assert pod_problem(PodView.of(_unschedulable(other, selector))) == (
+        f"pod x-decode-0: Unschedulable: {other}"
+    )

@@ -110,7 +110,12 @@ def test_rule_table_matches_catalogue() -> None:
 def test_every_command_but_run_documents_its_exit_codes() -> None:
     assert set(cli.EXIT_CODES) == set(cli.main.commands) - {"run"}
     probe = {code for code, _ in cli.EXIT_CODES["probe"]}
-    assert probe == {probe_cli.EXIT_OK, probe_cli.EXIT_LEAKING, probe_cli.EXIT_BAD_INPUT}
+    assert probe == {
+        probe_cli.EXIT_OK,
+        probe_cli.EXIT_LEAKING,
+        probe_cli.EXIT_BAD_INPUT,
+        probe_cli.EXIT_INCONCLUSIVE,
+    }
 
 
 @pytest.mark.parametrize(

@@ -74,3 +74,21 @@ app.kubernetes.io/part-of: dsv4-operator
 {{- define "dsv4-operator.webhookCertDir" -}}
 /etc/dsv4-operator/webhook-tls
 {{- end -}}
+
+{{/*
+Fail, saying what to install, when a value asks for a prometheus-operator kind the cluster does
+not serve (Helm's own error names neither the value nor the missing CRD). Called with
+(list KIND VALUE ALTERNATIVE .). Only when Helm discovered the cluster's APIs: every
+kube-apiserver serves apiregistration.k8s.io/v1, which Helm's offline set (`helm template`,
+`helm lint`, no `--api-versions`) lacks, so an offline render cannot know and does not fail.
+*/}}
+{{- define "dsv4-operator.requireMonitoringKind" -}}
+{{- $kind := index . 0 }}
+{{- $value := index . 1 }}
+{{- $alternative := index . 2 }}
+{{- $root := index . 3 }}
+{{- $discovered := $root.Capabilities.APIVersions.Has "apiregistration.k8s.io/v1" }}
+{{- if and $discovered (not ($root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind))) }}
+{{- fail (printf "%s=true needs the %s kind of prometheus-operator (monitoring.coreos.com/v1), which this cluster does not serve: install prometheus-operator and its CRDs first (for example the kube-prometheus-stack chart, or prometheus-operator-crds alone), or set %s=false and %s. With helm template --api-versions, list monitoring.coreos.com/v1/%s." $value $kind $value $alternative $kind) }}
+{{- end }}
+{{- end }}

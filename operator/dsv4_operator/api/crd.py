@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
@@ -75,6 +76,46 @@ NAME_RULES: list[dict[str, Any]] = [
 ]
 
 
+DEFAULT_NOTE = "Default: "  # what ends the description of a field with a default
+
+
+def _default_text(value: object) -> str | None:
+    """A default as `kubectl explain` readers write it in YAML; None for none worth stating
+    (null, an empty string, or an empty list or object the API server fills from the fields
+    below)."""
+    if value is None or value in ("", [], {}):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def default_note(node: JsonSchema) -> str | None:
+    """What ends the description of a field with a default worth stating ("Default: 60s.")."""
+    text = _default_text(node.get("default"))
+    return None if text is None else f"{DEFAULT_NOTE}{text}."
+
+
+def with_default_note(node: JsonSchema) -> JsonSchema:
+    """`node` with its default stated at the end of its description: `kubectl explain` prints
+    the description but not the schema's `default`."""
+    note = default_note(node)
+    description = str(node.get("description", "")).strip()
+    if note is None or description.endswith(note):
+        return node
+    return {**node, "description": f"{description} {note}" if description else note}
+
+
+def without_default_note(node: JsonSchema) -> str:
+    """The description of `node` without the note `with_default_note` added (the reference
+    shows defaults in a column of their own)."""
+    description = str(node.get("description", ""))
+    note = default_note(node)
+    return description.removesuffix(note).rstrip() if note else description
+
+
 def _resolve(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     """Inline `$ref`s, keeping sibling keys (description, default) of the referring node."""
     if "$ref" in node:
@@ -110,7 +151,7 @@ def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
         for key in ("description",):
             if key in rest:
                 out[key] = rest[key]
-        return out
+        return with_default_note(out)
     for key, value in node.items():
         if key in _DROPPED_KEYS or key == "anyOf":
             continue
@@ -142,7 +183,7 @@ def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
                 and "default" not in sub
             ):
                 sub["default"] = {}
-    return out
+    return with_default_note(out)
 
 
 def openapi_schema() -> JsonSchema:

@@ -1,8 +1,6 @@
 """`dsv4 probe`: run the tool-calling canary against an endpoint and judge its leak rate.
 
-Exit codes: 0 when the leak rate is not significantly above the threshold, 1 when it is (the
-Wilson lower bound at `--confidence` exceeds `--threshold`, for any probed URL), 2 on bad input,
-an unreachable URL, or a run in which no response could be classified.
+Exit codes: dsv4_operator.exit_codes (CLEAN 0, LEAKING 1, bad input 2, INCONCLUSIVE 3).
 """
 
 from __future__ import annotations
@@ -21,10 +19,16 @@ import httpx
 from dsv4_operator.canary.harness import run_canary
 from dsv4_operator.canary.report import CanaryReport, Per, ResponseRecord
 from dsv4_operator.canary.transport import ProbeError, discover_model
-from dsv4_operator.leak.stats import ProportionTest, compare_proportions
+from dsv4_operator.exit_codes import (
+    EXIT_BAD_INPUT,
+    EXIT_INCONCLUSIVE,
+    EXIT_LEAKING,
+    EXIT_OK,
+    with_exit_codes,
+)
+from dsv4_operator.leak.stats import ProportionTest, compare_proportions, confidence_text
 from dsv4_operator.leak.verdict import VerdictKind
 
-EXIT_OK, EXIT_LEAKING, EXIT_BAD_INPUT = 0, 1, 2
 Judgement = Literal["leaking", "clean", "inconclusive"]
 
 
@@ -60,6 +64,14 @@ class Judged:
         return self.judgement == "leaking"
 
 
+def _exit_code(judged: list[Judged]) -> int:
+    """LEAKING wins over INCONCLUSIVE, which wins over CLEAN: a CI job passes only on CLEAN."""
+    judgements = {j.judgement for j in judged}
+    if "leaking" in judgements:
+        return EXIT_LEAKING
+    return EXIT_INCONCLUSIVE if "inconclusive" in judgements else EXIT_OK
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
@@ -70,7 +82,7 @@ def _seconds(value: float | None) -> str:
 
 def _summary(judged: Judged) -> str:
     report, per, threshold = judged.report, judged.per, judged.threshold
-    conf = f"{100 * report.confidence:g}%"
+    conf = confidence_text(report.confidence)
     counts = ", ".join(f"{k.value} {report.counts[k]}" for k in VerdictKind)
     lines = [
         f"dsv4 probe: {report.base_url}  model {report.model}  {report.sessions} sessions x "
@@ -198,7 +210,14 @@ async def _run_all(urls: list[str], **options: Any) -> list[CanaryReport]:
         return [await _run_one(client, url, **options) for url in urls]
 
 
-@click.command("probe")
+@click.command(
+    "probe",
+    help=with_exit_codes(
+        "probe",
+        "Multi-turn tool-calling canary: N sessions x R rounds, every response classified. "
+        "With --vs, both endpoints are judged and the worst decides.",
+    ),
+)
 @click.option("--url", required=True, help="OpenAI-compatible server root (or its /v1).")
 @click.option("--sessions", type=click.IntRange(min=1), default=60, show_default=True)
 @click.option("--rounds", type=click.IntRange(min=1), default=4, show_default=True)
@@ -263,11 +282,6 @@ def probe_command(
     output: str,
     vs_url: str | None,
 ) -> None:
-    """Multi-turn tool-calling canary: N sessions x R rounds, every response classified.
-
-    Exit 0 when the leak rate is not significantly above --threshold, 1 when it is (Wilson
-    lower bound above the threshold, for --url or --vs), 2 on bad input or an unreachable URL.
-    """
     urls = [_check_url(url, "--url")]
     if vs_url is not None:
         urls.append(_check_url(vs_url, "--vs"))
@@ -303,7 +317,7 @@ def probe_command(
         k1, n1, _, _ = reports[0].rate(per)
         k2, n2, _, _ = reports[1].rate(per)
         comparison = compare_proportions(k1, n1, k2, n2, confidence=confidence)
-    code = EXIT_LEAKING if any(j.significantly_above for j in judged) else EXIT_OK
+    code = _exit_code(judged)
     if output == "json":
         payload = {
             "threshold": threshold,

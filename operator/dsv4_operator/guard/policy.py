@@ -19,7 +19,7 @@ from datetime import timedelta
 
 from dsv4_operator.api.guard import GuardSpec
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
-from dsv4_operator.leak.stats import wilson_interval
+from dsv4_operator.leak.stats import confidence_text, wilson_interval
 from dsv4_operator.reasons import GuardReason, GuardResult, RollbackReason
 
 
@@ -190,7 +190,7 @@ def _leak_rate(evidence: Evidence, guard: GuardSpec) -> GuardVerdict | None:
     rate = evidence.leaks / evidence.samples
     observed = (
         f"{evidence.leaks}/{evidence.samples} responses leaked ({rate:.1%}, "
-        f"{100 * guard.leak_rate.confidence:g}% bounds {low:.1%}-{high:.1%})"  # 99.9%, not 100%
+        f"{confidence_text(guard.leak_rate.confidence)} bounds {low:.1%}-{high:.1%})"
     )
     if low > threshold:
         return GuardVerdict(

@@ -20,6 +20,11 @@ from statistics import NormalDist
 _RELATIVE_TIE = 1 + 1e-7
 
 
+def confidence_text(confidence: float) -> str:
+    """A confidence as a percentage with the digits it has: 0.999 is "99.9%", never "100%"."""
+    return f"{100 * confidence:.10g}%"
+
+
 def _check_counts(successes: int, trials: int) -> None:
     if trials < 0 or successes < 0 or successes > trials:
         raise ValueError(f"need 0 <= successes <= trials, got {successes} of {trials}")

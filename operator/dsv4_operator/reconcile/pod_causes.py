@@ -9,8 +9,12 @@ from datetime import datetime
 
 from dsv4_operator.kube.objects import Obj
 from dsv4_operator.pods import ContainerView, PodView, Terminated
+from dsv4_operator.render.engine import GPU_PRODUCT_LABEL
 
 MESSAGE_LIMIT = 300
+# How the scheduler says that no node has the labels a pod selects (kube-scheduler's NodeAffinity
+# plugin: "N node(s) didn't match Pod's node affinity/selector").
+NO_NODE_MATCHED = "didn't match Pod's node affinity/selector"
 # A pod not ready this long with nothing in its status is worth a look at its Events.
 STUCK_AFTER_SECONDS = 10.0
 # Waiting reasons that say nothing about a problem: the container is on its way.
@@ -88,11 +92,28 @@ def pod_problem(pod: PodView, events: Sequence[Obj] = ()) -> str | None:
     return problem
 
 
+def _selector_note(pod: PodView, message: str | None) -> str:
+    """When no node matched the pod's selector, what it selects on: the GPU product label the
+    operator pins (spec.gpu.product) first, which the scheduler's message does not name."""
+    product = pod.node_selector.get(GPU_PRODUCT_LABEL)
+    if product is None or NO_NODE_MATCHED not in (message or ""):
+        return ""
+    others = ", ".join(
+        f"{k}={v}" for k, v in sorted(pod.node_selector.items()) if k != GPU_PRODUCT_LABEL
+    )
+    also = f", and {others}" if others else ""
+    return (
+        f". The pod needs a node labelled {GPU_PRODUCT_LABEL}={product} (spec.gpu.product){also}; "
+        f"`kubectl get nodes -L {GPU_PRODUCT_LABEL}` shows each node's product"
+    )
+
+
 def _status_problem(pod: PodView) -> str | None:
     scheduled = pod.condition("PodScheduled")
     if scheduled is not None and scheduled.status == "False":
         cause = _with(scheduled.reason or "NotScheduled", scheduled.message)
-        return f"pod {pod.name}: {cause}"
+        note = _selector_note(pod, scheduled.message)
+        return f"pod {pod.name}: {cause.rstrip('.') if note else cause}{note}"
     for container in pod.containers:
         problem = _container_problem(container)
         if problem:

@@ -9,6 +9,10 @@ between nodes cannot hand the Lease to two replicas), or at once when `holderIde
 resourceVersion it read, so two candidates racing for the same expired Lease cannot both win:
 the API server refuses the second with 409 Conflict.
 
+With an `owner` (the operator's Deployment), every write names it in the Lease's
+ownerReferences, so the garbage collector deletes the Lease with the Deployment (`helm
+uninstall`); a Lease written before it had one gets it at the next write.
+
 A holder that cannot renew for `deadline` seconds stops leading (`hold()` returns); the
 operator then exits, as controller-runtime does, because it cannot know what the new leader
 has done since.
@@ -24,9 +28,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import Conflict, KubeError
+from dsv4_operator.kube.errors import Conflict, Forbidden, KubeError
 from dsv4_operator.kube.objects import Obj
-from dsv4_operator.kube.resources import LEASE
+from dsv4_operator.kube.resources import DEPLOYMENT, LEASE
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,26 @@ def may_take(lease: Obj, observed: Observed | None, me: str, now: float, duratio
     return now - observed.at >= duration
 
 
+def lease_owner_reference(deployment: Obj) -> Obj:
+    """An ownerReference to `deployment` (not a controller's, nor blocking its deletion, which
+    would take a finalizers permission the operator does not need)."""
+    meta = deployment["metadata"]
+    return {
+        "apiVersion": DEPLOYMENT.api_version,
+        "kind": DEPLOYMENT.kind,
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
+
+
+def with_owners(metadata: Obj, owners: list[Obj]) -> Obj:
+    """`metadata` with each of `owners` among its ownerReferences (by uid; others kept)."""
+    present = list(metadata.get("ownerReferences") or [])
+    uids = {r.get("uid") for r in present}
+    missing = [o for o in owners if o["uid"] not in uids]
+    return {**metadata, "ownerReferences": present + missing} if missing else metadata
+
+
 class LeaderElector:
     """Campaigns for one Lease and keeps it; see the module docstring."""
 
@@ -91,11 +115,35 @@ class LeaderElector:
         timing: Timing | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        owner: str = "",
     ) -> None:
         self.client, self.namespace, self.name, self.identity = client, namespace, name, identity
         self.timing = timing or Timing()
         self.monotonic, self.wall = monotonic, wall
         self.observed: Observed | None = None
+        self.owner = owner
+        self._owner_references: list[Obj] | None = None  # read once, on the first write
+
+    async def owner_references(self) -> list[Obj]:
+        """The ownerReferences the Lease carries: the owner Deployment's, once it has been read
+        (none without an owner, or while the Deployment cannot be found)."""
+        if not self.owner:
+            return []
+        if self._owner_references is None:
+            try:
+                deployment = await self.client.get(DEPLOYMENT, self.namespace, self.owner)
+            except Forbidden as error:  # RBAC without it: lead all the same, with no owner
+                log.warning("lease owner %s/%s not readable: %s", self.namespace, self.owner, error)
+                self._owner_references = []
+                return []
+            except KubeError as error:  # tried again at the next write
+                log.warning("lease owner %s/%s not read: %s", self.namespace, self.owner, error)
+                return []
+            if deployment is None:
+                log.warning("lease owner %s/%s not found", self.namespace, self.owner)
+                return []
+            self._owner_references = [lease_owner_reference(deployment)]
+        return self._owner_references
 
     async def acquire(self) -> None:
         """Until this replica holds the Lease (API errors are retried, never fatal)."""
@@ -150,11 +198,15 @@ class LeaderElector:
         """One attempt to take or renew the Lease; True while this replica holds it."""
         now, wall = self.monotonic(), micro_time(self.wall())
         current = await self.client.get(LEASE, self.namespace, self.name)
+        owners = await self.owner_references()
         if current is None:
+            metadata: Obj = {"name": self.name, "namespace": self.namespace}
+            if owners:
+                metadata["ownerReferences"] = owners
             body = {
                 "apiVersion": LEASE.api_version,
                 "kind": LEASE.kind,
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": metadata,
                 "spec": self._spec(wall, acquire_time=wall, transitions=0),
             }
             try:
@@ -171,6 +223,7 @@ class LeaderElector:
         mine = holder == self.identity
         updated = {
             **current,
+            "metadata": with_owners(current.get("metadata") or {}, owners),
             "spec": self._spec(
                 wall,
                 acquire_time=spec.get("acquireTime") if mine else wall,

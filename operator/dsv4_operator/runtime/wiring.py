@@ -94,6 +94,7 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
             op.lease_name,
             op.identity,
             Timing.for_duration(op.lease_duration_seconds),
+            owner=op.lease_owner,
         )
         if op.leader_election
         else None
