@@ -49,6 +49,13 @@ class OperatorSettings(BaseSettings):
     )
     resync_seconds: float = Field(default=30.0, gt=0, description="Full resync period.")
     workers: int = Field(default=4, ge=1, description="Concurrent reconciles.")
+    retry_backoff_max_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest wait before a deployment whose reconcile failed is tried again (the "
+        "wait doubles from 1 s with each failure; a spec change retries at once). "
+        "DSV4ReconcileErrors looks at 10 minutes, twice this.",
+    )
     revision_history_limit: int = Field(default=10, ge=1, description="ControllerRevisions kept.")
     field_manager: str = Field(default=OPERATOR, description="Server-side apply manager.")
     canary_endpoint_allow: str = Field(

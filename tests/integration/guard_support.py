@@ -285,10 +285,10 @@ def tap_ports() -> dict[str, int]:
 
 
 def guard_operator(
-    kubeconfig: Path, namespace: str, log_dir: Path, ports: dict[str, int]
+    kubeconfig: Path, namespace: str, log_dir: Path, ports: dict[str, int], **env: str
 ) -> OperatorProcess:
     """`dsv4 run` allowed to reach every one of `ports` on 127.0.0.1 (the double, the tap, its
-    metrics), canaries as often as every second; started."""
+    metrics), canaries as often as every second, with the settings `env`; started."""
     allowed = ",".join(f"http://127.0.0.1:{port}" for port in ports.values())
     return OperatorProcess(
         kubeconfig,
@@ -296,4 +296,5 @@ def guard_operator(
         log_dir,
         DSV4_CANARY_ENDPOINT_ALLOW=allowed,
         DSV4_MIN_CANARY_INTERVAL="1s",
+        **env,
     ).start()

@@ -17,12 +17,14 @@ import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.kubelet import report_container_terminated
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.prometheus import PrometheusProcess
 from dsv4_operator import series
 from tests.support.series import operator_families, tap_families
 
 from ..chart.support import metric_names, tool
+from .cluster_support import statefulset_policy
 from .guard_support import EngineKubelet, Traffic, guard_operator, tap_ports, tap_process
 from .prometheus_support import (
     SCALE,
@@ -55,14 +57,14 @@ DRIVEN = {
     "resolve",
     "DSV4EagerDecodeFallback": "test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_"
     "graphs_and_resolves",
+    "DSV4OOMEvents": "test_oom_and_reconcile_error_alerts_fire_and_resolve",
+    "DSV4ReconcileErrors": "test_oom_and_reconcile_error_alerts_fire_and_resolve",
+    "DSV4KVPoolPressure": "test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves",
 }
 NOT_DRIVEN = {
-    "DSV4OOMEvents": "not attempted: the guard reads OOMs from the engine pods' statuses and "
-    "Events, which the double (a process, not kwok's pod) does not write",
-    "DSV4LeakTapDropping": "not attempted: needs the tap's classifier to fall behind or stay down",
-    "DSV4ReconcileErrors": "not attempted: needs reconcile passes that keep failing",
+    "DSV4LeakTapDropping": "needs the tap's classifier to fall behind for minutes: its backlog "
+    "holds 16 MiB of the double's ~1 KB answers (tests/unit/test_tap_worker*.py count the drops)",
     "DSV4KVBootstrapFailures": "the double has no knob for failed PD bootstrap handshakes",
-    "DSV4KVPoolPressure": "not attempted: the double's KV pool use at its declared load",
 }
 
 NAME = "dsv4-flash"
@@ -94,7 +96,9 @@ def cluster(dyn: Any, namespace: str, gpu_pool_prom: list[str]) -> Cluster:
 def operator(
     control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
 ) -> Iterator[OperatorProcess]:
-    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports)
+    # Reconcile retries back off no longer than the rules' windows allow, scaled as they are.
+    backoff = {"DSV4_RETRY_BACKOFF_MAX_SECONDS": str(300 // SCALE)}
+    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports, **backoff)
     yield op
     op.stop()
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
@@ -530,3 +534,73 @@ def test_guard_no_data_fires_while_windows_end_without_a_verdict_and_resolves(
     )
     cluster.apply(_spec(namespace, ports))
     wait_for("DSV4GuardNoData resolved", lambda: _resolved(prom, "DSV4GuardNoData"), 120)
+
+
+@pytest.mark.long(seconds=120)
+def test_oom_and_reconcile_error_alerts_fire_and_resolve(served: Served) -> None:
+    """The kubelet reports the decode engine OOMKilled (the guard counts it), and an admission
+    policy refuses the operator's StatefulSet writes while the spec asks for a change: each
+    alert fires with the deployment's (or the operator pod's) labels, and resolves once the
+    OOMs stop and the policy is lifted."""
+    cluster, prom, ports, scope = served.unpack()
+    namespace = cluster.namespace
+    cluster.apply(_spec(namespace, ports))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "DSV4ReconcileErrors"]
+    report_container_terminated(
+        cluster.dyn, namespace, f"{NAME}-decode-0", "engine", reason="OOMKilled", exit_code=137
+    )
+    lift = statefulset_policy(cluster.dyn, namespace, "false", "refused by the test")
+    try:
+        cluster.apply(_spec(namespace, ports, **{"engine.maxRunningRequests": 48}))
+        wait_for(
+            "DSV4OOMEvents",
+            lambda: _firing(prom, "DSV4OOMEvents", role="decode", kind="OOMKilled", **scope),
+            timeout=120,
+        )
+        wait_for(
+            "DSV4ReconcileErrors",
+            lambda: _firing(prom, "DSV4ReconcileErrors", pod="dsv4-operator-0"),
+            timeout=(15 + 10) * 60 // SCALE + 90,
+        )
+    finally:
+        lift()
+    for alert in ("DSV4OOMEvents", "DSV4ReconcileErrors"):
+        wait_for(
+            f"{alert} resolved",
+            lambda alert=alert: _resolved(prom, alert),
+            timeout=10 * 60 // SCALE + 90,
+        )
+
+
+@pytest.mark.long(seconds=90)
+def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
+    served: Served,
+    tap: subprocess.Popen[bytes],
+) -> None:
+    """Engines whose KV pool holds 8 tokens, less than any one request (the double reports that
+    capacity), under steady traffic: `sglang:token_usage` stays at 1 and DSV4KVPoolPressure
+    fires with the labels the ServiceMonitor's relabelling gives; with the pool back to the
+    plan's, it resolves."""
+    cluster, prom, ports, scope = served.unpack()
+    engine = served.engine
+    namespace = cluster.namespace
+    tiny_pool = {"engine.env": [{"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": "8"}]}
+    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
+        cluster.apply(_spec(namespace, ports, **tiny_pool))
+        wait_for(
+            "DSV4KVPoolPressure",
+            lambda: _firing(prom, "DSV4KVPoolPressure", job=f"{NAME}-decode", **scope),
+            timeout=10 * 60 // SCALE + 120,
+        )
+        cluster.apply(_spec(namespace, ports))
+        wait_for(
+            "the double with the plan's pool",
+            lambda: "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS" not in engine.env,
+            timeout=120,
+        )
+        wait_for(
+            "DSV4KVPoolPressure resolved",
+            lambda: _resolved(prom, "DSV4KVPoolPressure"),
+            timeout=60,
+        )

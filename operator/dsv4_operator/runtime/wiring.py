@@ -85,7 +85,12 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         observations=observations,
         cache=cache,
     )
-    queue = WorkQueue(reconciler, workers=op.workers, resync_seconds=op.resync_seconds)
+    queue = WorkQueue(
+        reconciler,
+        workers=op.workers,
+        resync_seconds=op.resync_seconds,
+        backoff_max=op.retry_backoff_max_seconds,
+    )
     guards = GuardSupervisor(cache, observations, wake=queue.add, policy=op.trust_policy)
     elector = (
         LeaderElector(
