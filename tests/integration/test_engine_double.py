@@ -428,3 +428,23 @@ def test_server_info_reports_the_release_and_its_pool() -> None:
     assert info["max_total_num_tokens"] == 4000000  # what the engine says it has
     assert samples["sglang:max_total_num_tokens"] == 4000000
     assert "sglang=0.5.23" in double.log
+
+
+def test_bootstrap_handshake_failures_are_500_and_counted_on_decode_only() -> None:
+    args, env = rendered(NEW_RELEASE, role="decode")
+    env = {**env, "DSV4_DOUBLE_LATENCY_MS": "5", "DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB": "0.5"}
+    bodies = [conversation(i) for i in range(12)]
+    with DoubleProcess(args, env) as double:
+        url = f"{double.url}/v1/chat/completions"
+        first = [httpx.post(url, json=b, timeout=10).status_code for b in bodies]
+        again = [httpx.post(url, json=b, timeout=10).status_code for b in bodies]
+        samples = _samples(double.url)
+    assert first == again  # drawn from the seed and the conversation
+    assert set(first) == {200, 500}
+    assert samples["sglang:num_bootstrap_failed_reqs_total"] == 2 * first.count(500)
+    assert double.log.count("Decode handshake failed for request rank=0") == 2 * first.count(500)
+    # A prefill engine has no decode bootstrap queue: nothing fails there.
+    prefill, prefill_env = rendered(NEW_RELEASE)  # prefill's command
+    with DoubleProcess(prefill, {**prefill_env, **env}) as double:
+        url = f"{double.url}/v1/chat/completions"
+        assert {httpx.post(url, json=b, timeout=10).status_code for b in bodies} == {200}

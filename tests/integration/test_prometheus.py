@@ -55,6 +55,8 @@ DRIVEN = {
     "and_resolve",
     "DSV4KVIntegrity": "test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_"
     "resolve",
+    "DSV4KVBootstrapFailures": "test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_"
+    "and_resolve",
     "DSV4EagerDecodeFallback": "test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_"
     "graphs_and_resolves",
     "DSV4OOMEvents": "test_oom_and_reconcile_error_alerts_fire_and_resolve",
@@ -64,7 +66,6 @@ DRIVEN = {
 NOT_DRIVEN = {
     "DSV4LeakTapDropping": "needs the tap's classifier to fall behind for minutes: its backlog "
     "holds 16 MiB of the double's ~1 KB answers (tests/unit/test_tap_worker*.py count the drops)",
-    "DSV4KVBootstrapFailures": "the double has no knob for failed PD bootstrap handshakes",
 }
 
 NAME = "dsv4-flash"
@@ -460,16 +461,22 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
     served: Served,
     tap: subprocess.Popen[bytes],
 ) -> None:
-    """The double fails 5% of its KV transfers (0.5.23's checksum, HTTP 500): the SGLang alerts
-    fire with the deployment's labels, which only the ServiceMonitor's relabelling gives the
-    engines' series; the configuration without the failures again, and they resolve."""
+    """The double fails 5% of its KV transfers (0.5.23's checksum, HTTP 500) and 2% of its PD
+    bootstrap handshakes: the SGLang alerts fire with the deployment's labels, which only the
+    ServiceMonitor's relabelling gives the engines' series; the configuration without the
+    failures again, and they resolve."""
     cluster, prom, ports, scope = served.unpack()
     engine = served.engine
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
-    failing = {"engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.05"}]}
-    alerts = ("DSV4KVTransferFailures", "DSV4KVIntegrity")
+    failing = {
+        "engine.env": [
+            {"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.05"},
+            {"name": "DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB", "value": "0.02"},
+        ]
+    }
+    alerts = ("DSV4KVTransferFailures", "DSV4KVIntegrity", "DSV4KVBootstrapFailures")
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
         cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23, **failing))
         for alert in alerts:

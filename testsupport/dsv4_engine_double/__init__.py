@@ -32,7 +32,9 @@ non-deterministic, for hand-run benchmarks only.)
 - with `--disaggregation-enable-kv-checksum` (0.5.23), `DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB`
   of the chat requests fail the transfer checksum: HTTP 500, counted in
   `sglang:num_transfer_failed_reqs_total`; `/get_server_info` reports `version` and
-  `max_total_num_tokens` (`DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS` makes it disagree with the plan).
+  `max_total_num_tokens` (`DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS` makes it disagree with the plan);
+- on decode, `DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB` of the chat requests fail the PD bootstrap
+  handshake: HTTP 500, counted in `sglang:num_bootstrap_failed_reqs_total`.
 
 Run:  python -m dsv4_engine_double --model-path M --served-model-name S --host 127.0.0.1
 --port 0 [any other sglang flags]   (port 0 picks a free port; the log line

@@ -42,6 +42,12 @@ Double-only knobs:
   release that has it, this share of chat requests (a draw of the seed and the conversation,
   like the others) fails the transfer checksum: HTTP 500 `KV checksum mismatch`, counted in
   `sglang:num_transfer_failed_reqs_total`.
+- `DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB` (default 0; upstream's test hook is
+  `SGLANG_TEST_DISAGG_FAILURE_PROB`, which fails KV polls at random): on a decode engine, this
+  share of chat requests (a draw of the seed and the conversation) fails the PD bootstrap
+  handshake as `disaggregation/decode.py` handles `KVPoll.Failed` in the bootstrap queue: the
+  error log line `Decode handshake failed for request ...`, HTTP 500, counted in
+  `sglang:num_bootstrap_failed_reqs_total`.
 - `DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS`: the KV pool size the engine reports
   (`/get_server_info`'s `max_total_num_tokens`, `sglang:max_total_num_tokens`) instead of
   `--max-total-tokens`: an engine that disagrees with its plan.
@@ -156,6 +162,7 @@ class DoubleConfig:
     sglang_version: str = DEFAULT_SGLANG_VERSION
     silent_drop_share: float = 0.0
     kv_checksum_mismatch_prob: float = 0.0
+    bootstrap_failure_prob: float = 0.0
     reported_max_total_tokens: int | None = None
 
     @property
@@ -374,5 +381,6 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         sglang_version=version,
         silent_drop_share=_share(env, "DSV4_DOUBLE_SILENT_DROP_SHARE", 0.0),
         kv_checksum_mismatch_prob=_share(env, "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", 0.0),
+        bootstrap_failure_prob=_share(env, "DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB", 0.0),
         reported_max_total_tokens=int(reported) if reported else None,
     )

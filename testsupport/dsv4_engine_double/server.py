@@ -281,6 +281,24 @@ class EngineDouble:
         self.metrics.transfer_failed.labels(**self.metrics.sched).inc()
         return self._error(500, "KV checksum mismatch", "InternalServerError")
 
+    def _bootstrap_failure(self, body: dict[str, Any]) -> web.Response | None:
+        """A decode request whose PD bootstrap handshake fails (the double's stand-in for
+        upstream's SGLANG_TEST_DISAGG_FAILURE_PROB): aborted with HTTP 500, counted."""
+        prob = self.config.bootstrap_failure_prob
+        if self.config.disaggregation_mode != "decode" or prob <= 0:
+            return None
+        draw = conversation_rng(self.config.seed, body, "bootstrap")
+        if draw.random() >= prob:
+            return None
+        rid, room = f"{draw.getrandbits(128):032x}", draw.getrandbits(63)
+        message = (
+            f"Decode handshake failed for request rank=0 decode_req.req.rid='{rid}' "
+            f"decode_req.req.bootstrap_room={room}"
+        )
+        log(message)
+        self.metrics.bootstrap_failed.labels(**self.metrics.sched).inc()
+        return self._error(500, message, "InternalServerError")
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
@@ -315,9 +333,9 @@ class EngineDouble:
                 f"The input ({prompt_tokens} tokens) is longer than the model's context length "
                 f"({limit} tokens).",
             )
-        mismatch = self._kv_checksum_mismatch(body)
-        if mismatch is not None:
-            return mismatch
+        failed = self._bootstrap_failure(body) or self._kv_checksum_mismatch(body)
+        if failed is not None:
+            return failed
         began = time.monotonic()
         async with self.load.admit(prompt_tokens) as slot:
             self.metrics.observe_load(
