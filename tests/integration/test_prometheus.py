@@ -7,7 +7,12 @@ resolve from what the exporters really export.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +24,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.kubelet import report_container_terminated
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import spawned_children
 from dsv4_devcluster.prometheus import PrometheusProcess
 from dsv4_operator import series
 from tests.support.series import operator_families, tap_families
@@ -62,11 +68,9 @@ DRIVEN = {
     "DSV4OOMEvents": "test_oom_and_reconcile_error_alerts_fire_and_resolve",
     "DSV4ReconcileErrors": "test_oom_and_reconcile_error_alerts_fire_and_resolve",
     "DSV4KVPoolPressure": "test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves",
+    "DSV4LeakTapDropping": "test_tap_dropping_fires_while_its_classifier_crash_loops_and_resolves",
 }
-NOT_DRIVEN = {
-    "DSV4LeakTapDropping": "needs the tap's classifier to fall behind for minutes: its backlog "
-    "holds 16 MiB of the double's ~1 KB answers (tests/unit/test_tap_worker*.py count the drops)",
-}
+NOT_DRIVEN = {}
 
 NAME = "dsv4-flash"
 LEAKING = {
@@ -611,3 +615,43 @@ def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
             lambda: _resolved(prom, "DSV4KVPoolPressure"),
             timeout=60,
         )
+
+
+@pytest.mark.long(seconds=120)
+def test_tap_dropping_fires_while_its_classifier_crash_loops_and_resolves(
+    served: Served,
+    tap: subprocess.Popen[bytes],
+) -> None:
+    """The tap's classifier process is killed each time the tap restarts it (a classifier
+    that keeps dying, OOM-killed say): the tap forwards every response but leaves most without
+    a verdict, and DSV4LeakTapDropping fires; the classifier left alone, it resolves."""
+    cluster, prom, ports, scope = served.unpack()
+    cluster.apply(_spec(cluster.namespace, ports))
+    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    crash_loop = threading.Event()
+
+    def kill_classifiers() -> None:
+        while not crash_loop.is_set():
+            for pid in spawned_children(tap.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_classifiers, daemon=True)
+    with Traffic(f"http://127.0.0.1:{ports['tap']}") as traffic:
+        killer.start()
+        try:
+            wait_for(
+                "DSV4LeakTapDropping",
+                lambda: _firing(prom, "DSV4LeakTapDropping", **scope),
+                timeout=(15 + 10) * 60 // SCALE + 90,
+            )
+        finally:
+            crash_loop.set()
+            killer.join(10)
+        wait_for(
+            "DSV4LeakTapDropping resolved",
+            lambda: _resolved(prom, "DSV4LeakTapDropping"),
+            timeout=10 * 60 // SCALE + 90,
+        )
+    assert traffic.sent > 0 and traffic.failed == 0  # the relay never stopped
