@@ -53,7 +53,14 @@ def hub() -> Iterator[StandInHub]:
         yield server
 
 
-def _hub_spec(namespace: str, hub: StandInHub, name: str, repo: str) -> dict[str, Any]:
+def _hub_spec(
+    namespace: str,
+    hub: StandInHub,
+    name: str,
+    repo: str,
+    secret: str = "hf-token",
+    **changes: Any,
+) -> dict[str, Any]:
     return example(
         namespace,
         name,
@@ -63,11 +70,12 @@ def _hub_spec(namespace: str, hub: StandInHub, name: str, repo: str) -> dict[str
                 "huggingFace": {
                     "revision": "main",
                     "endpoint": hub.endpoint,
-                    "tokenSecret": {"name": "hf-token"},
+                    "tokenSecret": {"name": secret},
                     "storage": "10Gi",
                     "storageClassName": "dsv4-test-weights",
                 }
             },
+            **changes,
         },
     )
 
@@ -86,7 +94,7 @@ def _job(cluster: Cluster, name: str) -> dict[str, Any]:
 
 
 def _deploy(
-    cluster: Cluster, hub: StandInHub, name: str, repo: str, tmp_path: Path
+    cluster: Cluster, hub: StandInHub, name: str, repo: str, tmp_path: Path, **changes: Any
 ) -> tuple[dict[str, Any], Path]:
     """A PV for the claim the operator will create, the DSV4Deployment, and its Job; the
     directory standing for the claim."""
@@ -100,8 +108,8 @@ def _deploy(
         capacity="10Gi",
     )
     claim_dir = tmp_path / "claim"
-    claim_dir.mkdir()
-    cluster.apply(_hub_spec(cluster.namespace, hub, name, repo))
+    claim_dir.mkdir(parents=True)
+    cluster.apply(_hub_spec(cluster.namespace, hub, name, repo, **changes))
     return _job(cluster, name), claim_dir
 
 
@@ -212,3 +220,93 @@ def test_a_missing_repo_fails_the_job_at_once_and_says_why(
     events = cluster.wait_events("WeightsNotFound", name=name)
     assert [e["type"] for e in events if e["reason"] == "WeightsNotFound"] == ["Warning"]
     assert cluster.items("apps/v1", "StatefulSet", f"dsv4.io/deployment={name}") == []
+
+
+def test_broken_deployments_each_read_failed_or_degraded_with_their_reason(
+    control_plane: ControlPlane,
+    setup: tuple[Cluster, OperatorProcess],
+    hub: StandInHub,
+    tmp_path: Path,
+) -> None:
+    """Six ways a deployment cannot come up, side by side in one namespace: `kubectl get dsv4`
+    tells each failure from progress (PHASE Failed or Degraded) and names it (REASON), where
+    every one of them used to read Progressing. (A full weights volume, DiskFull, is refused
+    by the fetcher before it downloads: tests/unit cover it; no volume here can be filled.)"""
+    cluster, _operator = setup
+    namespace = cluster.namespace
+    deadline = {"progressDeadlineSeconds": 20}
+    token_secret(cluster.dyn, namespace, "hf_revoked_token", name="hf-revoked")
+    # The Hub refuses: an unknown repo (404) and a token it does not accept (401).
+    jobs = {
+        name: _deploy(cluster, hub, name, repo, tmp_path / name, secret=secret, **deadline)
+        for name, repo, secret in (
+            ("hub-404", "example-org/no-such-model", "hf-token"),
+            ("hub-401", REPO_ID, "hf-revoked"),
+        )
+    }
+    for name, (job, claim_dir) in jobs.items():
+        attempt = JobContainer(control_plane, namespace, job, claim_dir, tmp_path / name)
+        assert attempt.start().finish() != 0
+    # No token Secret at all: refused before any Job.
+    cluster.apply(_hub_spec(namespace, hub, "no-token", REPO_ID, "hf-absent", **deadline))
+    # A claim nobody created, and a GPU product no node has: the scheduler keeps them Pending.
+    missing_claim = {"model.cache": {"pvc": {"claimName": "no-such-claim"}}}
+    cluster.apply(example(namespace, "no-claim", **missing_claim, **deadline))
+    volume_for(cluster.dyn, namespace, "no-gpu-weights", access_modes=("ReadOnlyMany",))
+    claims = cluster.dyn.resources.get(api_version="v1", kind="PersistentVolumeClaim")
+    claims.create(
+        namespace=namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "no-gpu-weights"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": f"{namespace}-no-gpu-weights",
+                "resources": {"requests": {"storage": "200Gi"}},
+            },
+        },
+    )
+    no_gpu = {"gpu.product": "NVIDIA-H200", "model.cache": {"pvc": {"claimName": "no-gpu-weights"}}}
+    cluster.apply(example(namespace, "no-gpu", **no_gpu, **deadline))
+    expected = {
+        "hub-404": ("Failed", "WeightsFailed"),
+        "hub-401": ("Failed", "WeightsFailed"),
+        "no-token": ("Failed", "WeightsFailed"),
+        "no-claim": ("Failed", "ProgressDeadlineExceeded"),
+        "no-gpu": ("Failed", "ProgressDeadlineExceeded"),
+    }
+
+    def phases() -> dict[str, tuple[str, str]]:
+        seen = {}
+        for name in expected:
+            status = cluster.get(name).get("status", {})
+            degraded = next(
+                (c for c in status.get("conditions", []) if c["type"] == "Degraded"), {}
+            )
+            seen[name] = (status.get("phase", ""), degraded.get("reason", ""))
+        return seen
+
+    wait_for("every broken deployment Failed", lambda: phases() == expected, timeout=120)
+    listed = kubectl_get_dsv4(control_plane, namespace)
+    print(listed)
+    messages = {
+        name: next(
+            c["message"]
+            for c in cluster.get(name)["status"]["conditions"]
+            if c["type"] == "Degraded"
+        )
+        for name in expected
+    }
+    for name, message in messages.items():
+        print(f"{name}: {message}")
+    assert "NotFound" in messages["hub-404"]
+    assert "401" in messages["hub-401"] or "Unauthorized" in messages["hub-401"]
+    assert "hf-absent" in messages["no-token"]
+    assert "spec.progressDeadlineSeconds" in messages["no-claim"]
+    assert '"no-such-claim" not found' in messages["no-claim"]
+    assert "nvidia.com/gpu.product=NVIDIA-H200 (spec.gpu.product)" in messages["no-gpu"]
+    for name, (phase, reason) in expected.items():
+        row = next(line for line in listed.splitlines() if line.startswith(f"{name} "))
+        assert phase in row and reason in row, row
