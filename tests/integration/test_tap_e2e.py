@@ -246,7 +246,7 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
     reads: MetricsReads,
     ports: dict[str, int],
 ) -> None:
-    namespace, label = cluster.namespace, f"{cluster.namespace}/dsv4-flash"
+    namespace = cluster.namespace
     tap_url = f"http://127.0.0.1:{ports['tap']}"
     slow_reads = {"guard.tap": {"interval": f"{READ_INTERVAL}s", "metricsEndpoints": [reads.url]}}
     cluster.apply(_spec(namespace, ports, "10m", **slow_reads))
@@ -272,7 +272,8 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
         return int(guard.get("trafficSamples", 0)) if guard.get("revision") == second else 0
 
     def unattributed() -> float:
-        return operator.metric("dsv4_guard_traffic_unattributed_total", deployment=label) or 0
+        scope = {"namespace": namespace, "deployment": "dsv4-flash"}
+        return operator.metric("dsv4_guard_traffic_unattributed_total", **scope) or 0
 
     # The answers before the change were read once the rollout had begun: counted apart, or
     # (before this was fixed) at the next read, for the second revision.
