@@ -22,6 +22,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, volume_for
 from dsv4_devcluster.hub import HubRepo, StandInHub
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_operator.weights.fetch import PARTIAL_SUFFIX
 from tests.integration.cluster_support import kubectl_get_dsv4
 from tests.integration.weights_support import JobContainer, token_secret
 
@@ -154,6 +155,13 @@ def test_weights_are_downloaded_resumed_after_a_killed_pod_then_the_engines_star
     downloading = wait_for("progress in WeightsReady", partial, timeout=60)
     print(f"WeightsReady while downloading: {downloading['message']}")
     assert f"downloading {REPO_ID}@main: 3/4 files" in downloading["message"]
+    # Killed once part of the shard is on the volume (the progress may come first on a busy
+    # machine), so the next attempt has something to resume from.
+    wait_for(
+        "part of the shard on the volume",
+        lambda: any(p.stat().st_size > 0 for p in claim_dir.rglob(f"*{PARTIAL_SUFFIX}")),
+        timeout=60,
+    )
     first.kill()
     hub.release()
 

@@ -8,9 +8,12 @@ GPUs exactly as on a cluster with the NVIDIA device plugin.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from kubernetes.dynamic.exceptions import ConflictError
 
 from dsv4_devcluster.kwok import NODE_ANNOTATION
 
@@ -72,11 +75,14 @@ def create_gpu_node(
 ) -> dict[str, Any]:
     """Create the node, make sure its GPU capacity stuck, and wait until it is schedulable.
 
-    ``dyn`` is a ``kubernetes.dynamic.DynamicClient``. Returns the node as a dict.
+    ``dyn`` is a ``kubernetes.dynamic.DynamicClient``. Returns the node as a dict. A node of
+    that name already there is kept (a module fixture may run twice on one control plane:
+    pytest-xdist can come back to a module on the same worker).
     """
     nodes = dyn.resources.get(api_version="v1", kind="Node")
     manifest = gpu_node_manifest(name, gpus, product, labels=labels)
-    nodes.create(body=manifest)
+    with contextlib.suppress(ConflictError):
+        nodes.create(body=manifest)
     # Status sent on create is kept by the API server; re-assert capacity in case kwok's
     # initial stage raced us with its defaults (which have no GPUs).
     nodes.status.patch(
