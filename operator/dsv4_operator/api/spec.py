@@ -78,7 +78,7 @@ class DSV4DeploymentSpec(ApiModel):
         le=7 * 24 * 3600,
         description="Seconds a rollout step may make no progress before the deployment is "
         "Degraded (ProgressDeadlineExceeded, phase Failed), like a Deployment's; a running "
-        f"weights download with figures is progress. Default {PROGRESS_DEADLINE_SECONDS}.",
+        "weights download with figures is progress.",
     )
     guard: GuardSpec = Field(default_factory=GuardSpec, description="Leak/OOM guard and rollback.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Scraping.")
