@@ -8,11 +8,17 @@ of the heavy packages the command never needs (the Kubernetes client, kopf, http
 prometheus_client, aiohttp, jsonschema) it loaded.
 
     python bench/cli_start.py [--file examples/dsv4.yaml] [--runs 5] [--top 12]
+        [--reference DIR]
+
+`--reference DIR` also times the same commands with another checkout's `operator/` directory
+first on PYTHONPATH (say `git archive main operator | tar -x -C /tmp/main`, then
+`--reference /tmp/main/operator`), interleaved with this one: before and after in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -36,9 +42,9 @@ class Imported:
     depth: int
 
 
-def _run_seconds(argv: list[str]) -> float:
+def _run_seconds(argv: list[str], env: dict[str, str] | None) -> float:
     began = time.perf_counter()
-    subprocess.run(argv, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     return time.perf_counter() - began
 
 
@@ -63,6 +69,7 @@ def main() -> int:
     parser.add_argument("--file", default=str(ROOT / "examples" / "dsv4.yaml"))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--reference", help="another checkout's operator/ directory")
     args = parser.parse_args()
 
     dsv4 = str(Path(sys.executable).with_name("dsv4"))
@@ -72,15 +79,22 @@ def main() -> int:
         "dsv4 plan": [dsv4, "plan", "-f", args.file],
         "dsv4 --help": [dsv4, "--help"],
     }
-    times: dict[str, list[float]] = {name: [] for name in commands}
+    variants: dict[str, tuple[list[str], dict[str, str] | None]] = {
+        name: (argv, None) for name, argv in commands.items()
+    }
+    if args.reference:
+        reference = {**os.environ, "PYTHONPATH": args.reference}
+        for name in ("dsv4 validate", "dsv4 plan", "dsv4 --help"):
+            variants[f"{name} (reference)"] = (commands[name], reference)
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.runs):  # interleaved: load on the machine hits every command alike
-        for name, argv in commands.items():
-            times[name].append(_run_seconds(argv))
+        for name, (argv, env) in variants.items():
+            times[name].append(_run_seconds(argv, env))
     baseline = min(times["python -c pass"])
     print(f"cold start, {args.runs} runs each, interleaved ({args.file}):")
     for name, runs in times.items():
         print(
-            f"  {name:15} best {min(runs):.3f} s, median {statistics.median(runs):.3f} s "
+            f"  {name:27} best {min(runs):.3f} s, median {statistics.median(runs):.3f} s "
             f"({min(runs) / baseline:.1f}x python -c pass)"
         )
     for command in ("validate", "plan"):
