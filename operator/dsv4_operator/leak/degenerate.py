@@ -126,11 +126,13 @@ def _whitespace_bound(data: bytes) -> int:
 
 
 def _word_bound(data: bytes) -> int:
-    """At least the number of words (`str.split`) in the text `data` encodes: the bytes that
-    turn a 0 into a 1 in `_WORD_STARTS`, counted as bits of one integer (at C speed, where
-    `bytes.count` of a two-byte pattern in zeros and ones is not)."""
+    """At least the number of words (`str.split`) in the text `data` encodes: the runs of 1s in
+    `_WORD_STARTS`, counted on the bits of one integer at C speed (`bytes.count` of a two-byte
+    pattern in zeros and ones is not). XOR with the integer shifted by a byte has a bit where
+    a byte differs from the one before it: two per run of 1s, less one if the text ends in it.
+    """
     starts = int.from_bytes(data.translate(_WORD_STARTS), "big")
-    return (starts & ~(starts >> 8)).bit_count()  # a 1 whose byte before it is 0
+    return ((starts ^ (starts >> 8)).bit_count() + 1) // 2
 
 
 def _repeated_segment(text: str, data: bytes | None = None) -> tuple[int, str] | None:
@@ -167,10 +169,10 @@ def _may_repeat_segments(text: str, data: bytes) -> bool:
         return any(map(and_, equal_next, equal_next[1:]))
     pieces = list(filter(None, data.translate(_ASCII_SEGMENT_ENDS).split(b"\n")))
     runs = list(map(bytes.strip, pieces, repeat(_PIECE_EDGES)))
-    equal_next = list(map(bytes.__eq__, runs, runs[1:]))
-    triples = list(map(and_, equal_next, equal_next[1:]))
-    if not any(triples):
+    if not any(map(bytes.__eq__, runs, runs[2:])):  # a triple's first and last: one pass
         return False
+    equal_next = list(map(bytes.__eq__, runs, runs[1:]))
+    triples = map(and_, equal_next, equal_next[1:])
     return any(_MAY_HOLD_LETTER.search(pieces[i]) for i, found in enumerate(triples) if found)
 
 
@@ -198,15 +200,18 @@ def _diverse_prefix(text: str, most_grams: int) -> bool:
     (`maxsplit`, the rest left unsplit): normal text stops after the first or second, about
     43% of its words.
     """
-    seen: set[tuple[str, ...]] = set()
+    # Hashes of the 4-grams, not the 4-grams: `zip` reuses its tuple when `hash` lets go of it,
+    # so no tuple is allocated (or tracked by the GC) per 4-gram. Equal 4-grams hash alike;
+    # a collision only undercounts, and the bound stays a bound.
+    seen: set[int] = set()
     carry: list[str] = []  # the last words of the previous chunk: 4-grams across the cut
     rest: str | None = text
     step = most_grams * 21 // 50 + 8  # 42%: 2 in 5 are needed, normal text repeats a few
     while rest is not None:
         chunk = rest.split(None, step)
         rest = chunk.pop() if len(chunk) > step else None  # the unsplit rest of the text
-        words = carry + chunk
-        seen.update(zip(words, words[1:], words[2:], words[3:], strict=False))
+        words = carry + chunk if carry else chunk
+        seen.update(map(hash, zip(words, words[1:], words[2:], words[3:], strict=False)))
         if 5 * len(seen) >= 2 * most_grams:
             return True
         carry, step = words[1 - _NGRAM :], most_grams // 25 + 8
