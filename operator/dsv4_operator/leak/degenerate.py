@@ -200,10 +200,7 @@ def _diverse_prefix(text: str, most_grams: int) -> bool:
     (`maxsplit`, the rest left unsplit): normal text stops after the first or second, about
     43% of its words.
     """
-    # Hashes of the 4-grams, not the 4-grams: `zip` reuses its tuple when `hash` lets go of it,
-    # so no tuple is allocated (or tracked by the GC) per 4-gram. Equal 4-grams hash alike;
-    # a collision only undercounts, and the bound stays a bound.
-    seen: set[int] = set()
+    seen: set[tuple[str, ...]] = set()
     carry: list[str] = []  # the last words of the previous chunk: 4-grams across the cut
     rest: str | None = text
     step = most_grams * 21 // 50 + 8  # 42%: 2 in 5 are needed, normal text repeats a few
@@ -211,7 +208,7 @@ def _diverse_prefix(text: str, most_grams: int) -> bool:
         chunk = rest.split(None, step)
         rest = chunk.pop() if len(chunk) > step else None  # the unsplit rest of the text
         words = carry + chunk if carry else chunk
-        seen.update(map(hash, zip(words, words[1:], words[2:], words[3:], strict=False)))
+        seen.update(zip(words, words[1:], words[2:], words[3:], strict=False))
         if 5 * len(seen) >= 2 * most_grams:
             return True
         carry, step = words[1 - _NGRAM :], most_grams // 25 + 8
