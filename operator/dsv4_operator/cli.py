@@ -1,8 +1,14 @@
 """The `dsv4` command line: validate, plan, render, crd, rules, probe, selftest (a contract other
-tools call)."""
+tools call).
+
+`validate` and `plan` start in about half a second: the commands that talk to a cluster or an
+engine (`probe`, `selftest`, `run`, `tap`) import the Kubernetes client, httpx and the rest
+only when they run (`_LazyGroup`), and `tests/integration/test_cli_imports.py` holds them to it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -14,9 +20,7 @@ import click
 import yaml
 from pydantic import ValidationError
 
-from dsv4_operator.api.crd import crd_yaml
 from dsv4_operator.api.status import Finding
-from dsv4_operator.canary.cli import probe_command
 from dsv4_operator.engine.planner import GIB, MemoryPlan, RolePlan
 from dsv4_operator.engine.releases import versions_text
 from dsv4_operator.engine.rules import CATALOGUE
@@ -29,8 +33,6 @@ from dsv4_operator.exit_codes import (
     USAGE_ERROR,
     with_exit_codes,
 )
-from dsv4_operator.render.children import render_spec
-from dsv4_operator.selftest import selftest_command
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.yaml_input import InputError, load_documents
 
@@ -126,7 +128,32 @@ def _echo_json(payload: Any) -> None:
     click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
 
 
+class _LazyGroup(click.Group):
+    """A group whose heavy commands are imported when they are looked up (to run them, or for
+    `dsv4 --help`), not when `dsv4` starts."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy  # command name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy and cmd_name not in self.commands:
+            module, _, attribute = self.lazy[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attribute)
+            assert isinstance(command, click.Command), self.lazy[cmd_name]
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
 @click.group(
+    cls=_LazyGroup,
+    lazy={
+        "probe": "dsv4_operator.canary.cli:probe_command",
+        "selftest": "dsv4_operator.selftest:selftest_command",
+    },
     context_settings={"help_option_names": ["-h", "--help"]},
     help="dsv4: validate, plan and render DeepSeek-V4 PD deployments on SGLang.\n\n"
     f"Each command's --help lists its exit codes. {USAGE_ERROR}",
@@ -134,10 +161,6 @@ def _echo_json(payload: Any) -> None:
 @click.version_option(package_name="dsv4-operator")
 def main() -> None:
     pass
-
-
-main.add_command(probe_command)
-main.add_command(selftest_command)
 
 
 FILE_OPTION = click.option(
@@ -260,6 +283,8 @@ def plan(path: str, output: str) -> None:
 @FILE_OPTION
 @click.option("-n", "--namespace", default=None, help="Namespace (default: metadata.namespace).")
 def render(path: str, namespace: str | None) -> None:
+    from dsv4_operator.render.children import render_spec
+
     docs = _documents(path)
     out: list[dict[str, Any]] = []
     for d in docs:
@@ -280,6 +305,8 @@ def render(path: str, namespace: str | None) -> None:
     )
 )
 def crd() -> None:
+    from dsv4_operator.api.crd import crd_yaml
+
     click.echo(crd_yaml(), nl=False)
 
 

@@ -15,8 +15,6 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import httpx
-
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Finding
 from dsv4_operator.api.times import parse_duration
@@ -103,6 +101,8 @@ class _Url:
 
 def _parse(text: str) -> _Url | str:
     """The URL's parts, or why it cannot be used (a message)."""
+    import httpx  # here: `dsv4 validate` of a spec without URLs starts without it
+
     try:
         url = httpx.URL(text)
     except (httpx.InvalidURL, ValueError):

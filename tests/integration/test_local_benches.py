@@ -15,7 +15,18 @@ def test_the_detector_bench_runs_and_finds_every_verdict_as_expected() -> None:
     out = run_bench("detector.py", "--responses", "200", "--repeat", "1")
     assert re.search(r"detector throughput: [\d,]+ classifications/s", out)
     assert re.search(r"2-20 KB assistant messages .*: [\d,]+ classifications/s, [\d.]+ MB/s", out)
+    # The same run's floor, one combined regex over the same JSON, and the ratio to it.
+    assert len(re.findall(r"regex floor.*?[\d.]+ MB/s; detector/regex [\d.]+", out)) == 2
     assert "verdicts different from expected: 0" in out
+
+
+def test_the_cli_start_bench_times_the_commands_and_names_their_imports() -> None:
+    out = run_bench("cli_start.py", "--runs", "1", "--top", "3")
+    for command in ("python -c pass", "dsv4 validate", "dsv4 plan"):
+        assert re.search(rf"{re.escape(command)} +best [\d.]+ s, median [\d.]+ s", out), out
+    for command in ("validate", "plan"):
+        assert f"cli {command}: " in out
+    assert out.count("heavy packages loaded: none") == 2, out
 
 
 def test_the_guard_bench_runs_both_deciders() -> None:

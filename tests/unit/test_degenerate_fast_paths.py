@@ -13,6 +13,7 @@ garbage characters and their UTF-8 lead bytes, markup and near-markup.
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter
 
 from hypothesis import given, settings
@@ -176,3 +177,46 @@ def test_the_shortcuts_are_taken_both_ways() -> None:
     # "£" and NBSP share the lead byte C2 with C1 controls: the regex decides, and refuses.
     assert degenerate._garbage("£\xa0£\xa0 price list") is None
     assert degenerate._garbage("a\x85b\x85c\x85 text") is not None
+
+
+WHITESPACE = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    text=st.text(
+        alphabet=st.sampled_from([*WHITESPACE, "a", "é", "’", "—", "中", "\U0001f600", "\x1f"]),
+        max_size=40,
+    )
+)
+def test_the_byte_counts_bound_words_and_whitespace(text: str) -> None:
+    """Every Unicode whitespace character, next to one- to four-byte others: the bounds hold."""
+    data = text.encode("utf-8", "surrogatepass")
+    assert degenerate._word_bound(data) >= len(text.split())
+    assert degenerate._whitespace_bound(data) >= sum(c.isspace() for c in text)
+
+
+def test_the_whitespace_lead_bytes_are_those_of_unicode() -> None:
+    leads = {c.encode()[0] for c in WHITESPACE if not c.isascii()}
+    assert bytes(sorted(leads)) == degenerate._WIDE_WHITESPACE_LEADS
+    ascii_whitespace = {ord(c) for c in WHITESPACE if c.isascii()}
+    assert ascii_whitespace == set(degenerate._ASCII_WHITESPACE)
+
+
+def test_the_new_shortcuts_are_taken_both_ways() -> None:
+    """Prose is proved diverse on a prefix; near the threshold the whole text decides."""
+    prose = " ".join(f"word{i} and more" for i in range(300))
+    assert degenerate._diverse_prefix(prose, len(prose.split()) - 3)
+    twice = prose + " " + prose  # 50% distinct: not low, but no prefix can prove it alone
+    assert degenerate._diverse_prefix(twice, len(twice.split()) - 3)
+    thrice = " ".join([prose] * 3)  # 33%: low diversity, and the shortcut must not say otherwise
+    assert not degenerate._diverse_prefix(thrice, len(thrice.split()) - 3)
+    assert low_diversity_oracle(thrice) and degenerate._low_diversity(thrice) is not None
+    # Three equal digits-only pieces are no segment: the letter check spares the regex loop.
+    numbers = "Values: 2.5, 2.5, 2.5, 2.5, 2.5 and then some prose."
+    data = numbers.encode()
+    assert not degenerate._may_repeat_segments(numbers, data)
+    assert repeated_segment_oracle(numbers) is None
+    # Tags that cover little of a long text: refused on the fragments' lengths alone.
+    tagged = "<p>a</p> " * 3 + "plain prose, " * 40
+    assert not tag_soup_oracle(tagged) and degenerate._tag_soup(tagged) is None

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 SCHEMA_FILE = "k8s-pod-settings.schema.json"
 AFFINITY = "io.k8s.api.core.v1.Affinity"
@@ -33,11 +33,16 @@ def _definitions() -> dict[str, Any]:
 
 @cache
 def _validator(definition: str) -> Draft202012Validator:
+    # jsonschema here: most specs set no pod settings, and `dsv4 validate` starts without it.
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator({"$ref": f"#/$defs/{definition}", "$defs": _definitions()})
 
 
 def kubernetes_error(definition: str, value: Any) -> str | None:
     """Why `value` is not a valid `definition` (for example `Affinity`), or None."""
+    from jsonschema.exceptions import best_match
+
     error = best_match(_validator(definition).iter_errors(value))
     if error is None:
         return None

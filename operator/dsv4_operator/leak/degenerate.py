@@ -19,7 +19,17 @@ not detected (no language model here); such a turn still fails as `missing_call`
 
 Each rule first runs a C-speed check (`str` and `bytes` methods) that proves, on most normal
 text, that it cannot fire; `tests/unit/test_degenerate_fast_paths.py` holds each to the plain
-definition.
+definition and `tests/unit/test_degenerate_pinned.py` keeps the verdicts of a pinned corpus.
+The text's UTF-8 is made once (`degenerate_reason`) and shared by the byte-level checks. The
+costly ones, on 2-20 KB of prose (`bench/detector.py`):
+
+- low diversity: the number of words is bounded from above by counting word starts in the
+  bytes (one `translate` and a popcount), so the distinct 4-grams of a prefix of the words
+  (split with `maxsplit`) prove the ratio without splitting the rest: about 43% of the words;
+- repeated segment: the equal neighbours the byte-level split finds must also hold a letter
+  (an ASCII letter or a non-ASCII byte) before the segment regex runs over the text;
+- tag soup: the fragments' own lengths, against the non-space characters bounded from below by
+  a whitespace count, before any split.
 """
 
 from __future__ import annotations
@@ -44,6 +54,20 @@ _WIDE_SEGMENT_ENDS = "。！？"
 # superset of the UTF-8 of Unicode whitespace).
 _ASCII_SEGMENT_ENDS = bytes(ord("\n") if chr(b) in "\n.!?" else b for b in range(256))
 _PIECE_EDGES = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f" + bytes(range(0x80, 0x100))
+# A segment needs a letter: an ASCII one, or a non-ASCII character (some byte >= 0x80).
+_MAY_HOLD_LETTER = re.compile(rb"[A-Za-z\x80-\xff]")
+# The bytes of whitespace as `str.split` has it, mapped to 0 (every other byte to 1): the ASCII
+# ones, and the lead bytes of the others' UTF-8 (U+0085 and U+00A0: C2, U+1680: E1,
+# U+2000..U+205F: E2, U+3000: E3), so that counting zeros bounds the whitespace from above.
+_ASCII_WHITESPACE = b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+_WIDE_WHITESPACE_LEADS = b"\xc2\xe1\xe2\xe3"
+_WHITESPACE_TO_ZERO = bytes(
+    0 if b in _ASCII_WHITESPACE + _WIDE_WHITESPACE_LEADS else 1 for b in range(256)
+)
+# For `_word_bound`: ASCII whitespace and UTF-8 continuation bytes to 0, the first byte of
+# every other character to 1. Every word then starts where a 0 turns into a 1 (the whitespace
+# before it ends in ASCII whitespace or a continuation byte); other characters only add more.
+_WORD_STARTS = bytes(0 if b in _ASCII_WHITESPACE or 0x80 <= b < 0xC0 else 1 for b in range(256))
 # U+FFFD, and the Unicode categories Cc (control, but tab/newline/CR) and Co (private use),
 # spelled as ranges: one regex scan instead of a category lookup per character.
 _GARBAGE = re.compile(
@@ -66,7 +90,7 @@ _TAG_ATTRIBUTE = re.compile(r"\b\w++\s*+=\s*+\"[^\"<>]*+\"\s*+/?>")
 _ATTRIBUTE_VALUE = re.compile(r"=\s*+\"")
 
 
-def _tail_loop(text: str) -> tuple[int, str] | None:
+def _tail_loop(text: str, data: bytes | None = None) -> tuple[int, str] | None:
     n = len(text)
     if n < _LOOP_MIN_CHARS:
         return None
@@ -92,8 +116,27 @@ def _tail_loop(text: str) -> tuple[int, str] | None:
     return None
 
 
-def _repeated_segment(text: str) -> tuple[int, str] | None:
-    if not _may_repeat_segments(text):
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _whitespace_bound(data: bytes) -> int:
+    """At least the number of whitespace characters (`str.isspace`) in the text `data` encodes."""
+    return data.translate(_WHITESPACE_TO_ZERO).count(0)
+
+
+def _word_bound(data: bytes) -> int:
+    """At least the number of words (`str.split`) in the text `data` encodes: the runs of 1s in
+    `_WORD_STARTS`, counted on the bits of one integer at C speed (`bytes.count` of a two-byte
+    pattern in zeros and ones is not). XOR with the integer shifted by a byte has a bit where
+    a byte differs from the one before it: two per run of 1s, less one if the text ends in it.
+    """
+    starts = int.from_bytes(data.translate(_WORD_STARTS), "big")
+    return ((starts ^ (starts >> 8)).bit_count() + 1) // 2
+
+
+def _repeated_segment(text: str, data: bytes | None = None) -> tuple[int, str] | None:
+    if not _may_repeat_segments(text, _utf8(text) if data is None else data):
         return None
     run, previous, run_start = 1, "", 0
     for match in _SEGMENT.finditer(text):
@@ -109,37 +152,38 @@ def _repeated_segment(text: str) -> tuple[int, str] | None:
     return None
 
 
-def _may_repeat_segments(text: str) -> bool:
-    """False when no three consecutive segments are equal (stripped): the usual text.
+def _may_repeat_segments(text: str, data: bytes) -> bool:
+    """False when no three consecutive segments are equal (stripped) and hold a letter.
 
     A segment is a run of characters other than the segment ends, then its ends. Two equal
     stripped segments have equal stripped runs, and the runs are the non-empty pieces of the
-    text split at every segment end. Without a wide end (。！？) the split runs on the UTF-8
-    bytes, at C speed; stripping more than `str.strip` (every non-ASCII byte at either edge)
-    keeps equal pieces equal.
+    text split at every segment end, one per segment. Without a wide end (。！？) the split runs
+    on the UTF-8 bytes `data`, at C speed; stripping more than `str.strip` (every non-ASCII byte
+    at either edge) keeps equal pieces equal. Equal neighbours are rare: only for them is the
+    piece checked for a letter (three equal digits-and-commas pieces, as in "2.5, 2.5, 2.5",
+    are no repeated segment).
     """
     if any(map(text.__contains__, _WIDE_SEGMENT_ENDS)):
         segments = list(map(str.strip, _SEGMENT.findall(text)))
         equal_next = list(map(str.__eq__, segments, segments[1:]))
-    else:
-        data = text.encode("utf-8", "surrogatepass").translate(_ASCII_SEGMENT_ENDS)
-        pieces = filter(None, data.split(b"\n"))
-        runs = list(map(bytes.strip, pieces, repeat(_PIECE_EDGES)))
-        equal_next = list(map(bytes.__eq__, runs, runs[1:]))
-    return any(map(and_, equal_next, equal_next[1:]))
+        return any(map(and_, equal_next, equal_next[1:]))
+    pieces = list(filter(None, data.translate(_ASCII_SEGMENT_ENDS).split(b"\n")))
+    runs = list(map(bytes.strip, pieces, repeat(_PIECE_EDGES)))
+    if not any(map(bytes.__eq__, runs, runs[2:])):  # a triple's first and last: one pass
+        return False
+    equal_next = list(map(bytes.__eq__, runs, runs[1:]))
+    triples = map(and_, equal_next, equal_next[1:])
+    return any(_MAY_HOLD_LETTER.search(pieces[i]) for i, found in enumerate(triples) if found)
 
 
-def _low_diversity(text: str) -> tuple[int, str] | None:
+def _low_diversity(text: str, data: bytes | None = None) -> tuple[int, str] | None:
+    most_words = _word_bound(_utf8(text) if data is None else data)
+    if most_words < _NGRAM_MIN_WORDS or _diverse_prefix(text, most_words - _NGRAM + 1):
+        return None
     words = text.split()
     if len(words) < _NGRAM_MIN_WORDS:
         return None
     grams = len(words) - _NGRAM + 1
-    # Distinct 4-grams only grow with more of the text: when those of its first 45% already
-    # reach the threshold, the whole does too (normal text stops here, at half the work).
-    head = int(grams * 0.45) + 1
-    seen = set(zip(*(words[i : head + i] for i in range(_NGRAM)), strict=True))
-    if len(seen) / grams >= _NGRAM_MIN_DISTINCT:
-        return None
     counts = Counter(zip(words, words[1:], words[2:], words[3:], strict=False))
     distinct = len(counts) / grams
     if distinct >= _NGRAM_MIN_DISTINCT:
@@ -148,11 +192,40 @@ def _low_diversity(text: str) -> tuple[int, str] | None:
     return max(0, text.find(top)), f"low diversity: {distinct:.0%} distinct {_NGRAM}-grams of words"
 
 
-def _tag_soup(text: str) -> tuple[int, str] | None:
+def _diverse_prefix(text: str, most_grams: int) -> bool:
+    """True when the distinct 4-grams of some prefix of `text` reach 40% of `most_grams`.
+
+    The text has at most `most_grams` 4-grams, and its distinct ones only grow with more of
+    it: then the whole text's reach 40% of its own. Words are split a chunk at a time
+    (`maxsplit`, the rest left unsplit): normal text stops after the first or second, about
+    43% of its words.
+    """
+    seen: set[tuple[str, ...]] = set()
+    carry: list[str] = []  # the last words of the previous chunk: 4-grams across the cut
+    rest: str | None = text
+    step = most_grams * 21 // 50 + 8  # 42%: 2 in 5 are needed, normal text repeats a few
+    while rest is not None:
+        chunk = rest.split(None, step)
+        rest = chunk.pop() if len(chunk) > step else None  # the unsplit rest of the text
+        words = carry + chunk if carry else chunk
+        seen.update(zip(words, words[1:], words[2:], words[3:], strict=False))
+        if 5 * len(seen) >= 2 * most_grams:
+            return True
+        carry, step = words[1 - _NGRAM :], most_grams // 25 + 8
+    return False
+
+
+def _tag_soup(text: str, data: bytes | None = None) -> tuple[int, str] | None:
     if text.count(">") < _TAG_MIN:  # every fragment ends in '>': most text stops here
         return None
     fragments = _tag_fragments(text)
     if len(fragments) < _TAG_MIN:
+        return None
+    # The fragments' lengths bound what they cover; the whitespace count bounds the non-space
+    # characters from below. Prose with a few tags or doctest prompts stops here.
+    most_covered = sum(end - start for start, end in fragments)
+    least_total = len(text) - _whitespace_bound(_utf8(text) if data is None else data)
+    if 5 * most_covered < 3 * least_total:
         return None
     covered = sum(len("".join(text[start:end].split())) for start, end in fragments)
     total = len("".join(text.split()))  # `str.split` and the regex `\s`: the same whitespace
@@ -187,10 +260,10 @@ def _tag_fragments(text: str) -> list[tuple[int, int]]:
     return fragments
 
 
-def _garbage(text: str) -> tuple[int, str] | None:
+def _garbage(text: str, data: bytes | None = None) -> tuple[int, str] | None:
     # Every garbage character holds one byte of _NOT_GARBAGE_LEAD's complement: fewer than
     # three such bytes and the regex cannot find three.
-    data = text.encode("utf-8", "surrogatepass")
+    data = _utf8(text) if data is None else data
     if len(data.translate(None, _NOT_GARBAGE_LEAD)) < _GARBAGE_MIN:
         return None
     positions = [m.start() for m in _GARBAGE.finditer(text)]
@@ -206,8 +279,9 @@ def degenerate_reason(text: str) -> tuple[str, int] | None:
     """Why `text` looks degenerate (and where), or None for text that looks normal."""
     if len(text) < _MIN_TEXT:
         return None
+    data = _utf8(text)
     for rule in _DEGENERATE_RULES:
-        found = rule(text)
+        found = rule(text, data)
         if found is not None:
             return found[1], found[0]
     return None
