@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
@@ -139,12 +140,16 @@ class GuardSupervisor:
             if guard.enabled and on
         }
         wanted = bool(sources) or (guard.enabled and prometheus_url is not None)
-        fingerprint = (
-            guard.model_dump_json()
-            + spec.router.model_dump_json()
-            + (spec.model.served_name or "")
-            + (prometheus_url or "")
-        )
+        # A digest, not the settings: what each deployment holds stays a few bytes.
+        fingerprint = hashlib.blake2b(
+            (
+                guard.model_dump_json()
+                + spec.router.model_dump_json()
+                + (spec.model.served_name or "")
+                + (prometheus_url or "")
+            ).encode(),
+            digest_size=16,
+        ).hexdigest()
         current = self._tasks.get(key)
         if current is not None and (not wanted or current[0] != fingerprint):
             self.stop(key)
