@@ -103,3 +103,32 @@ async def test_at_most_canaries_at_once_run_together_across_deployments() -> Non
         await guards.close()
     assert most == 3
     assert all(guards.observations.snapshot(("ns", f"d{i}")) is not None for i in range(12))
+
+
+async def test_a_deployment_found_at_start_up_waits_for_its_slot() -> None:
+    """At start-up every deployment's loops begin together: none runs its canary at once
+    (they used to, all of them, and kept the event loop from the first reconciles)."""
+    runs: list[str] = []
+
+    async def runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+        runs.append(endpoint)
+        return CanaryRun({"clean": 4})
+
+    doc = example_doc()["spec"]
+    doc["guard"] = {"canary": {"interval": "60s"}, "tap": {"enabled": False}}
+    doc["guard"]["engine"] = {"enabled": False}
+    spec = DSV4DeploymentSpec.model_validate(doc)
+    now = asyncio.get_running_loop().time()
+    # Keys whose slot is more than a second away (nearly all: the slot of each is somewhere
+    # in the next 60 s): none may run in the next 0.2 s.
+    candidates = [("ns", f"d{i}") for i in range(40)]
+    keys = [k for k in candidates if until_slot(now, 60.0, phase(k) * 60.0) > 1.0][:20]
+    assert len(keys) == 20
+    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None, runner=runner)
+    try:
+        for key in keys:
+            guards.ensure(key, spec)
+        await asyncio.sleep(0.2)
+    finally:
+        await guards.close()
+    assert runs == []
