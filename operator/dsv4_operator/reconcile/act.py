@@ -26,7 +26,8 @@ async def act(
     recorder: EventRecorder | None = None,
     observe: Observe = _ignore,
 ) -> None:
-    """Deletes first (Recreate must stop the old pair before anything new starts).
+    """Deletes first (Recreate must stop the old pair before anything new starts), then the
+    children, then the ControllerRevisions to store.
 
     The status is written after the children (when a field a user sees changed), except for a
     rollback: its quarantine entry is the only record of why the spec is not served, and the
@@ -45,6 +46,11 @@ async def act(
         due = False
     for res, name in decision.delete:
         await client.delete(res, world.namespace, name)
+    for obj in decision.apply:
+        observe(await client.apply(obj))
+    # After the children, so that they start one request sooner: a ControllerRevision is only
+    # read once its revision has run (a bake, a rollback), and a pass that stops before this
+    # creates it on the next pass.
     for obj in decision.create:
         try:
             observe(await client.create(obj))
@@ -52,8 +58,6 @@ async def act(
             # Already there: a pass that read a cache the watch had not yet brought up to
             # date. Creates are only used for immutable objects (ControllerRevisions).
             continue
-    for obj in decision.apply:
-        observe(await client.apply(obj))
     if due:
         observe(await client.apply_status(DSV4, world.namespace, world.name, status))
     recorder = recorder or EventRecorder(client)
