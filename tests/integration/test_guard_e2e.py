@@ -345,7 +345,7 @@ def test_a_source_switched_off_retires_its_series(
     (DSV4CanaryNotRunning resolves, as the runbook says), the taps' and engines' when they
     are, and every series of the deployment when it is deleted."""
     namespace, endpoint = cluster.namespace, f"http://127.0.0.1:{engine_port}"
-    label = f"{namespace}/dsv4-flash"
+    scope = {"namespace": namespace, "deployment": "dsv4-flash"}
     last_run, canary = "dsv4_canary_last_run_timestamp_seconds", "dsv4_canary_responses_total"
     taps, engines = "dsv4_guard_taps_unreachable", "dsv4_guard_engines_unreachable"
     sources = {last_run, canary, taps, engines}
@@ -353,7 +353,7 @@ def test_a_source_switched_off_retires_its_series(
 
     def exported(*names: str) -> set[str]:
         """Which of `names` have a series of this deployment on the operator's /metrics."""
-        return {n for n in names if any(s["deployment"] == label for s in operator.series(n))}
+        return {n for n in names if any(scope.items() <= s.items() for s in operator.series(n))}
 
     cluster.apply(_guarded(namespace, endpoint))
     wait_for("every source's series", lambda: exported(*sources) == sources, timeout=180)
