@@ -152,7 +152,9 @@ class GuardSupervisor:
         ).hexdigest()
         current = self._tasks.get(key)
         if current is not None and (not wanted or current[0] != fingerprint):
-            self.stop(key)
+            # New settings: the new loops' first rounds come at the key's slot, so the series
+            # of the sources still on stay until then (retire_sources drops the others).
+            self.stop(key, keep_series=wanted)
             current = None
         if wanted and current is None:
             task = asyncio.create_task(self._loops(key, spec), name=f"guard-{key[0]}/{key[1]}")
@@ -169,15 +171,16 @@ class GuardSupervisor:
             if cut is not None:
                 cut.set()
 
-    def stop(self, key: Key) -> None:
+    def stop(self, key: Key, keep_series: bool = False) -> None:
         self._traffic.retain(key, set())
         self._serving.forget(key)
         self._read_at.pop(key, None)
         self._cuts.pop(key, None)
         self.engines.forget(key)
         self._started.pop(key, None)
-        metrics.TAPS_UNREACHABLE.remove_by_labels(scope_labels(*key))
-        metrics.ENGINES_UNREACHABLE.remove_by_labels(scope_labels(*key))
+        if not keep_series:
+            metrics.TAPS_UNREACHABLE.remove_by_labels(scope_labels(*key))
+            metrics.ENGINES_UNREACHABLE.remove_by_labels(scope_labels(*key))
         for said in [s for s in self._said if s[0] == key]:
             del self._said[said]
         entry = self._tasks.pop(key, None)
