@@ -42,6 +42,18 @@ LEAK_RATE = Gauge(
     "Canary tool-call leak rate in the current window.",
     [*SCOPE, "revision"],
 )
+WINDOW_SAMPLES = Gauge(
+    "dsv4_guard_window_samples",
+    "Responses in the guard's current window by source (canary, traffic: the leak taps, "
+    "engine: the decode engines' tool-calling responses); live, while status.guard's counts "
+    "are written only with a change a user would see.",
+    [*SCOPE, "revision", "source"],
+)
+WINDOW_LEAKS = Gauge(
+    "dsv4_guard_window_leaks",
+    "Of dsv4_guard_window_samples, the leaked responses, by source.",
+    [*SCOPE, "revision", "source"],
+)
 CANARY_RESPONSES = Counter(
     "dsv4_canary_responses",
     "Canary responses by DSML-detector verdict.",
@@ -100,6 +112,8 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
 # Every series labelled with a deployment: removed together when the deployment goes.
 PER_DEPLOYMENT = (
     LEAK_RATE,
+    WINDOW_SAMPLES,
+    WINDOW_LEAKS,
     CANARY_RESPONSES,
     CANARY_LAST_RUN,
     ROLLBACKS,
@@ -142,7 +156,7 @@ class GuardMetrics:
     def __init__(self) -> None:
         self._seen_ooms: dict[Key, set[str]] = {}
         self._served: dict[Key, tuple[str, ...]] = {}
-        self._windows: dict[Key, str] = {}  # deployment -> revision of its leak-rate series
+        self._windows: dict[Key, str] = {}  # deployment -> revision of its window's series
         self._plans: dict[Key, str] = {}  # deployment -> revision of its plan-verified series
 
     def forget(self, key: Key) -> None:
@@ -167,12 +181,23 @@ class GuardMetrics:
         plan (None: not all have answered yet, so no series)."""
         self._plan(key, plan)
         guard = status.guard
-        window = guard.revision if guard is not None and guard.leak_rate is not None else None
+        window = guard.revision if guard is not None else None
         previous_window = self._windows.pop(key, None)
         if previous_window is not None and previous_window != window:
-            LEAK_RATE.remove_by_labels({**scope_labels(*key), "revision": previous_window})
-        if guard is not None and window is not None and guard.leak_rate is not None:
-            LEAK_RATE.labels(*key, window).set(guard.leak_rate)
+            for metric in (LEAK_RATE, WINDOW_SAMPLES, WINDOW_LEAKS):
+                metric.remove_by_labels({**scope_labels(*key), "revision": previous_window})
+        if guard is not None and window is not None:
+            if guard.leak_rate is not None:
+                LEAK_RATE.labels(*key, window).set(guard.leak_rate)
+            else:  # no canary answer in this window (yet, or since it restarted)
+                LEAK_RATE.remove_by_labels({**scope_labels(*key), "revision": window})
+            for source, samples, leaks in (
+                ("canary", guard.samples, guard.leaks),
+                ("traffic", guard.traffic_samples, guard.traffic_leaks),
+                ("engine", guard.engine_samples, guard.engine_leaks),
+            ):
+                WINDOW_SAMPLES.labels(*key, window, source).set(samples)
+                WINDOW_LEAKS.labels(*key, window, source).set(leaks)
             self._windows[key] = window
         verdict = guard.last_verdict if guard is not None else None
         for outcome in OUTCOMES:

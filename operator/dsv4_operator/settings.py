@@ -87,6 +87,14 @@ class OperatorSettings(BaseSettings):
         description="The shortest spec.guard.canary.interval the operator runs.",
     )
 
+    guard_canaries_at_once: int = Field(
+        default=16,
+        ge=1,
+        description="Canary runs in flight at once across all deployments; the others wait "
+        "their turn (each deployment's runs are spread over its interval by a phase fixed by "
+        "its name, docs/guard.md).",
+    )
+
     leader_election: bool = Field(
         default=False,
         description="Reconcile and guard only while holding the Lease (several replicas).",

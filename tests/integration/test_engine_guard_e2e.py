@@ -250,11 +250,15 @@ def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
         good = _baked(cluster)
         shapes = _condition(cluster.get(), "LeakShapesVisible")
         assert (shapes["status"], shapes["reason"]) == ("True", "EngineCounts")
+        scope = {"namespace": namespace, "deployment": "dsv4-flash", "revision": good}
+
+        def counted(source: str) -> bool:
+            # Live, on /metrics: status.guard has the counts as of its last write.
+            return (operator.metric("dsv4_guard_window_samples", source=source, **scope) or 0) > 0
+
         wait_for(
             "the good revision's engines and traffic counted",
-            lambda: (lambda g: g.get("engineSamples", 0) > 0 and g.get("trafficSamples", 0) > 0)(
-                cluster.get()["status"].get("guard", {})
-            ),
+            lambda: counted("engine") and counted("traffic"),
             timeout=60,
         )
         # The leak: the canary once in 10 minutes, so the decision is the engines' count.

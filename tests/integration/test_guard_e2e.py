@@ -7,6 +7,9 @@ at whatever overlap the machine's speed produces, so fp8 never leaks and bf16 + 
 canary sends (it picks a fresh seed per run): at 4.55% against the 2% threshold (99%, 32 x 4
 responses a run) the window fails within 16 runs in 199,999 of 200,000 simulated windows, and
 the chance of no rollback halves with every further run, far inside the 180 s allowed.
+
+Baked and passing, the guard writes nothing at all (its live counts go to /metrics); a verdict
+change is written at once.
 """
 
 from __future__ import annotations
@@ -96,6 +99,10 @@ def engine(cluster: Cluster, tmp_path: Path, engine_port: int) -> Iterator[Engin
     kubelet = EngineKubelet(cluster, engine_port, tmp_path).start()
     yield kubelet
     kubelet.stop()
+
+
+RUN_RESPONSES = 32 * 4  # one canary run of _guarded: sessions x rounds
+IDLE_RUNS = 5  # canary runs watched while nothing a user can see changes
 
 
 def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -369,3 +376,56 @@ def test_a_source_switched_off_retires_its_series(
     wait_for(
         "no series of the deleted deployment", lambda: not exported(*sources, *others), timeout=60
     )
+
+
+def _writes(operator: OperatorProcess) -> dict[tuple[str, str], float]:
+    """The operator's API writes so far, by (verb, resource)."""
+    labels = operator.series("dsv4_api_writes_total")
+    return {
+        (s["verb"], s["resource"]): operator.metric("dsv4_api_writes_total", **s) or 0.0
+        for s in labels
+    }
+
+
+def _canary_responses(operator: OperatorProcess, namespace: str) -> float:
+    return operator.metric("dsv4_canary_responses_total", namespace=namespace) or 0.0
+
+
+def test_a_baked_guard_writes_nothing_while_it_passes_and_writes_a_verdict_change(
+    cluster: Cluster, operator: OperatorProcess, engine: EngineKubelet
+) -> None:
+    """Baked and passing, the guard makes no API write over several canary runs (the live
+    counts move on /metrics instead); a verdict change (the engine gone: Error) is written."""
+    cluster.apply(_guarded(cluster.namespace, f"http://127.0.0.1:{engine.port}"))
+    _baked(cluster)
+    operator.settled()  # what baking wrote (status, the Baked Event) has landed
+    before = _writes(operator)
+    version = cluster.get()["metadata"]["resourceVersion"]
+    responses = _canary_responses(operator, cluster.namespace)
+    wait_for(
+        f"{IDLE_RUNS} more canary runs",
+        lambda: (
+            _canary_responses(operator, cluster.namespace) >= responses + IDLE_RUNS * RUN_RESPONSES
+        ),
+        timeout=120,
+    )
+    after = _writes(operator)
+    written = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    assert written == {}, f"an idle guard wrote {written}"
+    obj = cluster.get()
+    assert obj["metadata"]["resourceVersion"] == version
+    assert obj["status"]["guard"]["lastVerdict"] == "Pass"
+    # The live counts are on /metrics: the canary's window grew past what status holds.
+    scope = {"namespace": cluster.namespace, "deployment": "dsv4-flash"}
+    live = operator.metric("dsv4_guard_window_samples", source="canary", **scope) or 0.0
+    assert live >= obj["status"]["guard"]["samples"] + IDLE_RUNS * RUN_RESPONSES
+
+    engine.stop()  # nothing answers the canary any more: its verdict turns Error
+
+    def error_written() -> dict[str, Any] | None:
+        guard = cluster.get()["status"]["guard"]
+        return guard if guard.get("lastVerdict") == "Error" else None
+
+    guard = wait_for("the Error verdict written", error_written, timeout=120)
+    assert "canary against" in guard["lastMessage"]
+    assert sum(_writes(operator).values()) > sum(after.values())

@@ -126,13 +126,22 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
 
     with Traffic(f"http://127.0.0.1:{ports['tap']}") as traffic:
         good = str(wait_for("a last known good revision", baked, timeout=180))
-        wait_for(
-            "traffic counted for the good revision",
-            lambda: cluster.get()["status"].get("guard", {}).get("trafficSamples", 0) > 0,
-            timeout=60,
-        )
         # The guard reads the tap in every round.
         scope = {"namespace": namespace, "deployment": "dsv4-flash"}
+        # Live counts are on /metrics (status.guard has them as of its last write).
+        wait_for(
+            "traffic counted for the good revision",
+            lambda: (
+                (
+                    operator.metric(
+                        "dsv4_guard_window_samples", revision=good, source="traffic", **scope
+                    )
+                    or 0
+                )
+                > 0
+            ),
+            timeout=60,
+        )
         assert scope in operator.series("dsv4_guard_taps_unreachable")
         assert operator.metric("dsv4_guard_taps_unreachable", **scope) == 0
         # The canary's series show which revisions it has answers for: the good one, now.
@@ -247,6 +256,7 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
     ports: dict[str, int],
 ) -> None:
     namespace = cluster.namespace
+    scope = {"namespace": namespace, "deployment": "dsv4-flash"}
     tap_url = f"http://127.0.0.1:{ports['tap']}"
     slow_reads = {"guard.tap": {"interval": f"{READ_INTERVAL}s", "metricsEndpoints": [reads.url]}}
     cluster.apply(_spec(namespace, ports, "10m", **slow_reads))
@@ -268,11 +278,11 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
     assert settled - read < READ_INTERVAL, "the rollout took longer than the read interval"
 
     def charged_to_second() -> int:
-        guard = cluster.get()["status"].get("guard", {})
-        return int(guard.get("trafficSamples", 0)) if guard.get("revision") == second else 0
+        # Live, on /metrics: status.guard has the window's counts as of its last write.
+        traffic = {"revision": second, "source": "traffic", **scope}
+        return int(operator.metric("dsv4_guard_window_samples", **traffic) or 0)
 
     def unattributed() -> float:
-        scope = {"namespace": namespace, "deployment": "dsv4-flash"}
         return operator.metric("dsv4_guard_traffic_unattributed_total", **scope) or 0
 
     # The answers before the change were read once the rollout had begun: counted apart, or

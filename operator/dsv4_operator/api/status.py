@@ -160,6 +160,25 @@ class GuardStatus(ApiModel):
     )
 
 
+# status.guard's fields that move with every canary run or tap read while nothing a user acts
+# on changes: counts of answers that are not leaks, the time of the last sample, the leak
+# rate and evidence text that restate them. They are written with the next change a user
+# would see (a verdict, a reason, a leak, a bake, a phase, a condition) and exported live as
+# metrics (dsv4_guard_window_samples, dsv4_canary_last_run_timestamp_seconds); on their own
+# they never cause a status write, so an idle guard writes nothing (docs/guard.md).
+LIVE_GUARD_FIELDS = frozenset(
+    {
+        "samples",
+        "leak_rate",
+        "traffic_samples",
+        "engine_samples",
+        "kv_requests",
+        "last_sample_time",
+        "last_message",
+    }
+)
+
+
 class QuarantineEntry(ApiModel):
     """A configuration that was rolled back and is not rolled out again."""
 
@@ -194,6 +213,16 @@ class DSV4DeploymentStatus(ApiModel):
     quarantine: list[QuarantineEntry] = Field(
         default_factory=list, description="Quarantined configs."
     )
+
+    def visible_wire(self) -> dict[str, object]:
+        """The stored form without status.guard's live fields (LIVE_GUARD_FIELDS): a status
+        is written only when this differs from what is stored."""
+        wire = self.to_wire()
+        guard = wire.get("guard")
+        if isinstance(guard, dict):
+            live = {GuardStatus.model_fields[f].alias or f for f in LIVE_GUARD_FIELDS}
+            wire["guard"] = {k: v for k, v in guard.items() if k not in live}
+        return wire
 
 
 def parse_status(raw: Mapping[str, Any] | None) -> DSV4DeploymentStatus:

@@ -1,8 +1,9 @@
 """What the guard's sources reported, per DSV4Deployment, held in the operator's memory.
 
 The canary, Prometheus, tap and engine loops write here; the reconcile pass reads a snapshot
-and turns it into status (the only status writer). Counts also live in status.guard, so a
-restarted operator resumes its window from there.
+and turns it into status (the only status writer). Counts also live in status.guard (as of
+its last write: live counts alone are not written), so a restarted operator resumes its
+window from there.
 
 The canary and the taps count for the one revision being served (the window's). The engines'
 counts belong to the revision on each pod's label, whatever the window is, so they are kept

@@ -26,23 +26,31 @@ async def act(
     recorder: EventRecorder | None = None,
     observe: Observe = _ignore,
 ) -> None:
-    """Deletes first (Recreate must stop the old pair before anything new starts).
+    """Deletes first (Recreate must stop the old pair before anything new starts), then the
+    children, then the ControllerRevisions to store.
 
-    The status is written after the children, except for a rollback: its quarantine entry is
-    the only record of why the spec is not served, and the evidence (an OOM-killed pod) goes
-    with the pods the rollback replaces. Written first, a crash between the two writes cannot
-    make the next pass roll the failed revision out again.
+    The status is written after the children (when a field a user sees changed), except for a
+    rollback: its quarantine entry is the only record of why the spec is not served, and the
+    evidence (an OOM-killed pod) goes with the pods the rollback replaces. Written first, a
+    crash between the two writes cannot make the next pass roll the failed revision out again.
 
     `observe` gets every object the API server returns for a write, so a watch cache can
     fold it in before the watch event arrives.
     """
     status = decision.status.to_wire()
-    written = world.status.to_wire()
-    if decision.rollbacks and status != written:
+    # Only a change a user would see is written: status.guard's live counts alone are not
+    # (api/status.py LIVE_GUARD_FIELDS); they go with the next write and live in metrics.
+    due = decision.status.visible_wire() != world.status.visible_wire()
+    if decision.rollbacks and due:
         observe(await client.apply_status(DSV4, world.namespace, world.name, status))
-        written = status
+        due = False
     for res, name in decision.delete:
         await client.delete(res, world.namespace, name)
+    for obj in decision.apply:
+        observe(await client.apply(obj))
+    # After the children, so that they start one request sooner: a ControllerRevision is only
+    # read once its revision has run (a bake, a rollback), and a pass that stops before this
+    # creates it on the next pass.
     for obj in decision.create:
         try:
             observe(await client.create(obj))
@@ -50,9 +58,7 @@ async def act(
             # Already there: a pass that read a cache the watch had not yet brought up to
             # date. Creates are only used for immutable objects (ControllerRevisions).
             continue
-    for obj in decision.apply:
-        observe(await client.apply(obj))
-    if status != written:
+    if due:
         observe(await client.apply_status(DSV4, world.namespace, world.name, status))
     recorder = recorder or EventRecorder(client)
     subject = Subject(world.namespace, world.name, world.uid)

@@ -81,7 +81,7 @@ class Reconciler:
         """Say on the object why the rollout stopped (once per distinct refusal): a child
         the API server refuses is not the operator's error to retry in silence."""
         status = with_rejection(world, decision.status, error.message)
-        if status.to_wire() == world.status.to_wire():
+        if status.visible_wire() == world.status.visible_wire():
             return  # already said
         log.warning(
             "%s/%s: the API server refused a child: %s", world.namespace, world.name, error.message

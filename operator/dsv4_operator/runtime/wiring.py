@@ -26,6 +26,7 @@ from dsv4_operator.runtime.queue import WorkQueue
 from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.runtime.watched import WATCHED, enqueue_owner, watchable
 from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.signals.http import GuardHttp
 from dsv4_operator.signals.supervisor import GuardSupervisor
 
 
@@ -41,6 +42,7 @@ class Operator:
     reconciler: Reconciler
     queue: WorkQueue
     guards: GuardSupervisor
+    http: GuardHttp  # the guard's clients: made once here, closed last
     leadership: Leadership
     leading: asyncio.Task[None] | None = None  # leadership.run(), once started
 
@@ -60,6 +62,7 @@ class Operator:
         await self.leadership.release()  # a standby takes over now, not after the lease expires
         await self.cache.close()
         await self.client.close()
+        await self.http.close()
 
 
 def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -> Operator:
@@ -91,7 +94,15 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         resync_seconds=op.resync_seconds,
         backoff_max=op.retry_backoff_max_seconds,
     )
-    guards = GuardSupervisor(cache, observations, wake=queue.add, policy=op.trust_policy)
+    http = GuardHttp.create()
+    guards = GuardSupervisor(
+        cache,
+        observations,
+        wake=queue.add,
+        http=http,
+        policy=op.trust_policy,
+        canaries_at_once=op.guard_canaries_at_once,
+    )
     elector = (
         LeaderElector(
             client,
@@ -109,5 +120,5 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
     # The cache is read by all of the above and tells them of changes: its listener last.
     cache.listener = enqueue_owner(queue, guards, reconciler, leadership, specs)
     return Operator(
-        op, client, cache, observations, reconciler, queue, guards, leadership, leading=None
+        op, client, cache, observations, reconciler, queue, guards, http, leadership, leading=None
     )

@@ -32,14 +32,14 @@ def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str
     return router_url(name, namespace, spec.router.port)
 
 
-async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
-    """The real canary: multi-turn tool-calling sessions classified by the DSML detector."""
-    from dsv4_operator.canary.harness import run_canary
+def probe_runner(client: httpx.AsyncClient) -> CanaryRunner:
+    """The real canary, on `client` (the operator's shared one, signals/http.py: no client and
+    no TLS context per run): multi-turn tool-calling sessions classified by the DSML detector."""
 
-    canary = spec.guard.canary
-    # Few keep-alive connections: httpcore's pool gets slow with many idle ones (#1035).
-    limits = httpx.Limits(max_keepalive_connections=8)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+    async def run(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+        from dsv4_operator.canary.harness import run_canary
+
+        canary = spec.guard.canary
         # A new seed each run: fresh prompts, so runs are independent samples.
         report = await run_canary(
             client,
@@ -49,5 +49,7 @@ async def probe_runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> C
             rounds=canary.rounds,
             seed=random.randrange(1 << 30),
         )
-    failed = (r.verdict.reason for r in report.records if r.verdict.kind == VerdictKind.ERROR)
-    return CanaryRun({str(k): int(v) for k, v in report.counts.items()}, next(failed, None))
+        failed = (r.verdict.reason for r in report.records if r.verdict.kind == VerdictKind.ERROR)
+        return CanaryRun({str(k): int(v) for k, v in report.counts.items()}, next(failed, None))
+
+    return run

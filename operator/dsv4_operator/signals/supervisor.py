@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 
@@ -48,6 +50,7 @@ from dsv4_operator.pods import PodView
 from dsv4_operator.series import scope_labels
 from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
 from dsv4_operator.signals.engine import EngineReader
+from dsv4_operator.signals.http import GuardHttp
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
 from dsv4_operator.signals.taps import pod_url, scrape
 from dsv4_operator.trust import (
@@ -66,6 +69,18 @@ def _served(status: DSV4DeploymentStatus) -> str | None:
     return status.current_revision if status.phase in SETTLED_PHASES else None
 
 
+def phase(key: Key) -> float:
+    """Where in its interval `key`'s rounds run, in [0, 1): fixed by the key, so deployments
+    created (or found at start-up) together still run spread over the interval."""
+    return zlib.crc32(f"{key[0]}/{key[1]}".encode()) / 2**32
+
+
+def until_slot(now: float, interval: float, offset: float) -> float:
+    """Seconds from `now` to the next time that is `offset` past a multiple of `interval`:
+    a round that overran skips to the next slot instead of running late ones back to back."""
+    return (offset - now) % interval
+
+
 class GuardSupervisor:
     """One asyncio task per guarded deployment; restarted when its guard settings change."""
 
@@ -74,23 +89,27 @@ class GuardSupervisor:
         client: Reader,
         observations: Observations,
         wake: Callable[[Key], None],
-        runner: CanaryRunner = probe_runner,
-        http: httpx.AsyncClient | None = None,
+        runner: CanaryRunner | None = None,
+        http: GuardHttp | None = None,
         policy: TrustPolicy | None = None,
+        canaries_at_once: int = 16,
     ) -> None:
-        self.client, self.observations, self.wake, self.runner = client, observations, wake, runner
+        """`http`: the operator's clients (made here, and closed by `close`, when not given);
+        `canaries_at_once`: how many canary runs may be in flight across all deployments."""
+        self.client, self.observations, self.wake = client, observations, wake
+        self._own_http = http is None
+        self.clients = http or GuardHttp.create()
+        self.runner = runner or probe_runner(self.clients.spec_urls)
+        self._canary_slots = asyncio.Semaphore(canaries_at_once)
         # The last failure logged, per deployment and source.
         self._said: dict[tuple[Key, str], str] = {}
         self._traffic = TrafficDeltas()
         self._serving = ServingLog()  # the served revision as the watch saw it change
         self._read_at: dict[Key, Serving | None] = {}  # what served at each key's last tap read
         self._cuts: dict[Key, asyncio.Event] = {}  # set: read the taps now (a change)
-        # URLs from the spec (Prometheus, tap.metricsEndpoints; the canary has its own client)
-        # follow HTTP(S)_PROXY and NO_PROXY, as any client would.
-        self.http = http or httpx.AsyncClient(timeout=10.0, follow_redirects=False)
-        # Router pods' taps, at their pod IPs: never through a proxy. httpx's NO_PROXY takes
-        # no CIDR ranges, so a cluster-wide HTTP_PROXY would otherwise catch every pod IP.
-        self.pod_http = httpx.AsyncClient(timeout=10.0, follow_redirects=False, trust_env=False)
+        # URLs from the spec follow HTTP(S)_PROXY and NO_PROXY; pod IPs never go through a
+        # proxy (signals/http.py).
+        self.http, self.pod_http = self.clients.spec_urls, self.clients.pods
         self.engines = EngineReader(self.pod_http)  # engine pods: at their IPs too
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
@@ -121,15 +140,21 @@ class GuardSupervisor:
             if guard.enabled and on
         }
         wanted = bool(sources) or (guard.enabled and prometheus_url is not None)
-        fingerprint = (
-            guard.model_dump_json()
-            + spec.router.model_dump_json()
-            + (spec.model.served_name or "")
-            + (prometheus_url or "")
-        )
+        # A digest, not the settings: what each deployment holds stays a few bytes.
+        fingerprint = hashlib.blake2b(
+            (
+                guard.model_dump_json()
+                + spec.router.model_dump_json()
+                + (spec.model.served_name or "")
+                + (prometheus_url or "")
+            ).encode(),
+            digest_size=16,
+        ).hexdigest()
         current = self._tasks.get(key)
         if current is not None and (not wanted or current[0] != fingerprint):
-            self.stop(key)
+            # New settings: the new loops' first rounds come at the key's slot, so the series
+            # of the sources still on stay until then (retire_sources drops the others).
+            self.stop(key, keep_series=wanted)
             current = None
         if wanted and current is None:
             task = asyncio.create_task(self._loops(key, spec), name=f"guard-{key[0]}/{key[1]}")
@@ -146,15 +171,16 @@ class GuardSupervisor:
             if cut is not None:
                 cut.set()
 
-    def stop(self, key: Key) -> None:
+    def stop(self, key: Key, keep_series: bool = False) -> None:
         self._traffic.retain(key, set())
         self._serving.forget(key)
         self._read_at.pop(key, None)
         self._cuts.pop(key, None)
         self.engines.forget(key)
         self._started.pop(key, None)
-        metrics.TAPS_UNREACHABLE.remove_by_labels(scope_labels(*key))
-        metrics.ENGINES_UNREACHABLE.remove_by_labels(scope_labels(*key))
+        if not keep_series:
+            metrics.TAPS_UNREACHABLE.remove_by_labels(scope_labels(*key))
+            metrics.ENGINES_UNREACHABLE.remove_by_labels(scope_labels(*key))
         for said in [s for s in self._said if s[0] == key]:
             del self._said[said]
         entry = self._tasks.pop(key, None)
@@ -164,8 +190,8 @@ class GuardSupervisor:
     async def close(self) -> None:
         for key in list(self._tasks):
             self.stop(key)
-        await self.http.aclose()
-        await self.pod_http.aclose()
+        if self._own_http:
+            await self.clients.close()
 
     async def _loops(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         self._started[key] = datetime.now(UTC)
@@ -185,17 +211,19 @@ class GuardSupervisor:
         every: Duration,
         early: asyncio.Event | None = None,
     ) -> None:
-        """`round_` every `every`, and at once when `early` is set."""
+        """`round_` every `every` at the key's phase in it, and at once when `early` is set."""
         interval = every.delta.total_seconds()
+        offset = phase(key) * interval
         early = early or asyncio.Event()
+        clock = asyncio.get_running_loop()
         while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(early.wait(), until_slot(clock.time(), interval, offset))
+            early.clear()
             try:
                 await round_(key, spec)
             except Exception:  # one bad round must not end the loop, but must be seen
                 log.exception("%s/%s: guard round failed", *key)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(early.wait(), interval)
-            early.clear()
 
     async def _tap_endpoints(
         self, key: Key, spec: DSV4DeploymentSpec
@@ -278,33 +306,40 @@ class GuardSupervisor:
         if spec.guard.canary.enabled and revision and status.phase in SETTLED_PHASES:
             endpoint = spec.guard.canary.endpoint or default_endpoint(name, namespace, spec)
             model = spec.model.served_name or spec.model.profile
-            now = datetime.now(UTC)
-            try:
-                run = await self.runner(endpoint, model, spec)
-            except Exception as error:  # the canary itself failed: count toward errorLimit
-                # The class only: the error text may quote the reply, and status is readable
-                # by anyone who can read the object.
-                self._failed(key, f"canary against {endpoint}: {type(error).__name__}", now)
-            else:
-                counts = run.counts
-                leaks = sum(counts.get(v, 0) for v in LEAK_KINDS)
-                answered = sum(c for v, c in counts.items() if v != VerdictKind.ERROR)
-                if answered == 0:
-                    failed = counts.get(VerdictKind.ERROR, 0)
-                    self._failed(
-                        key,
-                        f"canary against {endpoint}: all {failed} requests failed, the first "
-                        f"with {run.first_error or 'no reason given'}",
-                        now,
-                    )
-                else:
-                    self._said.pop((key, CANARY), None)
-                    self.observations.record(key, revision, counts, leaks, now)
-                for verdict, count in counts.items():
-                    metrics.CANARY_RESPONSES.labels(*key, revision, verdict).inc(count)
-                if answered:  # a run where nothing answered is no run (DSV4CanaryNotRunning)
-                    metrics.CANARY_LAST_RUN.labels(*key).set(now.timestamp())
+            async with self._canary_slots:
+                await self._canary(key, spec, revision, endpoint, model)
         self.wake(key)
+
+    async def _canary(
+        self, key: Key, spec: DSV4DeploymentSpec, revision: str, endpoint: str, model: str
+    ) -> None:
+        """One canary run, recorded for `revision`."""
+        now = datetime.now(UTC)
+        try:
+            run = await self.runner(endpoint, model, spec)
+        except Exception as error:  # the canary itself failed: count toward errorLimit
+            # The class only: the error text may quote the reply, and status is readable
+            # by anyone who can read the object.
+            self._failed(key, f"canary against {endpoint}: {type(error).__name__}", now)
+        else:
+            counts = run.counts
+            leaks = sum(counts.get(v, 0) for v in LEAK_KINDS)
+            answered = sum(c for v, c in counts.items() if v != VerdictKind.ERROR)
+            if answered == 0:
+                failed = counts.get(VerdictKind.ERROR, 0)
+                self._failed(
+                    key,
+                    f"canary against {endpoint}: all {failed} requests failed, the first "
+                    f"with {run.first_error or 'no reason given'}",
+                    now,
+                )
+            else:
+                self._said.pop((key, CANARY), None)
+                self.observations.record(key, revision, counts, leaks, now)
+            for verdict, count in counts.items():
+                metrics.CANARY_RESPONSES.labels(*key, revision, verdict).inc(count)
+            if answered:  # a run where nothing answered is no run (DSV4CanaryNotRunning)
+                metrics.CANARY_LAST_RUN.labels(*key).set(now.timestamp())
 
     def _say(self, key: Key, source: str, message: str) -> None:
         """Log a source's failure once per distinct message, not once per run."""

@@ -1,0 +1,134 @@
+"""What keeps an idle guard cheap: status written only for a change a user would see, canary
+runs spread over their interval by a fixed per-deployment phase, and a bound on how many run
+at once across all deployments."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.status import DSV4DeploymentStatus, GuardStatus
+from dsv4_operator.api.times import Timestamp
+from dsv4_operator.guard.observations import Observations
+from dsv4_operator.reasons import GuardReason, GuardResult
+from dsv4_operator.signals.canary_runner import CanaryRun
+from dsv4_operator.signals.supervisor import GuardSupervisor, phase, until_slot
+from tests.support.builders import NOW, example_doc
+
+
+def _status(**guard: Any) -> DSV4DeploymentStatus:
+    base: dict[str, Any] = {
+        "revision": "abc",
+        "samples": 128,
+        "leaks": 0,
+        "leak_rate": 0.0,
+        "last_verdict": GuardResult.PASS,
+        "last_reason": GuardReason.LEAK_RATE,
+        "last_message": "0/128 responses leaked",
+        "last_sample_time": Timestamp.of(NOW),
+    }
+    return DSV4DeploymentStatus(phase="Ready", guard=GuardStatus(**{**base, **guard}))
+
+
+def test_live_counts_alone_are_no_change_to_write() -> None:
+    stored = _status()
+    moved = _status(
+        samples=160,
+        traffic_samples=40,
+        engine_samples=200,
+        kv_requests=300,
+        last_message="0/160 responses leaked",
+        last_sample_time=Timestamp.of(NOW.replace(minute=1)),
+    )
+    assert moved.to_wire() != stored.to_wire()
+    assert moved.visible_wire() == stored.visible_wire()
+
+
+def test_a_leak_a_verdict_or_a_phase_is_a_change_to_write() -> None:
+    stored = _status()
+    assert _status(leaks=1).visible_wire() != stored.visible_wire()
+    assert _status(traffic_leaks=1).visible_wire() != stored.visible_wire()
+    assert _status(last_verdict=GuardResult.ERROR).visible_wire() != stored.visible_wire()
+    assert _status(consecutive_errors=1).visible_wire() != stored.visible_wire()
+    assert _status(passing_since=Timestamp.of(NOW)).visible_wire() != stored.visible_wire()
+    assert stored.model_copy(update={"phase": "Degraded"}).visible_wire() != (stored.visible_wire())
+
+
+def test_phases_spread_deployments_created_together_over_the_interval() -> None:
+    keys = [("ns", f"dsv4-{i:03d}") for i in range(300)]
+    phases = [phase(key) for key in keys]
+    assert phases == [phase(key) for key in keys]  # fixed by the key
+    assert all(0 <= p < 1 for p in phases)
+    # Tenths of the interval: none holds more than twice its share.
+    tenths = [sum(1 for p in phases if int(p * 10) == t) for t in range(10)]
+    assert max(tenths) <= 2 * len(keys) / 10, tenths
+
+
+def test_a_round_waits_for_its_slot_and_an_overrun_skips_to_the_next() -> None:
+    assert until_slot(now=100.0, interval=60.0, offset=30.0) == 50.0  # 100 -> 150 (2x60+30)
+    assert until_slot(now=150.0, interval=60.0, offset=30.0) == 0.0
+    assert until_slot(now=151.0, interval=60.0, offset=30.0) == 59.0  # late: the next slot
+
+
+class _SettledReader:
+    async def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+        return {"status": {"phase": "Ready", "currentRevision": "abc"}}
+
+    async def list(self, res: Any, namespace: str, selector: Any = None) -> list[Any]:
+        return []
+
+    async def serves(self, res: Any) -> bool:
+        return True
+
+
+async def test_at_most_canaries_at_once_run_together_across_deployments() -> None:
+    in_flight = most = 0
+
+    async def runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return CanaryRun({"clean": 4})
+
+    guards = GuardSupervisor(
+        _SettledReader(), Observations(), wake=lambda key: None, runner=runner, canaries_at_once=3
+    )
+    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
+    try:
+        await asyncio.gather(*(guards._round(("ns", f"d{i}"), spec) for i in range(12)))
+    finally:
+        await guards.close()
+    assert most == 3
+    assert all(guards.observations.snapshot(("ns", f"d{i}")) is not None for i in range(12))
+
+
+async def test_a_deployment_found_at_start_up_waits_for_its_slot() -> None:
+    """At start-up every deployment's loops begin together: none runs its canary at once
+    (they used to, all of them, and kept the event loop from the first reconciles)."""
+    runs: list[str] = []
+
+    async def runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+        runs.append(endpoint)
+        return CanaryRun({"clean": 4})
+
+    doc = example_doc()["spec"]
+    doc["guard"] = {"canary": {"interval": "60s"}, "tap": {"enabled": False}}
+    doc["guard"]["engine"] = {"enabled": False}
+    spec = DSV4DeploymentSpec.model_validate(doc)
+    now = asyncio.get_running_loop().time()
+    # Keys whose slot is more than a second away (nearly all: the slot of each is somewhere
+    # in the next 60 s): none may run in the next 0.2 s.
+    candidates = [("ns", f"d{i}") for i in range(40)]
+    keys = [k for k in candidates if until_slot(now, 60.0, phase(k) * 60.0) > 1.0][:20]
+    assert len(keys) == 20
+    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None, runner=runner)
+    try:
+        for key in keys:
+            guards.ensure(key, spec)
+        await asyncio.sleep(0.2)
+    finally:
+        await guards.close()
+    assert runs == []
