@@ -114,9 +114,10 @@ async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) 
             text = (await response.read()).decode()
     finally:
         await metrics_runner.cleanup()
-    assert 'dsv4_traffic_responses_total{deployment="d",namespace="default",verdict="leaked_markup"} 2.0' in text
-    assert 'dsv4_traffic_requests_total{deployment="d",namespace="default",tool_calling="false"} 2.0' in text
-    assert 'dsv4_tap_classifier_lag_seconds_count{deployment="d",namespace="default"} 4.0' in text
+    scope = 'deployment="d",namespace="default"'
+    assert f'dsv4_traffic_responses_total{{{scope},verdict="leaked_markup"}} 2.0' in text
+    assert f'dsv4_traffic_requests_total{{{scope},tool_calling="false"}} 2.0' in text
+    assert f"dsv4_tap_classifier_lag_seconds_count{{{scope}}} 4.0" in text
 
 
 async def test_a_dead_classifier_never_holds_traffic_and_is_counted_and_restarted(
@@ -245,7 +246,8 @@ async def test_a_late_timer_shows_in_the_loop_lag() -> None:
 
         def lag(bound: str) -> float:
             sample = registry.get_sample_value(
-                "dsv4_tap_event_loop_lag_seconds_bucket", {"namespace": "default", "deployment": "d", "le": bound}
+                "dsv4_tap_event_loop_lag_seconds_bucket",
+                {"namespace": "default", "deployment": "d", "le": bound},
             )
             return sample or 0.0
 
@@ -266,3 +268,4 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
+

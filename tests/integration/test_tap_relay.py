@@ -143,7 +143,9 @@ UNOBSERVED = "dsv4_tap_unobserved_connections_total"
 
 def _metric(tap: Tap, name: str, **labels: str) -> float | None:
     """A sample of the tap's /metrics registry (namespace "default", deployment "d")."""
-    return tap.metrics.registry.get_sample_value(name, {"namespace": "default", "deployment": "d", **labels})
+    return tap.metrics.registry.get_sample_value(
+        name, {"namespace": "default", "deployment": "d", **labels}
+    )
 
 
 def _without_dates(received: bytes) -> bytes:
