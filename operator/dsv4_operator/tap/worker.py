@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
@@ -24,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import MutableSequence
 from dataclasses import dataclass
+from itertools import islice
 
 from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.tap.classify import classify_exchange
@@ -36,6 +38,12 @@ LAG_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 BACKLOG_LIMIT = 16 << 20
 #: The pipe's capacity asked for (Linux allows an unprivileged process up to 1 MiB).
 PIPE_SIZE = 1 << 20
+#: Copies that follow one another within this long are written together (one system call, one
+#: wake-up of the classifier); a verdict waits at most this much longer.
+FLUSH_SECONDS = 0.02
+#: ...unless this many bytes wait: then at once.
+FLUSH_BYTES = 64 << 10
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 # Layout of the shared counters: one per verdict, then lag buckets, +Inf, lag sum (micros).
 _LAG_AT = len(VERDICTS)
@@ -46,15 +54,27 @@ _SLOTS = _SUM_AT + 1
 #: response length), then the request body, then the response body.
 _HEADER = struct.Struct("<dII")
 
-#: The classifier's niceness: when it and the relay both want the tap's CPU, the relay runs
-#: first (a verdict may wait, a streamed chunk should not; bench/tap.py: p99 per chunk at 256
-#: streams +2.9 ms instead of +9.0). When it cannot keep up, the backlog's drops count it.
+#: The classifier's niceness where SCHED_IDLE is refused: when it and the relay both want the
+#: tap's CPU, the relay runs first (a verdict may wait, a streamed chunk should not;
+#: bench/tap.py: p99 per chunk at 256 streams +2.9 ms instead of +9.0). When it cannot keep up,
+#: the backlog's drops count it.
 CLASSIFIER_NICENESS = 10
+
+
+def _yield_to_the_relay() -> None:
+    """Run the classifier only when the relay does not want the CPU: SCHED_IDLE, so that a
+    relay woken by a chunk preempts it at once (at niceness 10 a wake-up of the classifier by
+    a copy could still take the CPU from the relay for a slice: py-spy showed the relay's time
+    in its pipe write); niceness where the policy is refused."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(CLASSIFIER_NICENESS)
 
 
 def _serve(inbox: multiprocessing.connection.Connection, counters: MutableSequence[int]) -> None:
     """The worker process: classify each frame until the pipe ends (the tap closed it)."""
-    os.nice(CLASSIFIER_NICENESS)
+    _yield_to_the_relay()
     index = {kind: i for i, kind in enumerate(VERDICTS)}
     fd = os.dup(inbox.fileno())
     inbox.close()
@@ -99,9 +119,12 @@ class ClassifierLink:
     slow part of a restart, may run in a thread.
     """
 
-    def __init__(self, backlog_limit: int = BACKLOG_LIMIT) -> None:
+    def __init__(
+        self, backlog_limit: int = BACKLOG_LIMIT, flush_seconds: float = FLUSH_SECONDS
+    ) -> None:
         self._ctx = multiprocessing.get_context("spawn")
         self.backlog_limit = backlog_limit
+        self.flush_seconds = flush_seconds
         # Survives restarts: verdicts counted by earlier workers stay counted.
         self._counters: MutableSequence[int] = self._ctx.Array("q", _SLOTS, lock=False)
         self._worker: Worker | None = None
@@ -109,6 +132,9 @@ class ClassifierLink:
         self._backlog: deque[memoryview] = deque()
         self._backlog_size = 0
         self._draining: asyncio.AbstractEventLoop | None = None  # the loop draining the backlog
+        self._flush_due: asyncio.TimerHandle | None = None
+        self._flushed_at = -math.inf
+        self._unflushed = 0  # bytes appended since the last flush
         self.dropped_full = 0
         self.dropped_down = 0
         self.restarts = 0
@@ -148,61 +174,77 @@ class ClassifierLink:
 
     @property
     def waiting(self) -> tuple[int, int]:
-        """(copies, bytes) waiting for room in the pipe."""
+        """(copies, bytes) waiting for the next flush or for room in the pipe."""
         return len(self._backlog), self._backlog_size
 
     def submit(self, request: bytes, response: bytes) -> bool:
-        """Hand one exchange over; False (and counted) when it had to be dropped."""
-        worker = self._worker
-        if worker is None or self._broken:
+        """Hand one exchange over; False (and counted) when it had to be dropped.
+
+        A copy that follows another within `flush_seconds` waits for the next flush, which
+        writes every waiting copy at once: under load one write (and one wake-up of the
+        classifier, on the relay's CPU) per flush instead of per response."""
+        if self._worker is None or self._broken:
             self.dropped_down += 1
             return False
         frame = _HEADER.pack(time.monotonic(), len(request), len(response)) + request + response
-        if self._backlog:  # frames wait in order behind the backlog
-            return self._queue(memoryview(frame))
-        try:
-            written = os.write(worker.fd, frame)
-        except BlockingIOError:
-            written = 0
-        except OSError:  # EPIPE: the worker is gone; the supervisor replaces it
-            self._broken = True
-            self.dropped_down += 1
-            return False
-        if written < len(frame):
-            return self._queue(memoryview(frame)[written:], partial=written > 0)
-        return True
-
-    def _queue(self, rest: memoryview, partial: bool = False) -> bool:
-        # A frame partly in the pipe must be finished, or the worker would misread the rest.
-        if not partial and self._backlog_size + len(rest) > self.backlog_limit:
+        if self._backlog_size + len(frame) > self.backlog_limit:
             self.dropped_full += 1
             return False
-        self._backlog.append(rest)
-        self._backlog_size += len(rest)
-        if self._draining is None and self._worker is not None:
+        self._backlog.append(memoryview(frame))
+        self._backlog_size += len(frame)
+        self._unflushed += len(frame)
+        if self._draining is not None:
+            return True  # written as the pipe makes room
+        since = time.monotonic() - self._flushed_at
+        if since >= self.flush_seconds or self._unflushed >= FLUSH_BYTES:
+            self._flush()  # the first copy after a quiet spell goes at once, as a large batch
+        elif self._flush_due is None:
+            loop = asyncio.get_running_loop()
+            self._flush_due = loop.call_later(self.flush_seconds - since, self._flush)
+        return not self._broken
+
+    def _flush(self) -> None:
+        """Write what waits; what the pipe cannot take now waits for room (the loop's
+        writer callback drains it)."""
+        if self._flush_due is not None:
+            self._flush_due.cancel()
+            self._flush_due = None
+        self._flushed_at = time.monotonic()
+        self._unflushed = 0
+        if self._worker is None:
+            return
+        self._write_backlog()
+        if self._backlog and not self._broken and self._draining is None:
             self._draining = asyncio.get_running_loop()
             self._draining.add_writer(self._worker.fd, self._drain)
-        return True
 
-    def _drain(self) -> None:
-        """The pipe has room: write what waits, in order."""
+    def _write_backlog(self) -> None:
+        """As much of the backlog as the pipe takes, in order (the worker reads a stream of
+        frames: a frame partly written is finished before any other)."""
         assert self._worker is not None
         while self._backlog:
-            head = self._backlog[0]
             try:
-                written = os.write(self._worker.fd, head)
+                written = os.writev(self._worker.fd, list(islice(self._backlog, _IOV_MAX)))
             except BlockingIOError:
                 return
-            except OSError:
+            except OSError:  # EPIPE: the worker is gone; the supervisor replaces it
                 self._broken = True
                 self._drop_backlog()
                 return
             self._backlog_size -= written
-            if written < len(head):
-                self._backlog[0] = head[written:]
-                return
-            self._backlog.popleft()
-        self._stop_draining()
+            while written:
+                head = self._backlog[0]
+                if written < len(head):
+                    self._backlog[0] = head[written:]
+                    return
+                written -= len(head)
+                self._backlog.popleft()
+
+    def _drain(self) -> None:
+        """The pipe has room: write what waits, in order."""
+        self._write_backlog()
+        if not self._backlog:
+            self._stop_draining()
 
     def _stop_draining(self) -> None:
         if self._draining is not None and self._worker is not None:
@@ -212,6 +254,10 @@ class ClassifierLink:
     def _drop_backlog(self) -> None:
         """The frames that wait will never reach this worker: dropped, counted."""
         self._stop_draining()
+        if self._flush_due is not None:
+            self._flush_due.cancel()
+            self._flush_due = None
+        self._unflushed = 0
         self.dropped_down += len(self._backlog)
         self._backlog.clear()
         self._backlog_size = 0
@@ -232,9 +278,12 @@ class ClassifierLink:
         return ClassifierCounts(verdicts, tuple(cumulative), raw[_SUM_AT] / 1_000_000)
 
     async def close(self) -> None:
-        """Close the pipe (the worker ends after what it holds) and wait for the worker."""
+        """Write what waits and the pipe takes, close the pipe (the worker ends after what it
+        holds) and wait for the worker."""
         if self._worker is None:
             return
+        if not self._broken:
+            self._write_backlog()
         self._hang_up()
         process, self._worker = self._worker.process, None
         await asyncio.to_thread(_end, process)
