@@ -285,18 +285,3 @@ async def test_copies_close_together_go_in_one_write_and_close_flushes_them() ->
     finally:
         await link.close()  # the worker has read everything once it has ended
     assert link.counts().lag_buckets[-1] == 3 and link.dropped_full == link.dropped_down == 0
-
-
-async def test_the_classifier_takes_only_the_cpu_the_relay_leaves() -> None:
-    """SCHED_IDLE: a relay woken by a chunk preempts the classifier at once."""
-    link = ClassifierLink()
-    link.start()
-    try:
-        await until("the classifier up", link.alive)
-        assert link.pid is not None
-        await until(
-            "the classifier on SCHED_IDLE",
-            lambda: os.sched_getscheduler(link.pid or 0) == os.SCHED_IDLE,
-        )
-    finally:
-        await link.close()

@@ -54,27 +54,17 @@ _SLOTS = _SUM_AT + 1
 #: response length), then the request body, then the response body.
 _HEADER = struct.Struct("<dII")
 
-#: The classifier's niceness where SCHED_IDLE is refused: when it and the relay both want the
-#: tap's CPU, the relay runs first (a verdict may wait, a streamed chunk should not;
-#: bench/tap.py: p99 per chunk at 256 streams +2.9 ms instead of +9.0). When it cannot keep up,
-#: the backlog's drops count it.
+#: The classifier's niceness: when it and the relay both want the tap's CPU, the relay runs
+#: first (a verdict may wait, a streamed chunk should not; bench/tap.py: p99 per chunk at 256
+#: streams +2.9 ms instead of +9.0). When it cannot keep up, the backlog's drops count it.
+#: Not SCHED_IDLE: that starved the classifier of any CPU something else wanted (bench/tap.py at
+#: saturation on a shared machine: 42-83% of the copies dropped, against 5-25% at niceness 10).
 CLASSIFIER_NICENESS = 10
-
-
-def _yield_to_the_relay() -> None:
-    """Run the classifier only when the relay does not want the CPU: SCHED_IDLE, so that a
-    relay woken by a chunk preempts it at once (at niceness 10 a wake-up of the classifier by
-    a copy could still take the CPU from the relay for a slice: py-spy showed the relay's time
-    in its pipe write); niceness where the policy is refused."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        os.nice(CLASSIFIER_NICENESS)
 
 
 def _serve(inbox: multiprocessing.connection.Connection, counters: MutableSequence[int]) -> None:
     """The worker process: classify each frame until the pipe ends (the tap closed it)."""
-    _yield_to_the_relay()
+    os.nice(CLASSIFIER_NICENESS)
     index = {kind: i for i, kind in enumerate(VERDICTS)}
     fd = os.dup(inbox.fileno())
     inbox.close()
