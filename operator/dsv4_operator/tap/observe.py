@@ -62,9 +62,6 @@ class Exchange:
         self.tail = joined[1 - len(TOOLS_MARKER) :]
         self._keep(part, self.request, limit)
 
-    def response_part(self, part: bytes, limit: int) -> None:
-        self._keep(part, self.response, limit)
-
     def _keep(self, part: bytes, into: list[bytes], limit: int) -> None:
         if not self.keeping:
             return
@@ -219,10 +216,16 @@ class _ResponseSide:
         self.capturing = pending[0] if pending and pending[0].keeping else None
 
     def on_body(self, body: bytes) -> None:
-        # Once per streamed chunk: the exchange was looked up at the response's head.
+        # Once per streamed chunk: the exchange was looked up at the response's head, and
+        # Exchange._keep is inlined.
         exchange = self.capturing
         if exchange is not None and exchange.keeping:
-            exchange.response_part(body, self.limit)
+            exchange.size += len(body)
+            if exchange.size > self.limit:
+                exchange.overflow = True  # too large to classify: still forwarded, counted
+                exchange.let_go()
+            else:
+                exchange.response.append(body)
 
     def on_message_complete(self) -> None:
         self.reading, self.capturing = False, None

@@ -1,10 +1,12 @@
 """The tap's classifier: a separate process fed through a pipe the relay writes without waiting
 (fail-open).
 
-`ClassifierLink.submit` runs on the relay's event loop: one non-blocking write of a framed
-exchange into the pipe. When the pipe is full the frame waits in a backlog bounded in bytes
-(the loop drains it when the pipe has room); past the bound, or with the classifier dead (the
-pipe broken), the copy is dropped and counted, never the traffic. No thread and no pickling
+`ClassifierLink.submit` runs on the relay's event loop: a framed exchange goes into the pipe
+with a non-blocking write, at once after a quiet spell, else with the others of its burst
+(one `writev` within 20 ms: each write wakes the classifier, which then competes with the
+relay for its CPU). When the pipe is full the frames wait in a backlog bounded in bytes (the
+loop drains it when the pipe has room); past the bound, or with the classifier dead (the pipe
+broken), the copy is dropped and counted, never the traffic. No thread and no pickling
 stand between the relay and the pipe: a feeder thread competed with the relay for the GIL.
 The supervisor restarts a dead process with a new pipe. Verdicts and the lag from submit to
 verdict are counted in shared memory that only the worker writes.
