@@ -213,8 +213,12 @@ async def timed_children(http: httpx.AsyncClient, namespace: str, n: int, create
     return elapsed
 
 
+STARTED = time.monotonic()
+
+
 def say(n: int, what: str) -> None:
-    print(f"N={n}: {what}", flush=True)
+    """A progress line, stamped with the seconds since the bench started."""
+    print(f"[{time.monotonic() - STARTED:6.0f}s] N={n}: {what}", flush=True)
 
 
 async def measure(plan: Plan, logs: Path) -> Figures:
@@ -318,14 +322,14 @@ async def idle_with(
     """The idle window with the operator: its cost, and what it and the API server did."""
     assert operator.proc is not None
     pid, server = operator.proc.pid, apiserver_pid(cp)
-    ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES)
+    ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
     await asyncio.sleep(plan.idle)
     figures.idle_cpu_s = cpu_seconds(pid) - cpu
     figures.server_cpu_with_s = cpu_seconds(server) - server_cpu
     figures.rss_mb = rss_mb(pid)
     figures.idle_calls = delta(operator_counts(operator), ops)
-    figures.server_requests = delta(request_counts(cp, OPERATOR_RESOURCES), srv)
+    figures.server_requests = delta(request_counts(cp, OPERATOR_RESOURCES, by_resource=True), srv)
     canary = one["spec"]["guard"]["canary"]
     per_run = one["status"]["guard"]["canarySessions"] * canary.get("rounds", 4)
     figures.canary_runs = figures.idle_calls.get("dsv4_canary_responses_total", 0) / per_run
@@ -364,6 +368,10 @@ def by_verb(calls: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0f}" for k, v in sorted(calls.items())) or "0"
 
 
+def total(calls: dict[str, float]) -> str:
+    return f"{sum(calls.values()):.0f} ({by_verb(calls)})" if calls else "0"
+
+
 def table(rows: list[Figures], plan: Plan) -> str:
     lines = [
         f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
@@ -378,16 +386,19 @@ def table(rows: list[Figures], plan: Plan) -> str:
         without = max(f.server_cpu_without_s, 0.01)
         lines.append(
             f"| {f.n} | {100 * f.idle_cpu_s / plan.idle:.1f}% | {f.rss_mb:.0f} MiB "
-            f"| {sum(f.calls('write').values()):.0f} ({by_verb(f.calls('write'))}) "
-            f"| {sum(f.calls('read').values()):.0f} ({by_verb(f.calls('read'))}) "
+            f"| {total(f.calls('write'))} | {total(f.calls('read'))} "
             f"| {f.canary_runs:.0f} ({f.canary_runs_due:.0f}) | {by_verb(f.server_requests)} "
             f"| {f.server_cpu_with_s:.1f} s vs {f.server_cpu_without_s:.1f} s "
             f"({f.server_cpu_with_s / without:.2f}x) "
             f"| {f.operator_s:.1f} s vs {f.floor_s:.1f} s ({f.operator_s / f.floor_s:.2f}x) "
             f"| {f.first_reconciled_s:.1f} s / {f.all_reconciled_s:.1f} s |"
         )
-    creation = "; ".join(f"N={f.n}: {by_verb(f.creation)}" for f in rows)
-    return "\n".join(lines) + f"\n\nthe operator's requests while creating: {creation}"
+    creation = "\n".join(
+        f"  N={f.n}: {sum(f.creation.values()) / f.n:.1f} per deployment against the plain "
+        f"apply's {CHILDREN_PER_DEPLOYMENT} ({by_verb(f.creation)})"
+        for f in rows
+    )
+    return "\n".join(lines) + f"\n\nthe operator's API requests while creating:\n{creation}"
 
 
 def main() -> int:

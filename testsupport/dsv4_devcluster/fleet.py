@@ -332,13 +332,17 @@ SETTLING = (
 READ_VERBS = ("GET", "LIST", "WATCH")
 
 
-def request_counts(cp: ControlPlane, resources: Iterable[str]) -> dict[str, float]:
-    """Requests the API server answered on `resources`, by verb."""
-    wanted, by_verb = set(resources), dict[str, float]()
+def request_counts(
+    cp: ControlPlane, resources: Iterable[str], by_resource: bool = False
+) -> dict[str, float]:
+    """Requests the API server answered on `resources`, by verb (`by_resource`: by
+    "VERB resource")."""
+    wanted, out = set(resources), dict[str, float]()
     for (verb, resource), value in cp.request_counts().items():
         if resource in wanted:
-            by_verb[verb] = by_verb.get(verb, 0.0) + value
-    return by_verb
+            key = f"{verb} {resource}" if by_resource else verb
+            out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def quiet(cp: ControlPlane, seconds: float, timeout: float = 1800.0) -> float:
@@ -362,22 +366,42 @@ def quiet(cp: ControlPlane, seconds: float, timeout: float = 1800.0) -> float:
 
 
 def baked(status: Mapping[str, Any]) -> bool:
-    """Ready on a revision that baked: the steady state the fleet idles in."""
+    """Ready on a revision that baked, its plan verified against what the engines report:
+    the steady state the fleet idles in (nothing left that a status would show changing)."""
     good = status.get("lastKnownGoodRevision")
-    return bool(good) and good == status.get("currentRevision") and status.get("phase") == "Ready"
+    verified = any(
+        c.get("type") == "PlanVerified" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return (
+        bool(good)
+        and good == status.get("currentRevision")
+        and status.get("phase") == "Ready"
+        and verified
+    )
 
 
 async def until_baked(
     http: httpx.AsyncClient, namespace: str, n: int, timeout: float
 ) -> dict[str, Any]:
-    """Until all `n` DSV4Deployments in `namespace` are `baked`; returns one of them."""
+    """Until all `n` DSV4Deployments in `namespace` are `baked` and each has its Baked Event
+    (posted after the status that says so); returns one of them."""
     deadline = time.monotonic() + timeout
     while True:
         listed = await http.get(DSV4.path(namespace))
         listed.raise_for_status()
         done = [d for d in listed.json().get("items") or [] if baked(d.get("status") or {})]
-        if len(done) == n:
+        if len(done) == n and await _baked_events(http, namespace) >= n:
             return dict(done[0])
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(done)}/{n} deployments baked")
         await asyncio.sleep(1)
+
+
+async def _baked_events(http: httpx.AsyncClient, namespace: str) -> int:
+    """How many DSV4Deployments in `namespace` have a Baked Event."""
+    listed = await http.get(
+        f"/api/v1/namespaces/{namespace}/events", params={"fieldSelector": "reason=Baked"}
+    )
+    listed.raise_for_status()
+    return len({e["involvedObject"]["name"] for e in listed.json().get("items") or []})
