@@ -60,6 +60,7 @@ from dsv4_devcluster.fleet import (
     until_baked,
 )
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_operator.api.times import Duration
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
 from dsv4_operator.kube.resources import DEPLOYMENT, PDB, SERVICE, STATEFULSET
 from dsv4_operator.runtime.watched import WATCHED
@@ -104,8 +105,8 @@ def apiserver_pid(cp: ControlPlane) -> int:
 
 
 def seconds(duration: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    return float(duration[:-1]) * units[duration[-1]]
+    """A spec duration ("60s", "2m") in seconds, parsed as the operator parses it."""
+    return Duration(duration).delta.total_seconds()
 
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
