@@ -194,6 +194,7 @@ async def give_pods_addresses(
     expected_pods: int,
     timeout: float = 600,
     in_flight: int = 8,
+    interval: float = 1,
 ) -> None:
     """Until `expected_pods` pods of the fleet in `namespace` run at their role's address: each
     Running pod is taken off kwok's stages and given it (as `report_pod_ip` does, here for a
@@ -234,7 +235,7 @@ async def give_pods_addresses(
             return
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"{done + len(todo)}/{expected_pods} pods at their addresses")
-        await asyncio.sleep(1)
+        await asyncio.sleep(interval)
 
 
 # --- a fleet seen from the API server ----------------------------------------------------------
