@@ -1,38 +1,43 @@
-"""Benchmark: the operator at N = 10, 100, 1,000 DSV4Deployments on a real control plane.
+"""Benchmark: the operator at N = 10, 100, 1,000 guarded DSV4Deployments, every guard running.
 
-For each N, on a fresh control plane (etcd, kube-apiserver, controller-manager; no scheduler,
-so engine pods stay Pending: a state that does not change, and children are what is counted):
+For each N, on a fresh control plane with a scheduler and kwok (fake GPU nodes, so engine pods
+become Running and Ready and every deployment reaches phase Ready), with engine doubles and
+leak taps behind every pod (dsv4_devcluster.fleet: a few processes on loopback addresses serve
+all deployments, so each guard's canary, engine and tap reads get real answers):
 
 1. floor: a plain client server-side applies the manifests `dsv4 render` gives for N
    deployments (namespace `plain`, the operator's number of workers in flight) and times until
    all N x 9 children exist;
-2. operator: `dsv4 run` watching namespace `op`; N DSV4Deployments created at once; time until
-   their N x 9 children exist, and the ratio to the floor;
-3. idle with the operator (`--idle` seconds, once nobody has written to those kinds for 10 s,
-   the controller-manager's engine pods included): the
-   operator's CPU, RSS, API calls by verb (its own counters) and writes; the API server's
-   CPU and the requests it answered on the operator's resource types;
-4. one spec change (`engine.maxRunningRequests` of one deployment): time until the decode
-   StatefulSet carries the new revision;
-5. idle without the operator (same length): the API server's CPU, for the with/without ratio.
+2. operator: `dsv4 run` watching namespace `op`; N guarded DSV4Deployments created at once
+   (canary every `--canary-interval`, bake after `--bake-time`); time until their N x 9
+   children exist, the ratio to the floor, and the requests the operator made for them;
+3. every pod at its double's address, then every deployment baked (its revision last known
+   good), then nobody writing the children's kinds for a few seconds;
+4. idle with the operator (`--idle` seconds): its CPU, RSS, API requests by verb and resource
+   (its own counters: what it wrote while nothing a user sees changed), canary runs (the
+   guard's schedule), the API server's CPU and the requests it answered on our kinds;
+5. idle without the operator (stopped; same objects, same doubles, same length): the API
+   server's CPU, for the with/without ratio;
+6. start-up: every deployment's spec changed while the operator is down (guard.errorLimit:
+   no rollout), the operator started; time to the first and to the last status that observed
+   the new generation.
 
 Figures come from /proc (CPU = utime + stime, RSS = VmRSS), the operator's /metrics and the
 API server's own `apiserver_request_total`. Children are counted from metadata-only watches.
+The machine is shared: read ratios measured in the same run, not absolute times.
 
-    python bench/scale.py [--sizes 10,100,1000] [--idle 300]
+    python bench/scale.py [--n 10,100,1000] [--idle 120] [--canary-interval 60s]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,35 +48,40 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4_devcluster import ControlPlane
-from dsv4_devcluster.deployments import example
-from dsv4_devcluster.operator import OperatorProcess
-from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
-from dsv4_operator.kube.resources import (
-    DEPLOYMENT,
-    PDB,
-    SERVICE,
-    STATEFULSET,
-    Resource,
+from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, example, weights_volume
+from dsv4_devcluster.fleet import (
+    ChildCounter,
+    FleetEngines,
+    give_pods_addresses,
+    guarded,
+    observed,
+    quiet,
+    request_counts,
+    until_baked,
 )
+from dsv4_devcluster.operator import OperatorProcess
+from dsv4_operator.api.times import Duration
+from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
+from dsv4_operator.kube.resources import DEPLOYMENT, PDB, SERVICE, STATEFULSET
 from dsv4_operator.runtime.watched import WATCHED
 
 REPO = Path(__file__).resolve().parents[1]
 
 CHILDREN_PER_DEPLOYMENT = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PDBs
+PODS_PER_DEPLOYMENT = 3  # prefill, decode, router: one replica each in the example
 CHILD_KINDS = (STATEFULSET, DEPLOYMENT, SERVICE, PDB)
 # Every kind the operator reads (its watch cache's list), and the Events it posts.
 OPERATOR_RESOURCES = (*(w.resource.plural for w in WATCHED), "events")
 WORKERS = 4  # the operator's default (DSV4_WORKERS); the floor keeps as many applies in flight
-READ_VERBS = ("GET", "LIST", "WATCH")
+DEPLOYMENTS_PER_NODE = 32  # 8 GPUs and 3 pods each: 96 of a node's 110 pods
 # The controller-manager's default 20 requests/s would take minutes to create the engine
 # pods of 1,000 deployments; the figures are the operator's, not that queue's.
 CONTROLLER_MANAGER = {"kube-api-qps": "500", "kube-api-burst": "1000"}
 # Two router Services per deployment (plain and operator) need a ClusterIP each: more than the
 # dev cluster's /24 holds at N = 1,000.
 API_SERVER = {"service-cluster-ip-range": "10.0.0.0/16"}
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
-METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 TICK = os.sysconf("SC_CLK_TCK")
+OPERATOR_FLOOR = 10.0  # seconds: the operator's default minimum canary interval
 
 
 # --- what a process costs ---------------------------------------------------------------------
@@ -94,57 +104,75 @@ def apiserver_pid(cp: ControlPlane) -> int:
     return next(p.pid for p in cp.processes if p.name == "kube-apiserver")
 
 
-# --- counting children ------------------------------------------------------------------------
+def seconds(duration: str) -> float:
+    """A spec duration ("60s", "2m") in seconds, parsed as the operator parses it."""
+    return Duration(duration).delta.total_seconds()
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+
+
+def operator_counts(operator: OperatorProcess) -> dict[str, float]:
+    """The operator's counters: API requests by `kind verb resource`, passes, canary responses."""
+    with httpx.Client() as http:
+        text = http.get(f"http://{operator.host}:{operator.metrics_port}/metrics").text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in ("dsv4_api_writes_total", "dsv4_api_reads_total"):
+                kind = "write" if "writes" in s.name else "read"
+                key = f"{kind} {s.labels['verb']} {s.labels['resource']}"
+            elif s.name in ("dsv4_reconciles_total", "dsv4_canary_responses_total"):
+                key = s.name
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+# --- one size -----------------------------------------------------------------------------------
 
 
 @dataclass
-class ChildCounter:
-    """Names of the child objects seen in one namespace, fed by metadata-only watches."""
+class Plan:
+    """What to run for one N; the defaults are the issue's (docs: module docstring)."""
 
-    http: httpx.AsyncClient
-    namespace: str
-    seen: set[tuple[str, str]] = field(default_factory=set)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def start(self) -> None:
-        for res in CHILD_KINDS:
-            listed = await self.http.get(
-                res.path(self.namespace), headers={"Accept": METADATA_LIST}
-            )
-            listed.raise_for_status()
-            body = listed.json()
-            self.seen |= {(res.kind, i["metadata"]["name"]) for i in body.get("items") or []}
-            version = body["metadata"]["resourceVersion"]
-            self.tasks.append(asyncio.create_task(self._watch(res, version)))
-
-    async def _watch(self, res: Resource, version: str) -> None:
-        params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true"}
-        async with self.http.stream(
-            "GET",
-            res.path(self.namespace),
-            params=params,
-            headers={"Accept": METADATA_ONLY},
-            timeout=None,
-        ) as stream:
-            async for line in stream.aiter_lines():
-                event = json.loads(line)
-                if event["type"] == "ADDED":
-                    self.seen.add((res.kind, event["object"]["metadata"]["name"]))
-
-    async def until(self, count: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.seen) < count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(self.seen)}/{count} children in {self.namespace}")
-            await asyncio.sleep(0.05)
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+    n: int
+    idle: float = 120.0
+    canary_interval: str = "60s"
+    bake_time: str = "10s"
+    # leakRate.confidence: how many canary responses a Pass takes (0.6: one run's), so the
+    # fleet bakes within a canary interval or two; a run's cost does not depend on it.
+    confidence: float = 0.6
+    resync: float | None = None  # DSV4_RESYNC_SECONDS; None: the operator's default
+    quiet_seconds: float = 10.0
+    spread: int = 1  # engine doubles per role (and taps, canaries)
+    without: bool = True  # the idle window without the operator
+    startup: bool = True  # the restart with N deployments
 
 
-# --- the two ways of creating children ----------------------------------------------------------
+@dataclass
+class Figures:
+    n: int
+    floor_s: float = 0.0
+    operator_s: float = 0.0
+    creation: dict[str, float] = field(default_factory=dict)
+    baked_s: float = 0.0
+    idle_cpu_s: float = 0.0
+    rss_mb: float = 0.0
+    idle_calls: dict[str, float] = field(default_factory=dict)
+    canary_runs: float = 0.0
+    canary_runs_due: float = 0.0
+    server_requests: dict[str, float] = field(default_factory=dict)
+    server_cpu_with_s: float = 0.0
+    server_cpu_without_s: float = 0.0
+    first_reconciled_s: float = 0.0
+    all_reconciled_s: float = 0.0
+
+    def calls(self, kind: str) -> dict[str, float]:
+        """The operator's API requests of `kind` ("write" or "read") while idle."""
+        return {k.split(" ", 1)[1]: v for k, v in self.idle_calls.items() if k.startswith(kind)}
 
 
 def deployments(namespace: str, n: int) -> list[dict[str, Any]]:
@@ -176,7 +204,7 @@ async def bounded(limit: int, calls: Iterable[Any]) -> None:
 
 
 async def timed_children(http: httpx.AsyncClient, namespace: str, n: int, create: Any) -> float:
-    counter = ChildCounter(http, namespace)
+    counter = ChildCounter(http, namespace, CHILD_KINDS)
     await counter.start()
     start = time.monotonic()
     await create()
@@ -186,223 +214,240 @@ async def timed_children(http: httpx.AsyncClient, namespace: str, n: int, create
     return elapsed
 
 
-# --- one size -----------------------------------------------------------------------------------
+STARTED = time.monotonic()
 
 
-@dataclass
-class Figures:
-    n: int
-    floor_s: float = 0.0
-    operator_s: float = 0.0
-    settle_s: float = 0.0
-    idle_cpu_s: float = 0.0
-    rss_mb: float = 0.0
-    calls: dict[str, float] = field(default_factory=dict)
-    writes: float = 0.0
-    server_requests: dict[str, float] = field(default_factory=dict)
-    server_cpu_with_s: float = 0.0
-    server_cpu_without_s: float = 0.0
-    change_s: float = 0.0
-    creation: dict[str, float] = field(default_factory=dict)
-    floor_server_cpu_s: float = 0.0
-    creation_server_cpu_s: float = 0.0
-    creation_cpu_s: float = 0.0
+def say(n: int, what: str) -> None:
+    """A progress line, stamped with the seconds since the bench started."""
+    print(f"[{time.monotonic() - STARTED:6.0f}s] N={n}: {what}", flush=True)
 
 
-def operator_counts(operator: OperatorProcess) -> dict[str, float]:
-    def value(name: str, **labels: str) -> float:
-        got = operator.metric(name, **labels)
-        return got if got is not None else float("nan")
-
-    return {
-        "list": value("dsv4_api_reads_total", verb="list"),
-        "get": value("dsv4_api_reads_total", verb="get"),
-        "watch lists": value("dsv4_watch_lists_total"),
-        "writes": value("dsv4_api_writes_total"),
-        "passes": value("dsv4_reconciles_total"),
-    }
-
-
-def server_counts(cp: ControlPlane) -> dict[str, float]:
-    by_verb: dict[str, float] = {}
-    for (verb, resource), value in cp.request_counts().items():
-        if resource in OPERATOR_RESOURCES:
-            by_verb[verb] = by_verb.get(verb, 0.0) + value
-    return by_verb
-
-
-def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
-
-
-def quiet(cp: ControlPlane, seconds: float = 10.0, timeout: float = 1800.0) -> float:
-    """Wait until nobody (operator, controller-manager) has written to the operator's kinds
-    for `seconds`; returns the time waited."""
-
-    def writes() -> float:
-        return sum(v for verb, v in server_counts(cp).items() if verb not in READ_VERBS)
-
-    start = last_change = time.monotonic()
-    last = writes()
-    while time.monotonic() - last_change < seconds:
-        if time.monotonic() - start > timeout:
-            raise TimeoutError("the cluster kept writing")
-        time.sleep(1)
-        now = writes()
-        if now != last:
-            last, last_change = now, time.monotonic()
-    return last_change - start
-
-
-async def revision_of(client: KubeClient, namespace: str, name: str) -> str | None:
-    sts = await client.get(STATEFULSET, namespace, f"{name}-decode")
-    return None if sts is None else sts["metadata"]["labels"].get("dsv4.io/revision")
-
-
-async def measure(n: int, idle: float, resync: float | None, logs: Path) -> Figures:
-    figures = Figures(n)
+async def measure(plan: Plan, logs: Path) -> Figures:
+    n, figures = plan.n, Figures(plan.n)
     crd = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
     with ControlPlane(
+        with_scheduler=True,
+        with_kwok=True,
         crds=[crd],
         extra_apiserver_args=API_SERVER,
         extra_controller_manager_args=CONTROLLER_MANAGER,
     ) as cp:
+        for i in range(-(-2 * n // DEPLOYMENTS_PER_NODE)):  # the floor's and the operator's
+            cp.add_gpu_node(
+                f"fleet-{i}", gpus=8 * DEPLOYMENTS_PER_NODE, product=RTX, labels={POOL_LABEL: POOL}
+            )
         cfg = load_configuration(str(cp.kubeconfig_path))
         client = KubeClient(http_client_for(cfg, timeout=120), field_manager="bench")
-        namespaces = cp.dynamic_client().resources.get(api_version="v1", kind="Namespace")
+        dyn = cp.dynamic_client()
         for ns in ("plain", "op"):
-            namespaces.create(body={"metadata": {"name": ns}})
-        manifests = rendered("plain", n)
-        server_cpu = cpu_seconds(apiserver_pid(cp))
-        figures.floor_s = await timed_children(
-            client.http,
-            "plain",
-            n,
-            lambda: bounded(WORKERS, (client.apply(m) for m in manifests)),
-        )
-        figures.floor_server_cpu_s = cpu_seconds(apiserver_pid(cp)) - server_cpu
-        print(
-            f"N={n}: floor {figures.floor_s:.1f}s, API server CPU "
-            f"{figures.floor_server_cpu_s:.1f}s",
-            flush=True,
-        )
-        await asyncio.to_thread(quiet, cp)  # the floor's engine pods are all created
-
-        operator = OperatorProcess(cp.kubeconfig_path, "op", logs)
-        if resync is None:
-            del operator.env["DSV4_RESYNC_SECONDS"]  # the operator's own default
-        else:
-            operator.env["DSV4_RESYNC_SECONDS"] = str(resync)
-        operator.start()
-        assert operator.proc is not None
-        pid = operator.proc.pid
-        try:
-            docs = deployments("op", n)
-            server_cpu, cpu = cpu_seconds(apiserver_pid(cp)), cpu_seconds(pid)
-            figures.operator_s = await timed_children(
-                client.http,
-                "op",
-                n,
-                lambda: bounded(16, (client.apply(d) for d in docs)),
+            dyn.resources.get(api_version="v1", kind="Namespace").create(
+                body={"metadata": {"name": ns}}
             )
-            text = (
-                urllib.request.urlopen(
-                    f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5
-                )
-                .read()
-                .decode()
-            )
-            figures.creation = {
-                f"{s.labels.get('verb')} {s.labels.get('resource')}": s.value
-                for fam in text_string_to_metric_families(text)
-                for s in fam.samples
-                if s.name in ("dsv4_api_writes_total", "dsv4_api_reads_total")
-            }
-            figures.creation["passes"] = operator.metric("dsv4_reconciles_total") or 0
-            figures.creation_server_cpu_s = cpu_seconds(apiserver_pid(cp)) - server_cpu
-            figures.creation_cpu_s = cpu_seconds(pid) - cpu
-            print(
-                f"N={n}: operator {figures.operator_s:.1f}s, API server CPU "
-                f"{figures.creation_server_cpu_s:.1f}s, operator CPU "
-                f"{figures.creation_cpu_s:.1f}s; {figures.creation}",
-                flush=True,
-            )
-            figures.settle_s = await asyncio.to_thread(quiet, cp)
-
-            ops, srv = operator_counts(operator), server_counts(cp)
-            cpu, server_cpu = cpu_seconds(pid), cpu_seconds(apiserver_pid(cp))
-            await asyncio.sleep(idle)
-            figures.idle_cpu_s = cpu_seconds(pid) - cpu
-            figures.server_cpu_with_s = cpu_seconds(apiserver_pid(cp)) - server_cpu
-            figures.calls = delta(operator_counts(operator), ops)
-            figures.writes = figures.calls.get("writes", 0.0)
-            figures.server_requests = delta(server_counts(cp), srv)
-            figures.rss_mb = rss_mb(pid)
-            print(
-                f"N={n}: settled in {figures.settle_s:.0f}s; idle {figures.calls} "
-                f"server {figures.server_requests}",
-                flush=True,
-            )
-
-            target = docs[n // 2]
-            name = target["metadata"]["name"]
-            old = await revision_of(client, "op", name)
-            target["spec"]["engine"]["maxRunningRequests"] = 48
-            start = time.monotonic()
-            await client.apply(target)
-            while await revision_of(client, "op", name) == old:
-                if time.monotonic() - start > 300:
-                    raise TimeoutError(f"{name}: the change never reached its StatefulSet")
-                await asyncio.sleep(0.02)
-            figures.change_s = time.monotonic() - start
-        finally:
-            operator.stop()
-        server_cpu = cpu_seconds(apiserver_pid(cp))
-        await asyncio.sleep(idle)
-        figures.server_cpu_without_s = cpu_seconds(apiserver_pid(cp)) - server_cpu
-        await client.close()
+            weights_volume(dyn, ns)
+        one = example("op")
+        with FleetEngines(
+            rendered("op", 1), one["spec"]["engine"]["capabilities"], logs, plan.spread
+        ) as engines:
+            try:
+                await run_fleet(plan, figures, cp, client, engines, logs)
+            finally:
+                await client.close()
     return figures
 
 
-def table(rows: list[Figures], idle: float) -> str:
+async def run_fleet(
+    plan: Plan,
+    figures: Figures,
+    cp: ControlPlane,
+    client: KubeClient,
+    engines: FleetEngines,
+    logs: Path,
+) -> None:
+    n, http = plan.n, client.http
+    manifests = rendered("plain", n)
+    figures.floor_s = await timed_children(
+        http, "plain", n, lambda: bounded(WORKERS, (client.apply(m) for m in manifests))
+    )
+    say(n, f"floor {figures.floor_s:.1f}s")
+    await asyncio.to_thread(quiet, cp, plan.quiet_seconds)  # the floor's pods are all Running
+
+    env = {"DSV4_CANARY_ENDPOINT_ALLOW": engines.allow}
+    if seconds(plan.canary_interval) < OPERATOR_FLOOR:
+        env["DSV4_MIN_CANARY_INTERVAL"] = plan.canary_interval
+    operator = OperatorProcess(cp.kubeconfig_path, "op", logs, **env)
+    if plan.resync is None:
+        del operator.env["DSV4_RESYNC_SECONDS"]  # the operator's own default
+    else:
+        operator.env["DSV4_RESYNC_SECONDS"] = str(plan.resync)
+    operator.start()
+    try:
+        docs = [
+            guarded(
+                d,
+                engines.canary_endpoint(d["metadata"]["name"]),
+                plan.canary_interval,
+                plan.bake_time,
+                plan.confidence,
+            )
+            for d in deployments("op", n)
+        ]
+        before = operator_counts(operator)
+        start = time.monotonic()
+        # Pods get their engines' addresses as they start, as on a cluster: a guard reading
+        # kwok's made-up IPs meanwhile would time out and slow the creation it measures.
+        addresses = asyncio.create_task(
+            give_pods_addresses(
+                http, "op", engines, n * PODS_PER_DEPLOYMENT, timeout=600 + 2 * n, interval=2
+            )
+        )
+        try:
+            figures.operator_s = await timed_children(
+                http, "op", n, lambda: bounded(16, (client.apply(d) for d in docs))
+            )
+            figures.creation = {
+                k: v for k, v in delta(operator_counts(operator), before).items() if " " in k
+            }
+            say(n, f"operator {figures.operator_s:.1f}s; {figures.creation}")
+            await addresses
+        finally:
+            addresses.cancel()
+        say(n, f"every pod at its engine's address {time.monotonic() - start:.1f}s after creation")
+        baked = await until_baked(http, "op", n, timeout=600 + 2 * n)
+        figures.baked_s = time.monotonic() - start
+        say(n, f"all baked {figures.baked_s:.1f}s after creation")
+        await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
+        await idle_with(plan, figures, cp, operator, baked)
+    finally:
+        operator.stop()
+    if plan.without:
+        server_cpu = cpu_seconds(apiserver_pid(cp))
+        await asyncio.sleep(plan.idle)
+        figures.server_cpu_without_s = cpu_seconds(apiserver_pid(cp)) - server_cpu
+    if plan.startup:
+        await restart(plan, figures, client, operator, docs)
+
+
+async def idle_with(
+    plan: Plan, figures: Figures, cp: ControlPlane, operator: OperatorProcess, one: dict[str, Any]
+) -> None:
+    """The idle window with the operator: its cost, and what it and the API server did."""
+    assert operator.proc is not None
+    pid, server = operator.proc.pid, apiserver_pid(cp)
+    ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
+    cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
+    await asyncio.sleep(plan.idle)
+    figures.idle_cpu_s = cpu_seconds(pid) - cpu
+    figures.server_cpu_with_s = cpu_seconds(server) - server_cpu
+    figures.rss_mb = rss_mb(pid)
+    figures.idle_calls = delta(operator_counts(operator), ops)
+    figures.server_requests = delta(request_counts(cp, OPERATOR_RESOURCES, by_resource=True), srv)
+    canary = one["spec"]["guard"]["canary"]
+    per_run = one["status"]["guard"]["canarySessions"] * canary.get("rounds", 4)
+    figures.canary_runs = figures.idle_calls.get("dsv4_canary_responses_total", 0) / per_run
+    figures.canary_runs_due = plan.n * plan.idle / seconds(plan.canary_interval)
+    say(plan.n, f"idle {figures.idle_calls}; API server {figures.server_requests}")
+
+
+async def restart(
+    plan: Plan,
+    figures: Figures,
+    client: KubeClient,
+    operator: OperatorProcess,
+    docs: list[dict[str, Any]],
+) -> None:
+    """Every spec changed while the operator is down; the time from its start to the first and
+    the last status that observed the change."""
+    for doc in docs:
+        doc["spec"]["guard"]["errorLimit"] = 5  # a new generation, no new revision
+    await bounded(16, (client.apply(d) for d in docs))
+    start = time.monotonic()
+    waiting = asyncio.create_task(observed(client.http, "op", plan.n, timeout=600 + plan.n))
+    await asyncio.sleep(0)  # the watch lists before the operator can write
+    await asyncio.to_thread(operator.start)
+    try:
+        stamps = await waiting
+    finally:
+        operator.stop()
+    figures.first_reconciled_s, figures.all_reconciled_s = stamps[0] - start, stamps[-1] - start
+    say(
+        plan.n,
+        f"restart: first {figures.first_reconciled_s:.1f}s, all {figures.all_reconciled_s:.1f}s",
+    )
+
+
+def by_verb(calls: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(calls.items())) or "0"
+
+
+def total(calls: dict[str, float]) -> str:
+    return f"{sum(calls.values()):.0f} ({by_verb(calls)})" if calls else "0"
+
+
+def table(rows: list[Figures], plan: Plan) -> str:
     lines = [
-        f"| N | children: operator vs plain apply (ratio) | operator CPU idle ({idle:.0f} s) "
-        "| RSS | operator API calls idle | writes idle | API server requests idle (our kinds) "
-        "| API server CPU with vs without operator | one change at N |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
+        f"{plan.bake_time}; CPU in % of one core over the window",
+        "",
+        "| N | operator CPU idle | RSS | writes idle (verb resource) | reads idle | canary runs "
+        "idle (due) | API server requests idle (our kinds) | API server CPU with vs without "
+        "| children: operator vs plain apply | start-up: first / all reconciled |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in rows:
-        calls = {k: v for k, v in f.calls.items() if k not in ("writes", "passes")}
-        detail = ", ".join(f"{k} {v:.0f}" for k, v in calls.items())
-        server = ", ".join(f"{k} {v:.0f}" for k, v in sorted(f.server_requests.items())) or "0"
-        with_without = (
-            f"{f.server_cpu_with_s:.1f} s vs {f.server_cpu_without_s:.1f} s "
-            f"({f.server_cpu_with_s / max(f.server_cpu_without_s, 0.01):.2f}x)"
-        )
+        without = max(f.server_cpu_without_s, 0.01)
         lines.append(
-            f"| {f.n} | {f.operator_s:.1f} s vs {f.floor_s:.1f} s "
-            f"({f.operator_s / f.floor_s:.2f}x) "
-            f"| {f.idle_cpu_s:.1f} s ({100 * f.idle_cpu_s / idle:.2f}% of a core) "
-            f"| {f.rss_mb:.0f} MB | {sum(calls.values()):.0f}{f' ({detail})' if detail else ''} "
-            f"| {f.writes:.0f} | {server} | {with_without} | {f.change_s:.2f} s |"
+            f"| {f.n} | {100 * f.idle_cpu_s / plan.idle:.1f}% | {f.rss_mb:.0f} MiB "
+            f"| {total(f.calls('write'))} | {total(f.calls('read'))} "
+            f"| {f.canary_runs:.0f} ({f.canary_runs_due:.0f}) | {by_verb(f.server_requests)} "
+            f"| {f.server_cpu_with_s:.1f} s vs {f.server_cpu_without_s:.1f} s "
+            f"({f.server_cpu_with_s / without:.2f}x) "
+            f"| {f.operator_s:.1f} s vs {f.floor_s:.1f} s ({f.operator_s / f.floor_s:.2f}x) "
+            f"| {f.first_reconciled_s:.1f} s / {f.all_reconciled_s:.1f} s |"
         )
-    passes = ", ".join(f"N={f.n}: {f.calls.get('passes', 0):.0f}" for f in rows)
-    return "\n".join(lines) + f"\n\nreconcile passes during the idle window: {passes}"
+    creation = "\n".join(
+        f"  N={f.n}: {sum(f.creation.values()) / f.n:.1f} per deployment against the plain "
+        f"apply's {CHILDREN_PER_DEPLOYMENT} ({by_verb(f.creation)})"
+        for f in rows
+    )
+    return "\n".join(lines) + f"\n\nthe operator's API requests while creating:\n{creation}"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="10,100,1000")
-    parser.add_argument("--idle", type=float, default=300.0, help="seconds of idle per window")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", "--sizes", dest="n", default="10,100,1000")
+    parser.add_argument("--idle", type=float, default=120.0, help="seconds per idle window")
+    parser.add_argument("--canary-interval", default="60s", help="spec.guard.canary.interval")
+    parser.add_argument("--bake-time", default="10s", help="spec.guard.bakeTime")
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=0.6,
+        help="spec.guard.leakRate.confidence (how soon the fleet bakes)",
+    )
     parser.add_argument(
         "--resync", type=float, default=None, help="DSV4_RESYNC_SECONDS (default: the operator's)"
     )
+    parser.add_argument(
+        "--spread", type=int, default=0, help="doubles per role (default: one per 250 deployments)"
+    )
     args = parser.parse_args()
-    rows = []
+    rows: list[Figures] = []
+    plan = Plan(0)
     with tempfile.TemporaryDirectory() as logs:
-        for n in (int(s) for s in args.sizes.split(",")):
-            rows.append(asyncio.run(measure(n, args.idle, args.resync, Path(logs))))
-            print(table(rows, args.idle), flush=True)
+        for n in (int(s) for s in args.n.split(",")):
+            plan = Plan(
+                n,
+                idle=args.idle,
+                canary_interval=args.canary_interval,
+                bake_time=args.bake_time,
+                confidence=args.confidence,
+                resync=args.resync,
+                spread=args.spread or max(1, n // 250),
+            )
+            started = time.monotonic()
+            rows.append(asyncio.run(measure(plan, Path(logs))))
+            say(n, f"measured in {time.monotonic() - started:.0f}s")
+            print(table(rows, plan), flush=True)
     return 0
 
 

@@ -368,6 +368,18 @@ def _added(direct: Samples, tap: Samples) -> dict[str, float]:
     }
 
 
+def _ratios(sessions: int, tap: list[dict[str, float]], reference: list[dict[str, float]]) -> str:
+    """The tap's added latency over HAProxy's, figure by figure (medians over the same
+    rounds): the comparison a shared machine cannot spoil, both measured in the same minutes."""
+
+    def ratio(label: str) -> str:
+        ours = statistics.median(added[label] for added in tap)
+        theirs = statistics.median(added[label] for added in reference)
+        return f"{label} {ours / theirs:.2f}x" if theirs > 0 else f"{label} -"
+
+    return f"{sessions:8}  " + ", ".join(map(ratio, ("request p50", "chunk p50", "chunk p99")))
+
+
 def _summary(sessions: int, rounds: list[dict[str, float]], tail: str = "") -> str:
     """Each figure's median over the rounds, with the lowest and highest."""
 
@@ -515,6 +527,7 @@ def main() -> int:
         )
         summaries: list[str] = []
         references: list[str] = []
+        ratios: list[str] = []
         for sessions in (int(s) for s in args.sessions.split(",")):
             rounds: list[dict[str, float]] = []
             reference_rounds: list[dict[str, float]] = []
@@ -541,6 +554,7 @@ def main() -> int:
             summaries.append(_summary(sessions, rounds, f"; copies dropped {dropped:.0f}"))
             if reference_rounds:
                 references.append(_summary(sessions, reference_rounds))
+                ratios.append(_ratios(sessions, rounds, reference_rounds))
         print(
             f"added by the tap (tap - direct, ms; median of {args.rounds} rounds, lowest..highest"
             "; request: time to first byte; first request: a connection's first, sent with all "
@@ -550,6 +564,8 @@ def main() -> int:
         if references:
             print("added by haproxy (haproxy - direct, ms; the same figures, the same rounds):")
             print("\n".join(references))
+            print("the tap's added latency over haproxy's (medians of the same rounds):")
+            print("\n".join(ratios))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     classified, dropped = _classifier_counts(metrics_url)
     before = _cpu_seconds(pids["tap"]), _cpu_seconds(classifiers)

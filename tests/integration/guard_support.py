@@ -31,6 +31,7 @@ import httpx
 
 from dsv4_devcluster import wait_for
 from dsv4_devcluster.deployments import Cluster
+from dsv4_devcluster.fleet import replace_flag
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 from dsv4_operator.canary.scenario import CANARY_TOOLS
@@ -66,15 +67,6 @@ def with_pair_hicache(decode: list[str], prefill: list[str]) -> list[str]:
     if "--enable-hierarchical-cache" in decode:
         return decode
     return [*decode, *_hicache_flags(prefill)]
-
-
-def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
-    out = list(args)
-    if flag in out:
-        out[out.index(flag) + 1] = value
-    else:
-        out += [flag, value]
-    return out
 
 
 class EngineKubelet:

@@ -268,3 +268,20 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+async def test_copies_close_together_go_in_one_write_and_close_flushes_them() -> None:
+    """Under load the link writes the copies of a burst together (one system call, one wake-up
+    of the classifier): the first after a quiet spell goes at once, those that follow wait for
+    the flush; closing the link writes what still waits, so nothing accepted is lost."""
+    link = ClassifierLink(flush_seconds=3600)  # no timed flush during the test
+    link.start()
+    try:
+        await until("the classifier up", link.alive)
+        assert link.submit(b"{}", b"first") and link.waiting == (0, 0)
+        assert link.submit(b"{}", b"second") and link.submit(b"{}", b"third")
+        copies, waiting_bytes = link.waiting
+        assert copies == 2 and waiting_bytes > len(b"secondthird")
+    finally:
+        await link.close()  # the worker has read everything once it has ended
+    assert link.counts().lag_buckets[-1] == 3 and link.dropped_full == link.dropped_down == 0

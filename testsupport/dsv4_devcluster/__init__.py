@@ -27,7 +27,8 @@ process runs here),
 :mod:`.hub` (a stand-in for the Hugging Face Hub's download API),
 :mod:`.operator` (the operator, ``dsv4 run``, as a child process: the one launcher of the demo,
 the benchmarks and the tests), :mod:`.deployments` (the example DSV4Deployment on a GPU test
-pool, its weights volume, and access to it and its children),
+pool, its weights volume, and access to it and its children), :mod:`.fleet` (many guarded
+deployments whose pods a few engine doubles and leak taps answer for: bench/scale.py),
 ``python -m dsv4_devcluster`` (run one locally until Ctrl-C).
 """
 

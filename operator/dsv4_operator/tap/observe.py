@@ -39,7 +39,8 @@ class Exchange:
     """One request and its response on a connection; bodies kept up to the capture limit."""
 
     __slots__ = (
-        "ended", "marker", "method", "overflow", "probe", "request", "response", "size", "tail"
+        "ended", "keeping", "marker", "method", "overflow", "probe", "request", "response",
+        "size", "tail",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -52,6 +53,8 @@ class Exchange:
         self.response: list[bytes] = []
         self.size = 0
         self.overflow = False
+        # Bodies are kept while the exchange may be a tool-calling one within the limit.
+        self.keeping = True
 
     def request_part(self, part: bytes, limit: int) -> None:
         joined = self.tail + part
@@ -59,19 +62,21 @@ class Exchange:
         self.tail = joined[1 - len(TOOLS_MARKER) :]
         self._keep(part, self.request, limit)
 
-    def response_part(self, part: bytes, limit: int) -> None:
-        self._keep(part, self.response, limit)
-
     def _keep(self, part: bytes, into: list[bytes], limit: int) -> None:
-        if self.overflow:
+        if not self.keeping:
             return
         self.size += len(part)
         if self.size > limit:  # too large to classify: still forwarded, counted
             self.overflow = True
-            self.request.clear()
-            self.response.clear()
+            self.let_go()
         else:
             into.append(part)
+
+    def let_go(self) -> None:
+        """Keep nothing more of this exchange's bodies (not to be classified)."""
+        self.keeping = False
+        self.request.clear()
+        self.response.clear()
 
     @property
     def tool_calling(self) -> bool:
@@ -107,8 +112,12 @@ class ConnectionObserver:
             self._feed(self._requests, data)
 
     def feed_response(self, data: bytes) -> None:
+        # Once per streamed chunk: _feed inlined.
         if self.active:
-            self._feed(self._responses, data)
+            try:
+                self._responses.feed_data(data)
+            except Exception as exc:
+                self._failed(exc)
 
     def router_closed(self) -> None:
         """The router closed the connection: a response still being read ends here (one that
@@ -126,12 +135,19 @@ class ConnectionObserver:
     ) -> None:
         try:
             parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
             self.stop(Unobserved.UPGRADE)
-        except httptools.HttpParserError:
+        elif isinstance(exc, httptools.HttpParserError):
             self.stop(Unobserved.UNPARSABLE)
-        except Exception:  # a fault here must never reach the relay: stop reading, go on
-            log.exception("the tap stopped reading a connection after an error (still relayed)")
+        else:  # a fault here must never reach the relay: stop reading, go on
+            log.error(
+                "the tap stopped reading a connection after an error (still relayed)",
+                exc_info=exc,
+            )
             self.stop(Unobserved.UNPARSABLE)
 
     def stop(self, reason: Unobserved) -> None:
@@ -169,7 +185,7 @@ class _RequestSide:
         exchange = self.current
         exchange.ended = True
         if not exchange.tool_calling:
-            exchange.request.clear()
+            exchange.let_go()
         self.observer.hooks.request(exchange.tool_calling)
 
 
@@ -178,8 +194,10 @@ class _ResponseSide:
 
     def __init__(self, observer: ConnectionObserver) -> None:
         self.observer = observer
+        self.limit = observer.hooks.capture_limit
         self.interim = False
         self.reading = False  # a response has begun and not ended
+        self.capturing: Exchange | None = None  # whose response body is kept, if any
 
     def on_message_begin(self) -> None:
         self.reading, self.interim = True, False
@@ -192,17 +210,25 @@ class _ResponseSide:
     def on_headers_complete(self) -> None:
         status = self.observer._responses.get_status_code()
         self.interim = 100 <= status < 200  # 100 Continue: the real response follows
-        if not self.observer._pending:
+        pending = self.observer._pending
+        if not pending:
             self.observer.stop(Unobserved.UNPARSABLE)  # a response to no request
+        self.capturing = pending[0] if pending and pending[0].keeping else None
 
     def on_body(self, body: bytes) -> None:
-        if self.observer._pending:
-            exchange = self.observer._pending[0]
-            if exchange.tool_calling or not exchange.ended:  # or not known yet
-                exchange.response_part(body, self.observer.hooks.capture_limit)
+        # Once per streamed chunk: the exchange was looked up at the response's head, and
+        # Exchange._keep is inlined.
+        exchange = self.capturing
+        if exchange is not None and exchange.keeping:
+            exchange.size += len(body)
+            if exchange.size > self.limit:
+                exchange.overflow = True  # too large to classify: still forwarded, counted
+                exchange.let_go()
+            else:
+                exchange.response.append(body)
 
     def on_message_complete(self) -> None:
-        self.reading = False
+        self.reading, self.capturing = False, None
         if self.interim or not self.observer._pending:
             return
         exchange = self.observer._pending.popleft()

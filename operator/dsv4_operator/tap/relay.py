@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import cast
 
 import httptools
@@ -22,17 +22,23 @@ from dsv4_operator.tap.observe import ConnectionObserver, Hooks
 
 
 class _Router(asyncio.Protocol):
-    """The tap's connection to the router: what arrives goes to the client, then is read."""
+    """The tap's connection to the router: what arrives goes to the client, then is read.
+
+    `data_received` runs once per streamed chunk: what it calls is looked up once, here."""
+
+    __slots__ = ("_feed", "_timed", "_write", "client")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
+        self._write = client.transport.write
+        self._timed = client.relay.chunk_written
+        self._feed = client.observer.feed_response
 
     def data_received(self, data: bytes) -> None:
-        client = self.client
-        began = time.perf_counter()
-        client.transport.write(data)
-        client.relay.chunk_written(time.perf_counter() - began)
-        client.observer.feed_response(data)
+        began = perf_counter()
+        self._write(data)
+        self._timed(perf_counter() - began)
+        self._feed(data)
 
     def eof_received(self) -> bool:
         return False  # the router closed: close the client's connection once it has it all
@@ -87,10 +93,10 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.router is not None:
-            began = time.perf_counter()
+            began = perf_counter()
             self.router.write(data)
+            self.relay.request_forwarded(perf_counter() - began)
             self.observer.feed_request(data)
-            self.relay.request_forwarded(time.perf_counter() - began)
         elif self._refused is not None:
             self._refused.feed(data)
         else:

@@ -1,10 +1,12 @@
 """The tap's classifier: a separate process fed through a pipe the relay writes without waiting
 (fail-open).
 
-`ClassifierLink.submit` runs on the relay's event loop: one non-blocking write of a framed
-exchange into the pipe. When the pipe is full the frame waits in a backlog bounded in bytes
-(the loop drains it when the pipe has room); past the bound, or with the classifier dead (the
-pipe broken), the copy is dropped and counted, never the traffic. No thread and no pickling
+`ClassifierLink.submit` runs on the relay's event loop: a framed exchange goes into the pipe
+with a non-blocking write, at once after a quiet spell, else with the others of its burst
+(one `writev` within 20 ms: each write wakes the classifier, which then competes with the
+relay for its CPU). When the pipe is full the frames wait in a backlog bounded in bytes (the
+loop drains it when the pipe has room); past the bound, or with the classifier dead (the pipe
+broken), the copy is dropped and counted, never the traffic. No thread and no pickling
 stand between the relay and the pipe: a feeder thread competed with the relay for the GIL.
 The supervisor restarts a dead process with a new pipe. Verdicts and the lag from submit to
 verdict are counted in shared memory that only the worker writes.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
@@ -24,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import MutableSequence
 from dataclasses import dataclass
+from itertools import islice
 
 from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.tap.classify import classify_exchange
@@ -36,6 +40,12 @@ LAG_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 BACKLOG_LIMIT = 16 << 20
 #: The pipe's capacity asked for (Linux allows an unprivileged process up to 1 MiB).
 PIPE_SIZE = 1 << 20
+#: Copies that follow one another within this long are written together (one system call, one
+#: wake-up of the classifier); a verdict waits at most this much longer.
+FLUSH_SECONDS = 0.02
+#: ...unless this many bytes wait: then at once.
+FLUSH_BYTES = 64 << 10
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
 
 # Layout of the shared counters: one per verdict, then lag buckets, +Inf, lag sum (micros).
 _LAG_AT = len(VERDICTS)
@@ -49,6 +59,8 @@ _HEADER = struct.Struct("<dII")
 #: The classifier's niceness: when it and the relay both want the tap's CPU, the relay runs
 #: first (a verdict may wait, a streamed chunk should not; bench/tap.py: p99 per chunk at 256
 #: streams +2.9 ms instead of +9.0). When it cannot keep up, the backlog's drops count it.
+#: Not SCHED_IDLE: that starved the classifier of any CPU something else wanted (bench/tap.py at
+#: saturation on a shared machine: 42-83% of the copies dropped, against 5-25% at niceness 10).
 CLASSIFIER_NICENESS = 10
 
 
@@ -99,9 +111,12 @@ class ClassifierLink:
     slow part of a restart, may run in a thread.
     """
 
-    def __init__(self, backlog_limit: int = BACKLOG_LIMIT) -> None:
+    def __init__(
+        self, backlog_limit: int = BACKLOG_LIMIT, flush_seconds: float = FLUSH_SECONDS
+    ) -> None:
         self._ctx = multiprocessing.get_context("spawn")
         self.backlog_limit = backlog_limit
+        self.flush_seconds = flush_seconds
         # Survives restarts: verdicts counted by earlier workers stay counted.
         self._counters: MutableSequence[int] = self._ctx.Array("q", _SLOTS, lock=False)
         self._worker: Worker | None = None
@@ -109,6 +124,9 @@ class ClassifierLink:
         self._backlog: deque[memoryview] = deque()
         self._backlog_size = 0
         self._draining: asyncio.AbstractEventLoop | None = None  # the loop draining the backlog
+        self._flush_due: asyncio.TimerHandle | None = None
+        self._flushed_at = -math.inf
+        self._unflushed = 0  # bytes appended since the last flush
         self.dropped_full = 0
         self.dropped_down = 0
         self.restarts = 0
@@ -148,61 +166,77 @@ class ClassifierLink:
 
     @property
     def waiting(self) -> tuple[int, int]:
-        """(copies, bytes) waiting for room in the pipe."""
+        """(copies, bytes) waiting for the next flush or for room in the pipe."""
         return len(self._backlog), self._backlog_size
 
     def submit(self, request: bytes, response: bytes) -> bool:
-        """Hand one exchange over; False (and counted) when it had to be dropped."""
-        worker = self._worker
-        if worker is None or self._broken:
+        """Hand one exchange over; False (and counted) when it had to be dropped.
+
+        A copy that follows another within `flush_seconds` waits for the next flush, which
+        writes every waiting copy at once: under load one write (and one wake-up of the
+        classifier, on the relay's CPU) per flush instead of per response."""
+        if self._worker is None or self._broken:
             self.dropped_down += 1
             return False
         frame = _HEADER.pack(time.monotonic(), len(request), len(response)) + request + response
-        if self._backlog:  # frames wait in order behind the backlog
-            return self._queue(memoryview(frame))
-        try:
-            written = os.write(worker.fd, frame)
-        except BlockingIOError:
-            written = 0
-        except OSError:  # EPIPE: the worker is gone; the supervisor replaces it
-            self._broken = True
-            self.dropped_down += 1
-            return False
-        if written < len(frame):
-            return self._queue(memoryview(frame)[written:], partial=written > 0)
-        return True
-
-    def _queue(self, rest: memoryview, partial: bool = False) -> bool:
-        # A frame partly in the pipe must be finished, or the worker would misread the rest.
-        if not partial and self._backlog_size + len(rest) > self.backlog_limit:
+        if self._backlog_size + len(frame) > self.backlog_limit:
             self.dropped_full += 1
             return False
-        self._backlog.append(rest)
-        self._backlog_size += len(rest)
-        if self._draining is None and self._worker is not None:
+        self._backlog.append(memoryview(frame))
+        self._backlog_size += len(frame)
+        self._unflushed += len(frame)
+        if self._draining is not None:
+            return True  # written as the pipe makes room
+        since = time.monotonic() - self._flushed_at
+        if since >= self.flush_seconds or self._unflushed >= FLUSH_BYTES:
+            self._flush()  # the first copy after a quiet spell goes at once, as a large batch
+        elif self._flush_due is None:
+            loop = asyncio.get_running_loop()
+            self._flush_due = loop.call_later(self.flush_seconds - since, self._flush)
+        return not self._broken
+
+    def _flush(self) -> None:
+        """Write what waits; what the pipe cannot take now waits for room (the loop's
+        writer callback drains it)."""
+        if self._flush_due is not None:
+            self._flush_due.cancel()
+            self._flush_due = None
+        self._flushed_at = time.monotonic()
+        self._unflushed = 0
+        if self._worker is None:
+            return
+        self._write_backlog()
+        if self._backlog and not self._broken and self._draining is None:
             self._draining = asyncio.get_running_loop()
             self._draining.add_writer(self._worker.fd, self._drain)
-        return True
 
-    def _drain(self) -> None:
-        """The pipe has room: write what waits, in order."""
+    def _write_backlog(self) -> None:
+        """As much of the backlog as the pipe takes, in order (the worker reads a stream of
+        frames: a frame partly written is finished before any other)."""
         assert self._worker is not None
         while self._backlog:
-            head = self._backlog[0]
             try:
-                written = os.write(self._worker.fd, head)
+                written = os.writev(self._worker.fd, list(islice(self._backlog, _IOV_MAX)))
             except BlockingIOError:
                 return
-            except OSError:
+            except OSError:  # EPIPE: the worker is gone; the supervisor replaces it
                 self._broken = True
                 self._drop_backlog()
                 return
             self._backlog_size -= written
-            if written < len(head):
-                self._backlog[0] = head[written:]
-                return
-            self._backlog.popleft()
-        self._stop_draining()
+            while written:
+                head = self._backlog[0]
+                if written < len(head):
+                    self._backlog[0] = head[written:]
+                    return
+                written -= len(head)
+                self._backlog.popleft()
+
+    def _drain(self) -> None:
+        """The pipe has room: write what waits, in order."""
+        self._write_backlog()
+        if not self._backlog:
+            self._stop_draining()
 
     def _stop_draining(self) -> None:
         if self._draining is not None and self._worker is not None:
@@ -212,6 +246,10 @@ class ClassifierLink:
     def _drop_backlog(self) -> None:
         """The frames that wait will never reach this worker: dropped, counted."""
         self._stop_draining()
+        if self._flush_due is not None:
+            self._flush_due.cancel()
+            self._flush_due = None
+        self._unflushed = 0
         self.dropped_down += len(self._backlog)
         self._backlog.clear()
         self._backlog_size = 0
@@ -232,9 +270,12 @@ class ClassifierLink:
         return ClassifierCounts(verdicts, tuple(cumulative), raw[_SUM_AT] / 1_000_000)
 
     async def close(self) -> None:
-        """Close the pipe (the worker ends after what it holds) and wait for the worker."""
+        """Write what waits and the pipe takes, close the pipe (the worker ends after what it
+        holds) and wait for the worker."""
         if self._worker is None:
             return
+        if not self._broken:
+            self._write_backlog()
         self._hang_up()
         process, self._worker = self._worker.process, None
         await asyncio.to_thread(_end, process)

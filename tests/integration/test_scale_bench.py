@@ -1,0 +1,51 @@
+"""bench/scale.py's core at N = 3, every guard running: once every deployment has baked, an
+idle window of four canary intervals makes no API write and no API read.
+
+The fleet is the bench's own (a control plane with a scheduler and kwok, so engine pods become
+Ready; engine doubles and leak taps behind every pod, dsv4_devcluster.fleet), with a 2 s canary
+instead of 60 s. Nothing a user can see changes during the window (the verdict stays Pass, the
+revision stays baked, the phase Ready), so the status must not be written: live counts belong
+in metrics. The guards did run: the canary runs the window holds are counted and asserted. The
+restart the bench times (first and last deployment reconciled) runs too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.support.benches import load_bench
+
+pytestmark = pytest.mark.integration
+
+DEPLOYMENTS = 3
+INTERVAL = "2s"
+IDLE_SECONDS = 8.0  # four canary intervals
+
+
+@pytest.mark.long(seconds=80)
+def test_an_idle_fleet_with_every_guard_running_writes_nothing(tmp_path: Path) -> None:
+    scale = load_bench("scale.py")
+    plan = scale.Plan(
+        DEPLOYMENTS,
+        idle=IDLE_SECONDS,
+        canary_interval=INTERVAL,
+        bake_time="2s",
+        quiet_seconds=3.0,
+        without=False,  # the API server alone: nothing of the operator's to assert
+    )
+    figures = asyncio.run(scale.measure(plan, tmp_path))
+
+    # The guards ran through the window (four canary runs each are due; a loaded machine
+    # falls behind, so at least one each on average).
+    assert figures.canary_runs >= DEPLOYMENTS, figures
+    assert figures.idle_calls.get("dsv4_reconciles_total", 0) > 0, figures  # passes still ran
+    writes, reads = figures.calls("write"), figures.calls("read")
+    # The one read by design: whether the ServiceMonitor API appeared, every 5 min (cache.py).
+    reads.pop("get discovery", None)
+    assert writes == {}, f"API writes while nothing a user sees changed: {writes}"
+    assert reads == {}, f"API reads outside the watch cache: {reads}"
+    assert figures.rss_mb > 0
+    assert 0 < figures.first_reconciled_s <= figures.all_reconciled_s, figures
