@@ -3,7 +3,7 @@ rules with their durations scaled, and the dashboard's queries as Grafana would 
 
 Scaled durations: the product's rules wait minutes (`for: 5m`, `[10m]` windows, `offset 15m`,
 an age `time() - ... > 900` in seconds); the harness loads a copy in which every duration is
-divided by `SCALE` (1m -> 3s), so an alert fires and resolves within a test. Thresholds and
+divided by `SCALE` (1m -> 2s), so an alert fires and resolves within a test. Thresholds and
 the expressions' shape are untouched; the product's rules file is never edited.
 """
 
@@ -22,7 +22,7 @@ from dsv4_operator.render.children import render_spec
 
 from ..chart.support import DASHBOARD_FILE, RULES_FILE, render
 
-SCALE = 20
+SCALE = 30
 DURATION = re.compile(r"(\d+)([smh])\b")
 UNIT = {"s": 1, "m": 60, "h": 3600}
 OPERATOR_NAMESPACE = "dsv4-system"

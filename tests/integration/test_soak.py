@@ -9,7 +9,7 @@ at a point drawn uniformly from that duration (a seeded draw: `DSV4_SOAK_SEED`),
 and the deployment must converge: the served revision is the expected one, its children
 exactly the settled set (no orphan, no duplicate, every pod Ready), and the operator writes
 nothing in the passes after that. Throughout, a pod watcher checks after every event that no router
-targets pods of two transfer formats. In CI the operator is killed 12 times (3 points of each
+targets pods of two transfer formats. In CI the operator is killed 8 times (2 points of each
 kind of change; `DSV4_SOAK_KILLS` sets another number); the nightly run (`make nightly`) kills
 it 50 times.
 """
@@ -40,7 +40,7 @@ from .soak_support import FormatWatcher, settled_children
 
 pytestmark = pytest.mark.integration
 
-KILLS = int(os.environ.get("DSV4_SOAK_KILLS", "12"))
+KILLS = int(os.environ.get("DSV4_SOAK_KILLS", "8"))
 NIGHTLY_KILLS = 50
 SEED = int(os.environ.get("DSV4_SOAK_SEED", "20261201"))
 APISERVER_RESTARTS = 2
