@@ -470,10 +470,8 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
     bootstrap handshakes: the SGLang alerts fire with the deployment's labels, which only the
     ServiceMonitor's relabelling gives the engines' series; the configuration without the
     failures again, and they resolve."""
-    cluster, prom, ports, scope = served.unpack()
-    engine = served.engine
-    namespace = cluster.namespace
-    cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
+    cluster, _prom, ports, _scope = served.unpack()
+    cluster.apply(_spec(cluster.namespace, ports, **RELEASE_0_5_23))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
     failing = {
         "engine.env": [
@@ -482,18 +480,29 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
         ]
     }
     alerts = ("DSV4KVTransferFailures", "DSV4KVIntegrity", "DSV4KVBootstrapFailures")
+    _engine_env_alerts_fire_and_resolve(served, failing, alerts, RELEASE_0_5_23)
+
+
+def _engine_env_alerts_fire_and_resolve(
+    served: Served, faulty: dict[str, Any], alerts: tuple[str, ...], base: dict[str, Any]
+) -> None:
+    """Under traffic, the spec `base` plus `faulty` (engine.env knobs of the double): each of
+    `alerts` fires on decode's series with the deployment's labels; `base` again, the double
+    restarted without the knobs, and each resolves."""
+    cluster, prom, ports, scope = served.unpack()
+    knobs = {e["name"] for e in faulty["engine.env"]}
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
-        cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23, **failing))
+        cluster.apply(_spec(cluster.namespace, ports, **base, **faulty))
         for alert in alerts:
             wait_for(
                 alert,
                 lambda alert=alert: _firing(prom, alert, job=f"{NAME}-decode", **scope),
-                timeout=180,
+                timeout=15 * 60 // SCALE + 120,
             )
-        cluster.apply(_spec(namespace, ports, **RELEASE_0_5_23))
+        cluster.apply(_spec(cluster.namespace, ports, **base))
         wait_for(
-            "the double without failing transfers",
-            lambda: "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB" not in engine.env,
+            "the double without the knobs",
+            lambda: not knobs & set(served.engine.env),
             timeout=120,
         )
         for alert in alerts:
@@ -594,28 +603,8 @@ def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
     capacity), under steady traffic: `sglang:token_usage` stays at 1 and DSV4KVPoolPressure
     fires with the labels the ServiceMonitor's relabelling gives; with the pool back to the
     plan's, it resolves."""
-    cluster, prom, ports, scope = served.unpack()
-    engine = served.engine
-    namespace = cluster.namespace
     tiny_pool = {"engine.env": [{"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": "8"}]}
-    with Traffic(f"http://127.0.0.1:{ports['tap']}"):
-        cluster.apply(_spec(namespace, ports, **tiny_pool))
-        wait_for(
-            "DSV4KVPoolPressure",
-            lambda: _firing(prom, "DSV4KVPoolPressure", job=f"{NAME}-decode", **scope),
-            timeout=10 * 60 // SCALE + 120,
-        )
-        cluster.apply(_spec(namespace, ports))
-        wait_for(
-            "the double with the plan's pool",
-            lambda: "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS" not in engine.env,
-            timeout=120,
-        )
-        wait_for(
-            "DSV4KVPoolPressure resolved",
-            lambda: _resolved(prom, "DSV4KVPoolPressure"),
-            timeout=60,
-        )
+    _engine_env_alerts_fire_and_resolve(served, tiny_pool, ("DSV4KVPoolPressure",), {})
 
 
 @pytest.mark.long(seconds=120)
