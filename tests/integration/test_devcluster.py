@@ -104,3 +104,15 @@ def test_sigkill_of_owner_takes_children_down_and_dir_is_swept() -> None:
     assert data_dir.exists()  # nobody could clean up after SIGKILL ...
     _sweep_stale_data_dirs()  # ... so the next start does
     assert not data_dir.exists()
+
+
+def test_cli_lws_option_runs_the_lws_controller_and_stops_it_with_the_plane() -> None:
+    proc, data_dir = start_cli("--minimal", "--lws")
+    logs = data_dir / "logs"
+    assert (logs / "lws-controller-manager.log").is_file()
+    # etcd, kube-apiserver, kube-controller-manager and the LWS manager (its --config is there)
+    assert len(processes_mentioning(str(data_dir))) == 4
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert processes_mentioning(str(data_dir)) == []
+    assert not data_dir.exists()
