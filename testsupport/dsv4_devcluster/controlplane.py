@@ -70,6 +70,7 @@ class ControlPlane:
         *,
         with_scheduler: bool = False,
         with_kwok: bool = False,
+        kwok_plays_pods: bool = True,
         binaries: _binaries.Binaries | None = None,
         keep_data_dir: bool | None = None,
         start_timeout: float = 180.0,
@@ -79,6 +80,7 @@ class ControlPlane:
     ) -> None:
         self.with_scheduler = with_scheduler
         self.with_kwok = with_kwok
+        self.kwok_plays_pods = kwok_plays_pods  # False: something else runs the pods
         self._binaries = binaries
         if keep_data_dir is None:
             keep_data_dir = os.environ.get("DSV4_DEVCLUSTER_KEEP", "") not in ("", "0")
@@ -487,7 +489,7 @@ class ControlPlane:
         """Start kwok (it plays the kubelet of the fake GPU nodes) and wait for /healthz."""
         port = free_port()
         config = self.data_dir / "kwok.yaml"
-        config.write_text(_kwok.config_yaml(f"127.0.0.1:{port}"))
+        config.write_text(_kwok.config_yaml(f"127.0.0.1:{port}", self.kwok_plays_pods))
         kwok = self._spawn(
             "kwok",
             [str(bins.path("kwok")), f"--config={config}", f"--kubeconfig={self.kubeconfig_path}"],
