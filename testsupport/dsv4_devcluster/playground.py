@@ -35,14 +35,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any
 
 from dsv4_devcluster.controlplane import ControlPlane
 from dsv4_devcluster.netns import PodNetwork
 from dsv4_devcluster.playground_runner import PodRunner
 from dsv4_devcluster.playground_storage import STORAGE_CLASS, LocalProvisioner
-from dsv4_devcluster.process import free_port
+from dsv4_devcluster.process import free_port, stop_on_signals
 
 REPO = Path(__file__).resolve().parents[2]
 RTX = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
@@ -92,7 +92,7 @@ class Playground:
         self.hub_endpoint = ""
         self.hub_lines: list[str] = []
         self._hub: subprocess.Popen[str] | None = None
-        self._network: PodNetwork | None = None
+        self.network: PodNetwork | None = None
         self.runner: PodRunner | None = None
         self.provisioner: LocalProvisioner | None = None
         self.started_seconds = 0.0
@@ -107,12 +107,12 @@ class Playground:
         self._start_hub()
         self.provisioner = LocalProvisioner(self.cp.dynamic_client(), self.root / "volumes")
         self.provisioner.start()
-        self._network = PodNetwork().__enter__()
+        self.network = PodNetwork().__enter__()
         api_port = int(self.cp.server_url.rsplit(":", 1)[1])
         hub_port = int(self.hub_endpoint.rsplit(":", 1)[1])
         self.runner = PodRunner(
             self.cp,
-            self._network,
+            self.network,
             self.root,
             relay_ports=(api_port, hub_port),
             extra_env={"HF_ENDPOINT": self.hub_endpoint},
@@ -156,8 +156,8 @@ class Playground:
             self.runner.stop()
         if self.provisioner is not None:
             self.provisioner.stop()
-        if self._network is not None:
-            self._network.close()
+        if self.network is not None:
+            self.network.close()
         if self._hub is not None:
             self._hub.terminate()
             self._hub.wait(10)
@@ -171,12 +171,7 @@ class Playground:
             self.stop()
             raise
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -194,8 +189,6 @@ def status_lines(runner: Any) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m dsv4_devcluster.playground`` (``make playground``): run until Ctrl-C."""
     import argparse
-    import signal
-    import threading
 
     parser = argparse.ArgumentParser(
         prog="python -m dsv4_devcluster.playground",
@@ -203,13 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "stand-in), print the shell line that drives it, run until Ctrl-C; then remove it all.",
     )
     parser.parse_args(argv)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals()
     began = time.monotonic()
 
     def say(line: str) -> None:

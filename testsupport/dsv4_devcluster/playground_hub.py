@@ -9,12 +9,10 @@ download Job's ``HF_ENDPOINT`` at it.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
-from types import FrameType
 
 from dsv4_devcluster.hub import HubRepo, StandInHub
+from dsv4_devcluster.process import stop_on_signals
 
 DEFAULT_REPOS = ("deepseek-ai/DeepSeek-V4-Flash", "deepseek-ai/DeepSeek-V3.2")
 WEIGHT_BYTES = 300_000
@@ -44,13 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"a repo to serve (repeatable; default: {', '.join(DEFAULT_REPOS)})",
     )
     args = parser.parse_args(argv)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals()
     repos = {name: HubRepo(repo_files(name)) for name in args.repo or DEFAULT_REPOS}
     with StandInHub(repos, port=args.port) as hub:
         print(f"endpoint {hub.endpoint}", flush=True)

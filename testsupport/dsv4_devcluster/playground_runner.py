@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -275,8 +276,11 @@ class PodRunner:
 
     def _spawn(self, running: RunningPod, container: _Container) -> None:
         launch = container.launch
+        # Killed with the runner's thread even if the playground is SIGKILLed.
+        setpriv = shutil.which("setpriv")
+        prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
         container.process = subprocess.Popen(
-            running.network.command(launch.argv),
+            running.network.command([*prefix, *launch.argv]),
             env=launch.env,
             cwd=running.directory,
             stdin=subprocess.DEVNULL,
