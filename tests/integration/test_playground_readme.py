@@ -11,8 +11,10 @@ playground's provisioner made for the claim of the default StorageClass.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +28,10 @@ from tests.support.paths import REPO
 pytestmark = pytest.mark.integration
 README = (REPO / "README.md").read_text()
 COMMAND_TIMEOUT = 240
+POST = (
+    "import sys, urllib.request as u; print(u.urlopen(u.Request(sys.argv[1], sys.argv[2]"
+    ".encode(), {'Content-Type': 'application/json'}), timeout=30).read().decode())"
+)
 
 
 def readme_commands(marker: str) -> list[str]:
@@ -104,6 +110,18 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
     assert router == ["real: sglang-router (PyPI wheel)"], kinds
     assert engines == ["stand-in: the engine test double"] * 2, kinds
     assert not pg.runner.unrunnable, pg.runner.unrunnable
+    # A client in the cluster (here: in an operator pod's network) reaches the router Service
+    # by name, through the tap and the real router, to the engines.
+    operator_pod = sorted(w.split("/")[1] for w in kinds if w.startswith("dsv4-system/"))[0]
+    request = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}]}
+    client = pg.runner.command_in_pod(
+        "dsv4-system", operator_pod,
+        [sys.executable, "-c", POST, "http://dsv4-flash-router.default.svc:8000/v1/chat/completions",
+         json.dumps(request)],
+    )  # fmt: skip
+    answer = subprocess.run(client, capture_output=True, text=True, timeout=60, check=False)
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout)["model"] == "deepseek-v4-flash"
 
     unsafe, upgrade, rollout, helm_test, uninstall = readme_commands("readme-day2")
     refused = _shell(pg, unsafe)

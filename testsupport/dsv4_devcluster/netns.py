@@ -56,7 +56,7 @@ def _ip(*args: str) -> None:
         )
 
 
-def _in_namespace(name: str, make: Callable[[], T]) -> T:
+def in_namespace(name: str, make: Callable[[], T]) -> T:
     """`make()` run on a thread that has entered network namespace `name` (a socket made
     there stays there); the calling thread's namespace is never changed."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -84,7 +84,7 @@ def _in_namespace(name: str, make: Callable[[], T]) -> T:
     return result[0]
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def pump(source: socket.socket, sink: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while data := source.recv(65536):
             sink.sendall(data)
@@ -97,7 +97,7 @@ class _LoopbackRelay:
 
     def __init__(self, namespace: str, port: int) -> None:
         self.port = port
-        self.listener = _in_namespace(
+        self.listener = in_namespace(
             namespace, lambda: socket.create_server(("127.0.0.1", port), reuse_port=False)
         )
         self._stop = threading.Event()
@@ -118,7 +118,7 @@ class _LoopbackRelay:
             outside.settimeout(None)
             self._connections += [inside, outside]
             for a, b in ((inside, outside), (outside, inside)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self._stop.set()

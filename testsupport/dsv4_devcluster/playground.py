@@ -18,10 +18,11 @@ What it starts, and what is real:
 * the stand-in Hub (:mod:`.playground_hub`, a command): small repos under the model names;
   every pod's ``HF_ENDPOINT`` points at it (STAND-IN for the Hugging Face Hub).
 
-Not there: kube-proxy and cluster DNS (the API server routes webhook calls to endpoints; a
-pod reaches other pods by their ``<pod>.<service>.<ns>.svc`` names through its /etc/hosts),
-container images (any tag of a known image runs this tree's code), ``kubectl logs`` (each
-container's log is a file under the playground's ``pods/`` directory).
+Services: each pod's namespace holds every ClusterIP on its own ``lo`` with a relay to the
+ready endpoints (:mod:`.playground_services`, kube-proxy's userspace mode); names resolve
+through the pod's /etc/hosts (``<service>.<ns>.svc``, ``<pod>.<service>.<ns>.svc``). Not
+there: cluster DNS itself, container images (any tag of a known image runs this tree's code),
+``kubectl logs`` (each container's log is a file under the playground's ``pods/`` directory).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ PARTS = (
     ("real", f"StorageClass {STORAGE_CLASS} (default): hostPath volumes made per claim"),
     ("stand-in", "the engines: the engine test double, in the SGLang release the spec names"),
     ("stand-in", "the Hugging Face Hub: small repos under the model names (HF_ENDPOINT)"),
-    ("stand-in", "GPU nodes: kwok keeps them; no kube-proxy, no cluster DNS"),
+    ("stand-in", "GPU nodes: kwok keeps them; Services relayed in each pod, names in /etc/hosts"),
 )  # fmt: skip
 
 

@@ -51,6 +51,12 @@ from dsv4_devcluster.playground_pods import (
     launches,
     materialize_volumes,
 )
+from dsv4_devcluster.playground_services import (
+    ServicePort,
+    ServiceRelay,
+    host_lines,
+    service_ports,
+)
 from dsv4_devcluster.prober import ReadinessProber, report_pod_started
 
 RESTART_BACKOFF_SECONDS = 2.0
@@ -77,6 +83,7 @@ class RunningPod:
     restart_always: bool
     hostname: str = ""
     containers: list[_Container] = field(default_factory=list)
+    services: ServiceRelay | None = None
 
 
 class PodRunner:
@@ -100,6 +107,7 @@ class PodRunner:
         self.errors: list[str] = []
         self.on_event: Any = None  # called with a line for each pod started, refused, ended
         self._probers: dict[str, ReadinessProber] = {}
+        self._services: list[ServicePort] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-runner", daemon=True)
@@ -124,6 +132,17 @@ class PodRunner:
                 for p in self.running.values()
                 for c in p.containers
             }
+
+    def command_in_pod(self, namespace: str, name: str, argv: list[str]) -> list[str]:
+        """`argv` run in a running pod's network namespace (`kubectl exec`, networking only)."""
+        with self._lock:
+            pod = next(
+                (p for p in self.running.values() if (p.namespace, p.name) == (namespace, name)),
+                None,
+            )
+        if pod is None:
+            raise LookupError(f"the playground runs no pod {namespace}/{name}")
+        return pod.network.command(argv)
 
     def _say(self, line: str) -> None:
         if self.on_event is not None:
@@ -157,8 +176,11 @@ class PodRunner:
                 continue
             except NotRunnable as refusal:
                 self._refuse(pod, str(refusal))
+        self._services = service_ports(self.dyn)
         self._write_hosts()
         for running in list(self.running.values()):
+            if running.services is not None:
+                running.services.update(self._services)
             self._watch(running)
 
     def _refuse(self, pod: dict[str, Any], reason: str) -> None:
@@ -232,8 +254,10 @@ class PodRunner:
             running = RunningPod(
                 namespace, name, meta["uid"], network, directory,
                 restart_always=spec.get("restartPolicy", "Always") == "Always",
-                hostname=self._dns_name(pod),
+                hostname=self._dns_name(pod), services=ServiceRelay(network, _declared_ports(pod)),
             )  # fmt: skip
+            assert running.services is not None
+            running.services.update(self._services)
             with self._lock:
                 self.running[meta["uid"]] = running
             self._write_hosts()
@@ -270,7 +294,8 @@ class PodRunner:
         names = sorted(
             f"{p.network.ip}\t{p.hostname} {p.hostname}.cluster.local" for p in pods if p.hostname
         )
-        text = "\n".join(["127.0.0.1\tlocalhost", *names]) + "\n"
+        services = host_lines(self._services)
+        text = "\n".join(["127.0.0.1\tlocalhost", *names, *services]) + "\n"
         for pod in pods:
             pod.network.write_hosts(text)
 
@@ -353,4 +378,14 @@ class PodRunner:
             prober.remove(running.name)
         for container in running.containers:
             container.log.close()
+        if running.services is not None:
+            running.services.close()
         self.network.remove(running.network)
+
+
+def _declared_ports(pod: dict[str, Any]) -> frozenset[int]:
+    return frozenset(
+        int(port["containerPort"])
+        for container in pod["spec"]["containers"]
+        for port in container.get("ports") or []
+    )
