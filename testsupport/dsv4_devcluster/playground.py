@@ -208,7 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Ready in {time.monotonic() - began:.1f}s. In another shell, from this directory:")
         print(f"  {playground.shell_line()}", flush=True)
         print("then the README's install section as written. Ctrl-C here removes it all.")
+        reported = 0
         while not stop.wait(1.0):
+            assert playground.runner is not None
+            for error in playground.runner.errors[reported:]:  # retried on the next round
+                say(f"pod runner: {error}")
+            reported = len(playground.runner.errors)
             dead = [p.name for p in playground.cp.processes if not p.alive()]
             if dead:
                 say(f"component(s) exited: {', '.join(dead)}")

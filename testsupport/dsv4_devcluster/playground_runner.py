@@ -153,7 +153,9 @@ class PodRunner:
             try:
                 self.sync()
             except Exception as error:  # an API hiccup: the next round retries
-                self.errors.append(f"{type(error).__name__}: {error}")
+                message = f"{type(error).__name__}: {error}"
+                if not self.errors or self.errors[-1] != message:  # once, not every round
+                    self.errors.append(message)
 
     def sync(self) -> None:
         pods = self.dyn.resources.get(api_version="v1", kind="Pod")

@@ -96,7 +96,9 @@ class LocalProvisioner:
             try:
                 self.sync()
             except Exception as error:  # the API server restarting, say: the next round retries
-                self.errors.append(f"{type(error).__name__}: {error}")
+                message = f"{type(error).__name__}: {error}"
+                if not self.errors or self.errors[-1] != message:  # once, not every round
+                    self.errors.append(message)
 
     def sync(self) -> None:
         claims = self.dyn.resources.get(api_version="v1", kind="PersistentVolumeClaim")
