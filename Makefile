@@ -13,7 +13,9 @@ REPORT = $(if $(DSV4_REPORTS),--junitxml=$(DSV4_REPORTS)/$(1).xml)
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 4
 
-.PHONY: demo test install install-newest lint ruff types k8s-binaries tools conformance-envs unit \
+# `make playground`: a local cluster the README's install section runs on as written (see
+# testsupport/dsv4_devcluster/playground.py); it prints the shell line to paste.
+.PHONY: demo playground test install install-newest lint ruff types k8s-binaries tools conformance-envs unit \
 	unit-newest test-chart test-conformance test-integration nightly bench
 
 $(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
@@ -24,9 +26,12 @@ $(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
 install: $(BIN)/dsv4-demo
 
 demo: install k8s-binaries
-	$(BIN)/dsv4 validate -f examples/dsv4.yaml
-	$(BIN)/dsv4 plan -f examples/dsv4.yaml
+	$(BIN)/dsv4 validate -f examples/dsv4-sglang-0.5.23.yaml
+	$(BIN)/dsv4 plan -f examples/dsv4-sglang-0.5.23.yaml
 	$(BIN)/dsv4-demo
+
+playground: install k8s-binaries tools
+	$(BIN)/python -m dsv4_devcluster.playground
 
 lint: ruff types
 

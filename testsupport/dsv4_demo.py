@@ -1,9 +1,10 @@
 """`dsv4-demo` (`make demo`): the main job on one machine, end to end, on a real control plane.
 
 Starts etcd + kube-apiserver + controller-manager + scheduler + kwok (fake GPU nodes), installs
-the CRD, runs the operator (`dsv4 run`) as a child process, applies examples/dsv4.yaml, waits
-until the engines are scheduled on GPU nodes of the right product and ready, prints the
-DSV4Deployment and its children, and shuts everything down.
+the CRD, runs the operator (`dsv4 run`) as a child process, applies
+examples/dsv4-sglang-0.5.23.yaml (upstream SGLang 0.5.23, a public image), waits until the
+engines are scheduled on GPU nodes of the right product and ready, prints the DSV4Deployment
+and its children, and shuts everything down.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dsv4_devcluster.operator import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
-EXAMPLE = REPO / "examples" / "dsv4.yaml"
+EXAMPLE = REPO / "examples" / "dsv4-sglang-0.5.23.yaml"  # public parts: upstream 0.5.23
 GPU_NODES = (
     ("gpu-rtxpro-0", 8, "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"),
     ("gpu-rtxpro-1", 8, "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"),
@@ -141,7 +142,7 @@ def main() -> int:
                 cp.kubeconfig_path, "", None if verbose else Path(logs), DSV4_RESYNC_SECONDS="5"
             ) as operator,
         ):
-            say("operator running (dsv4 run); applying examples/dsv4.yaml")
+            say(f"operator running (dsv4 run); applying examples/{EXAMPLE.name}")
             started = time.monotonic()
             api = dyn.resources.get(api_version="dsv4.io/v1alpha1", kind="DSV4Deployment")
             api.server_side_apply(body=doc, namespace=namespace, field_manager="demo")

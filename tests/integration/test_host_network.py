@@ -83,4 +83,11 @@ def test_a_pod_network_reaches_the_hosts_loopback_and_is_reached_and_leaves_noth
     server.shutdown()
     assert pod.namespace not in namespaces()
     after = host_addresses()
-    assert after == before, (before, after)
+    assert pod.host_link not in after
+
+    # Other pod networks (another test of this run, another run on the machine) come and go
+    # meanwhile: their host ends are theirs to remove.
+    def own(addresses: dict[str, set[str]]) -> dict[str, set[str]]:
+        return {name: found for name, found in addresses.items() if not name.startswith("d4h")}
+
+    assert own(after) == own(before), (before, after)

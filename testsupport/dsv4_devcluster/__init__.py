@@ -24,8 +24,10 @@ Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificate
 :mod:`.process` (child processes, teardown), :mod:`.controlplane` (start/stop order, flags),
 :mod:`.lws` (the LeaderWorkerSet controller, its CRDs and webhooks), :mod:`.nodes` (fake GPU
 Node objects), :mod:`.kubelet` (pod status reports),
-:mod:`.prober` (pod addresses on ``lo`` and the kubelet's readiness probe, for pods whose
-process runs here),
+:mod:`.netns` (pod addresses in network namespaces of their own), :mod:`.prober` (the
+kubelet's readiness probe, for pods whose process runs here),
+:mod:`.playground` (``make playground``: a pod runner, a storage provisioner and the Hub as a
+command, where the README's install section runs as written),
 :mod:`.hub` (a stand-in for the Hugging Face Hub's download API),
 :mod:`.operator` (the operator, ``dsv4 run``, as a child process: the one launcher of the demo,
 the benchmarks and the tests), :mod:`.deployments` (the example DSV4Deployment on a GPU test

@@ -9,12 +9,10 @@ default options it also starts kube-scheduler and kwok and registers fake GPU no
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
-from types import FrameType
 
 from dsv4_devcluster.controlplane import ControlPlane
+from dsv4_devcluster.process import stop_on_signals
 
 DEFAULT_NODES = (
     "gpu-rtxpro-0:8:NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
@@ -62,13 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = stop_on_signals()
 
     full = not args.minimal
     nodes = args.gpu_node or ([_parse_node(s) for s in DEFAULT_NODES] if full else [])

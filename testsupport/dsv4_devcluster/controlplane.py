@@ -74,6 +74,7 @@ class ControlPlane:
         with_scheduler: bool = False,
         with_kwok: bool = False,
         with_lws: bool = False,
+        kwok_plays_pods: bool = True,
         binaries: _binaries.Binaries | None = None,
         keep_data_dir: bool | None = None,
         start_timeout: float = 180.0,
@@ -84,6 +85,7 @@ class ControlPlane:
         self.with_scheduler = with_scheduler
         self.with_kwok = with_kwok
         self.with_lws = with_lws
+        self.kwok_plays_pods = kwok_plays_pods  # False: something else runs the pods
         self._binaries = binaries
         if keep_data_dir is None:
             keep_data_dir = os.environ.get("DSV4_DEVCLUSTER_KEEP", "") not in ("", "0")
@@ -505,7 +507,7 @@ class ControlPlane:
         """Start kwok (it plays the kubelet of the fake GPU nodes) and wait for /healthz."""
         port = free_port()
         config = self.data_dir / "kwok.yaml"
-        config.write_text(_kwok.config_yaml(f"127.0.0.1:{port}"))
+        config.write_text(_kwok.config_yaml(f"127.0.0.1:{port}", self.kwok_plays_pods))
         kwok = self._spawn(
             "kwok",
             [str(bins.path("kwok")), f"--config={config}", f"--kubeconfig={self.kubeconfig_path}"],

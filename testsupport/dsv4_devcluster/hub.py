@@ -64,7 +64,7 @@ class HubLog:
 class StandInHub:
     """``with StandInHub({"org/model": HubRepo(files)}) as hub: hub.endpoint``."""
 
-    def __init__(self, repos: dict[str, HubRepo]) -> None:
+    def __init__(self, repos: dict[str, HubRepo], port: int = 0) -> None:
         self.repos = repos
         self.log = HubLog()
         self._stalls: dict[str, int] = {}
@@ -75,7 +75,7 @@ class StandInHub:
         class Handler(_Handler):
             owner = hub
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -136,11 +136,12 @@ containerStatuses:
 """
 
 
-def stages() -> list[dict[str, Any]]:
-    """The Stage objects described in the module docstring."""
+def stages(plays_pods: bool = True) -> list[dict[str, Any]]:
+    """The Stage objects described in the module docstring; without ``devcluster-pod-ready``
+    when not ``plays_pods`` (the playground's pod runner reports the pods' status itself)."""
     manual_key = MANUAL_STATUS_ANNOTATION[0]
     held_key = HELD_TERMINATION_ANNOTATION[0]
-    return [
+    found = [
         _stage(
             "devcluster-node-ready",
             "Node",
@@ -174,9 +175,10 @@ def stages() -> list[dict[str, Any]]:
             {"finalizers": {"empty": True}, "delete": True},
         ),
     ]
+    return [s for s in found if plays_pods or s["metadata"]["name"] != "devcluster-pod-ready"]
 
 
-def config_yaml(server_address: str) -> str:
+def config_yaml(server_address: str, plays_pods: bool = True) -> str:
     """kwok's ``--config`` file: a KwokConfiguration followed by :func:`stages`."""
     kwok_config = {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
@@ -200,4 +202,4 @@ def config_yaml(server_address: str) -> str:
             "enableContentionProfiling": False,
         },
     }
-    return yaml.safe_dump_all([kwok_config, *stages()], sort_keys=False)
+    return yaml.safe_dump_all([kwok_config, *stages(plays_pods)], sort_keys=False)

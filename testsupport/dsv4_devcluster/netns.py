@@ -27,14 +27,17 @@ import ipaddress
 import os
 import secrets
 import select
+import shutil
 import socket
 import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 PREFIX = "dsv4pod"
+ETC_NETNS = "/etc/netns"
 _CLONE_NEWNET = 0x40000000
 _BENCHMARKING = ipaddress.IPv4Network("198.18.0.0/15")
 T = TypeVar("T")
@@ -53,7 +56,7 @@ def _ip(*args: str) -> None:
         )
 
 
-def _in_namespace(name: str, make: Callable[[], T]) -> T:
+def in_namespace(name: str, make: Callable[[], T]) -> T:
     """`make()` run on a thread that has entered network namespace `name` (a socket made
     there stays there); the calling thread's namespace is never changed."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -81,7 +84,7 @@ def _in_namespace(name: str, make: Callable[[], T]) -> T:
     return result[0]
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def pump(source: socket.socket, sink: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while data := source.recv(65536):
             sink.sendall(data)
@@ -94,7 +97,7 @@ class _LoopbackRelay:
 
     def __init__(self, namespace: str, port: int) -> None:
         self.port = port
-        self.listener = _in_namespace(
+        self.listener = in_namespace(
             namespace, lambda: socket.create_server(("127.0.0.1", port), reuse_port=False)
         )
         self._stop = threading.Event()
@@ -115,7 +118,7 @@ class _LoopbackRelay:
             outside.settimeout(None)
             self._connections += [inside, outside]
             for a, b in ((inside, outside), (outside, inside)):
-                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self._stop.set()
@@ -137,6 +140,19 @@ class Pod:
     def command(self, argv: list[str]) -> list[str]:
         """`argv` run inside the pod's namespace (it keeps its PID: `ip` execs it)."""
         return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def write_hosts(self, text: str) -> None:
+        """The pod's /etc/hosts (`ip netns exec` binds /etc/netns/NAME/hosts over it): names
+        of other pods, as cluster DNS would answer them. Rewritten in place, so that a
+        process already started sees the change."""
+        path = Path(ETC_NETNS, self.namespace, "hosts")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a+") as hosts:
+            hosts.seek(0)
+            if hosts.read() != text:
+                hosts.seek(0)
+                hosts.truncate()
+                hosts.write(text)
 
     def relay_loopback(self, port: int) -> None:
         """Make the host's 127.0.0.1:`port` (the API server, say) the pod's 127.0.0.1:`port`."""
@@ -176,9 +192,10 @@ class PodNetwork:
     def pod(self, ip: str | None = None) -> Pod:
         if ip is not None:
             return self._pods[ip]
-        index = len(self._pods)
-        if index >= 63:
-            raise PodNetworkError(f"{self.subnet} holds at most 63 pods")
+        taken = {self._index(p) for p in self._pods.values()}
+        index = next((i for i in range(63) if i not in taken), None)
+        if index is None:
+            raise PodNetworkError(f"{self.subnet} holds at most 63 pods at once")
         base = int(self.subnet.network_address) + 4 * index
         host_ip, pod_ip = str(ipaddress.ip_address(base + 1)), str(ipaddress.ip_address(base + 2))
         namespace = f"{PREFIX}-{os.getpid()}-{self.tag}-{index}"
@@ -195,14 +212,29 @@ class PodNetwork:
         _ip("-n", namespace, "link", "set", "lo", "up")
         return pod
 
+    def _index(self, pod: Pod) -> int:
+        return (int(ipaddress.ip_address(pod.ip)) - int(self.subnet.network_address)) // 4
+
+    def route_between_pods(self, pod: Pod) -> None:
+        """Let `pod` reach the other pods of this network (as a CNI bridge would): a route to
+        the run's /24 via the host's end, which forwards between the pairs (that link's own
+        forwarding switch; the host's global one is left alone)."""
+        _ip("-n", pod.namespace, "route", "add", str(self.subnet), "via", pod.host_ip)
+        Path(f"/proc/sys/net/ipv4/conf/{pod.host_link}/forwarding").write_text("1")
+
+    def remove(self, pod: Pod) -> None:
+        """Remove one pod's namespace and pair; its address may be handed out again."""
+        pod.close()
+        # The kernel frees a deleted namespace's links later; the pair goes now.
+        subprocess.run(["ip", "link", "del", pod.host_link], capture_output=True)
+        subprocess.run(["ip", "netns", "del", pod.namespace], capture_output=True)
+        shutil.rmtree(Path(ETC_NETNS, pod.namespace), ignore_errors=True)
+        self._pods.pop(pod.ip, None)
+
     def close(self) -> None:
         """Stop the relays and remove every namespace (its veth pair and routes go with it)."""
-        for pod in self._pods.values():
-            pod.close()
-            # The kernel frees a deleted namespace's links later; the pair goes now.
-            subprocess.run(["ip", "link", "del", pod.host_link], capture_output=True)
-            subprocess.run(["ip", "netns", "del", pod.namespace], capture_output=True)
-        self._pods.clear()
+        for pod in list(self._pods.values()):
+            self.remove(pod)
 
 
 def namespaces() -> list[str]:
@@ -220,5 +252,6 @@ def sweep_stale_namespaces() -> None:
             os.kill(int(parts[1]), 0)
         except ProcessLookupError:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            shutil.rmtree(Path(ETC_NETNS, name), ignore_errors=True)
         except PermissionError:
             pass

@@ -20,6 +20,7 @@ it, as the API server does to a webhook Service, uses this module instead:
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import threading
 import time
 import urllib.error
@@ -117,14 +118,14 @@ class _Probe:
             probe = container.get("readinessProbe")
             if not probe:
                 continue
-            get = probe.get("httpGet")
+            get = probe.get("httpGet") or probe.get("tcpSocket")
             if get is None:
-                raise ValueError(f"only httpGet readiness probes are played: {probe}")
+                raise ValueError(f"only httpGet and tcpSocket probes are played: {probe}")
             port = get["port"]
             if isinstance(port, str):
                 named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
                 port = named[port]
-            scheme = str(get.get("scheme", "HTTP")).lower()
+            scheme = str(get.get("scheme", "HTTP")).lower() if "httpGet" in probe else "tcp"
             probes.append(
                 cls(
                     url=f"{scheme}://{ip}:{port}{get.get('path', '/')}",
@@ -137,6 +138,13 @@ class _Probe:
         return probes
 
     def passes(self) -> bool:
+        if self.url.startswith("tcp://"):
+            host, port = self.url[len("tcp://") :].rstrip("/").rsplit(":", 1)
+            try:
+                socket.create_connection((host, int(port)), timeout=self.timeout).close()
+            except OSError:
+                return False
+            return True
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
                 status: int = response.status
@@ -173,6 +181,11 @@ class ReadinessProber:
         pod = pods.get(name=name, namespace=self.namespace).to_dict()
         with self._lock:
             self._pods[name] = _PodState(_Probe.of(pod, ip))
+
+    def remove(self, name: str) -> None:
+        """Stop probing the pod (it was deleted)."""
+        with self._lock:
+            self._pods.pop(name, None)
 
     def ready(self, name: str) -> bool:
         with self._lock:

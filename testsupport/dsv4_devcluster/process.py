@@ -177,3 +177,15 @@ def wait_for(
                 f"timed out after {timeout:.0f}s waiting for {what}: {last_error}{tail}"
             )
         time.sleep(interval)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (Ctrl-C), for a command that runs until told to stop."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
