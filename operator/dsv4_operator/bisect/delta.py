@@ -247,9 +247,18 @@ def _arg_entries(args: Sequence[str], catalog: ParserCatalog | None) -> dict[str
             entry.values.append(args[i + 1])
             i += 1
         else:
-            entry.values.append(None)
+            entry.values.append("off" if _negated(name, flag, catalog) else None)
         i += 1
     return entries
+
+
+def _negated(name: str, flag: str, catalog: ParserCatalog | None) -> bool:
+    """`--no-x` of a BooleanOptionalAction shares the destination of `--x`: not the same."""
+    if catalog is None:
+        return False
+    resolution = catalog.resolve(name)
+    spelled = name if resolution.exact else next(iter(resolution.matched_flags), name)
+    return spelled.startswith("--no-") and not flag.startswith("--no-")
 
 
 def _env_entries(env: Sequence[Mapping[str, Any]]) -> dict[str, _Entry]:
