@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, JsonValue, ValidationError
+from pydantic import Field, JsonValue, ValidationError
 
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.bisect import BisectModel
 from dsv4_operator.engine.effective import canonical_flag, effective_role, gpus_needed
 from dsv4_operator.engine.flags import engine_launch, served_name
 from dsv4_operator.engine.planner import PlanningError, plan
@@ -43,7 +44,7 @@ ENV_LISTS = ("engine.env", "prefill.overrides.env", "decode.overrides.env")
 POSITIONAL = "<positional>"
 
 
-class Edit(BaseModel):
+class Edit(BisectModel):
     """One change a unit makes to the good spec's wire form."""
 
     kind: Literal["field", "arg", "env"]
@@ -53,7 +54,7 @@ class Edit(BaseModel):
     bad: JsonValue = Field(default=None, description="None: unset in the rejected spec.")
 
 
-class Unit(BaseModel):
+class Unit(BisectModel):
     """A setting that differs: stable id, the name a person knows it by, both values."""
 
     id: str
@@ -311,8 +312,23 @@ def _describe(edit: Edit, bad: bool) -> str | None:
     if value is None:
         return None
     if edit.kind == "arg" and isinstance(value, list):
-        return " ".join(str(v) for v in value)
+        return _arg_text([str(v) for v in value])
     return str(value)
+
+
+def _arg_text(tokens: Sequence[str]) -> str:
+    """A flag's value(s) as a person reads them: `4096`, `on` for a switch, `off` for --no-x."""
+    out: list[str] = []
+    for i, token in enumerate(tokens):
+        if not token.startswith("--"):
+            out.append(token)
+            continue
+        name, eq, inline = token.partition("=")
+        if eq:
+            out.append(inline)
+        elif i + 1 == len(tokens) or tokens[i + 1].startswith("--"):
+            out.append("off" if name.startswith("--no-") else "on")
+    return " ".join(out)
 
 
 def _list_units(good: DSV4DeploymentSpec, bad: DSV4DeploymentSpec) -> list[Unit]:

@@ -19,8 +19,9 @@ import math
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from dsv4_operator.bisect import BisectModel
 from dsv4_operator.bisect.outcome import Outcome, ProbeEvidence
 
 # Given a probe's unit ids: why the project's rules refuse that configuration, or None.
@@ -60,7 +61,7 @@ class Reason(StrEnum):
     NO_DELTA = "noDelta"
 
 
-class ProbeRequest(BaseModel):
+class ProbeRequest(BisectModel):
     """A probe to run: the good spec with these units applied (bisect/delta.py)."""
 
     probe_id: str
@@ -68,7 +69,7 @@ class ProbeRequest(BaseModel):
     purpose: Purpose
 
 
-class ProbeRecord(BaseModel):
+class ProbeRecord(BisectModel):
     """One probe of the search, with its outcome and evidence once known."""
 
     probe_id: str
@@ -80,7 +81,7 @@ class ProbeRecord(BaseModel):
     reason: str = Field(default="", description="Why it was refused or cancelled.")
 
 
-class BisectAnswer(BaseModel):
+class BisectAnswer(BisectModel):
     """The culprit units, or why there is none (then `culprit` is empty: nothing is blamed)."""
 
     reason: Reason
@@ -99,7 +100,7 @@ class BisectAnswer(BaseModel):
     detail: str = ""
 
 
-class BisectState(BaseModel):
+class BisectState(BisectModel):
     """Everything the search needs to resume: JSON in, JSON out."""
 
     units: list[str]
@@ -218,7 +219,8 @@ def preview(
     units: Sequence[str], max_parallel: int, refuses: Refuses | None = None
 ) -> list[ProbeRequest]:
     """The first probes of a search: the reproduction, then (if it fails) the first round."""
-    state, first = next_probes(start(units, budget=worst_case_probes(len(units))), 1, refuses)
+    budget = max(1, worst_case_probes(len(units)))
+    state, first = next_probes(start(units, budget=budget), 1, refuses)
     if not first:
         return []
     state = record(state, first[0].probe_id, Outcome.FAIL)
