@@ -152,7 +152,7 @@ class _LazyGroup(click.Group):
 @click.group(
     cls=_LazyGroup,
     lazy={
-        "bisect": "dsv4_operator.canary.bisect:bisect_command",
+        "bisect": "dsv4_operator.bisect_cli:bisect_command",
         "probe": "dsv4_operator.canary.cli:probe_command",
         "selftest": "dsv4_operator.selftest:selftest_command",
     },
