@@ -146,7 +146,8 @@ class Runner:
         raise AssertionError("the response budget ends the loop")  # pragma: no cover
 
 
-async def _search(runner: Runner, budget: int, parallel: int) -> BisectState:
+async def _search(runner: Runner, budget: int, parallel: int, to_stderr: bool) -> BisectState:
+    """Run the search to its answer, printing each probe as it ends (on stderr for JSON)."""
     state = search.start(runner.delta.unit_ids, budget)
     shown: set[str] = set()
     while search.answer(state) is None:
@@ -154,7 +155,7 @@ async def _search(runner: Runner, budget: int, parallel: int) -> BisectState:
         for probe in state.probes:
             if probe.status is search.ProbeStatus.REFUSED and probe.probe_id not in shown:
                 shown.add(probe.probe_id)
-                click.echo(probe_text(runner.delta, probe))
+                click.echo(probe_text(runner.delta, probe), err=to_stderr)
         if not requests:
             continue
         results = await asyncio.gather(*(runner.run(r) for r in requests))
@@ -162,7 +163,7 @@ async def _search(runner: Runner, budget: int, parallel: int) -> BisectState:
             state = search.record(state, request.probe_id, outcome, evidence)
             shown.add(request.probe_id)
             record = next(p for p in state.probes if p.probe_id == request.probe_id)
-            click.echo(probe_text(runner.delta, record))
+            click.echo(probe_text(runner.delta, record), err=to_stderr)
     return state
 
 
@@ -234,15 +235,10 @@ def bisect_command(
     except ValueError as error:
         _fail(str(error))
     judge = ProbeJudge.from_guard(bad_spec.guard, max_responses)
+    first = search.preview(delta.unit_ids, parallel, delta.refusal)
     if url_for is None:
-        first = search.preview(delta.unit_ids, parallel, delta.refusal)
         if output == "json":
-            payload = {
-                "units": [u.model_dump(mode="json") for u in delta.units],
-                "firstProbes": [p.model_dump(mode="json") for p in first],
-                "worstCaseProbes": search.worst_case_probes(len(delta.units)),
-            }
-            click.echo(json.dumps(payload, indent=2))
+            click.echo(json.dumps(_payload(delta, first, None), indent=2))
         else:
             click.echo(units_text(delta))
             if delta.units:
@@ -258,11 +254,23 @@ def bisect_command(
     if output == "text":
         click.echo(units_text(delta))
         click.echo(f"probe specs in {where}")
-    state = asyncio.run(_search(runner, budget, parallel))
+    state = asyncio.run(_search(runner, budget, parallel, to_stderr=output == "json"))
     found = search.answer(state)
     assert found is not None
     if output == "json":
-        click.echo(state.model_dump_json(indent=2))
+        click.echo(json.dumps(_payload(delta, first, state), indent=2))
     else:
         click.echo(answer_text(delta, found))
     sys.exit(EXIT_BY_REASON[found.reason])
+
+
+def _payload(delta: Delta, first: list[ProbeRequest], state: BisectState | None) -> dict[str, Any]:
+    """`-o json` (docs/schemas/bisect.schema.json): the units and the plan; after a search,
+    its whole state and the answer."""
+    return {
+        "units": [u.model_dump(mode="json") for u in delta.units],
+        "firstProbes": [p.model_dump(mode="json") for p in first],
+        "worstCaseProbes": search.worst_case_probes(len(delta.units)),
+        "search": state.model_dump(mode="json") if state is not None else None,
+        "answer": state.answer.model_dump(mode="json") if state and state.answer else None,
+    }

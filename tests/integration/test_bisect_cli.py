@@ -10,6 +10,7 @@ the configuration, never timing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from click.testing import CliRunner
 from dsv4_operator.cli import main
 from dsv4_operator.exit_codes import EXIT_NOT_REPRODUCED, EXIT_OK
 from tests.support.builders import Doc, example_doc, with_changes
+from tests.support.contract import assert_contract
 from tests.support.paths import REPO
 
 URL_FOR = f"{sys.executable} {REPO / 'tests' / 'support' / 'bisect_url_for.py'}"
@@ -46,15 +48,16 @@ def deployment(tmp_path: Path, name: str, changes: dict[str, object]) -> str:
     return str(path)
 
 
-def bisect(workdir: Path, good: str, bad: str) -> tuple[int, str]:
+def bisect(workdir: Path, good: str, bad: str, *extra: str) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of `dsv4 bisect --url-for` with two probes at once."""
     result = CliRunner().invoke(
         main,
         [
             "bisect", "--good", good, "--bad", bad, "--url-for", URL_FOR, "--parallel", "2",
-            "--budget", "30", "--workdir", str(workdir / "probes"),
+            "--budget", "30", "--workdir", str(workdir / "probes"), *extra,
         ],
     )  # fmt: skip
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout, result.stderr
 
 
 def test_the_bf16_and_hicache_interaction_is_found_as_the_pair(workdir: Path) -> None:
@@ -70,7 +73,7 @@ def test_the_bf16_and_hicache_interaction_is_found_as_the_pair(workdir: Path) ->
             "safety.acknowledge": ["DSV4-R001"],
         },
     )
-    code, out = bisect(workdir, good, bad)
+    code, out, _ = bisect(workdir, good, bad)
     assert code == EXIT_OK, out
     assert "answer: culprit found" in out
     culprits = sorted(line.strip() for line in out.splitlines() if "culprit:" in line)
@@ -91,7 +94,13 @@ def test_a_delta_without_a_culprit_is_not_reproduced_and_blames_nothing(workdir:
             "engine.hicache.enabled": True,  # safe with fp8 index-K
         },
     )
-    code, out = bisect(workdir, good, bad)
-    assert code == EXIT_NOT_REPRODUCED, out
-    assert "answer: not reproduced (nothing is blamed)" in out
-    assert "culprit:" not in out
+    code, out, err = bisect(workdir, good, bad, "-o", "json")
+    assert code == EXIT_NOT_REPRODUCED, err
+    payload = json.loads(out)
+    assert_contract("bisect", payload)
+    assert payload["answer"]["reason"] == "notReproduced"
+    assert payload["answer"]["culprit"] == []
+    reproduce = payload["search"]["probes"][0]
+    assert (reproduce["purpose"], reproduce["outcome"]) == ("reproduce", "pass")
+    assert reproduce["evidence"]["leaks"] == 0 and reproduce["evidence"]["responses"] > 0
+    assert "p1 reproduce" in err  # the probes' lines go to stderr with -o json

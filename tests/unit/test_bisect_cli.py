@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from dsv4_operator.cli import main
 from dsv4_operator.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from tests.support.builders import Doc, example_doc, with_changes
+from tests.support.contract import assert_contract
 
 
 def write(tmp_path: Path, name: str, doc: Doc) -> str:
@@ -51,6 +52,8 @@ def test_dry_run_json_has_the_units_and_first_probes(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["bisect", "--good", good, "--bad", bad, "-o", "json"])
     assert result.exit_code == EXIT_OK
     payload = json.loads(result.stdout)
+    assert_contract("bisect", payload)
+    assert payload["search"] is None and payload["answer"] is None
     assert [u["id"] for u in payload["units"]] == [
         "engine.indexKDtype",
         "engine.overlap.multiStream",
