@@ -12,8 +12,10 @@ probes `bisect.search.next_probes` asks for at once run side by side (`--paralle
 takes as long as its slowest probe. Prints, per delta size (4, 8, 16 units), culprit (one
 setting, a two-setting interaction) and leak rate (4.55%, 17%):
 
-- how often the culprit was found exactly, how often another set was blamed (`wrong`) and
-  how often nothing was (`none`: budget, inconclusive or not reproduced); probes (median,
+- how often the culprit was found exactly, how often a superset of it was named with
+  `minimal: false` (`super`: a smaller set's probe was inconclusive, so it was skipped), how
+  often a set without the culprit was blamed (`wrong`) and how often nothing was (`none`:
+  budget, inconclusive or not reproduced); probes (median,
   p95) and simulated hours (median), also with one probe at a time (`1-at-once`);
 - the lower bound: log2 of the number of candidate culprits (n singles, n(n-1)/2 pairs): any
   search of pass/fail answers needs that many probes on average, one at a time;
@@ -86,8 +88,7 @@ def probe(rng: random.Random, rate: float, setup: Setup) -> tuple[Outcome, float
         batches += 1
         leaks += leaks_among(rng, batch, rate)
         responses += batch
-        capped = min(responses, setup.max_responses)
-        outcome, _ = judge(min(leaks, capped), capped, rule)
+        outcome, _ = judge(leaks, responses, rule)
         if outcome is not None:
             return outcome, setup.startup_min + batches * setup.batch_min
 
@@ -116,20 +117,22 @@ def leaks_with(culprit: frozenset[str], rate: float, noise: float) -> Rates:
 def culprit_table(rng: random.Random, runs: int, noise: float, s: Setup) -> list[str]:
     one_at_a_time = dataclasses.replace(s, parallel=1)
     lines = [
-        f"{'units':>5} {'culprit':<7} {'rate':>6} {'exact':>6} {'wrong':>5} {'none':>4} "
-        f"{'probes p50':>10} {'p95':>4} {'1-at-once':>9} {'bound':>5} {'hours p50':>9} "
+        f"{'units':>5} {'culprit':<7} {'rate':>6} {'exact':>6} {'super':>5} {'wrong':>5} "
+        f"{'none':>4} {'probes p50':>10} {'p95':>4} {'1-at-once':>9} {'bound':>5} {'hours p50':>9} "
         f"{'1-at-once':>9}"
     ]
     for n, size, rate in itertools.product(SIZES, (1, 2), RATES):
         units = [f"u{i}" for i in range(n)]
-        exact = wrong = 0
+        exact = superset = wrong = 0
         probes, hours, serial_probes, serial_hours = [], [], [], []
         for _ in range(runs):
             culprit = frozenset(rng.sample(units, size))
             run = bisect_run(rng, units, leaks_with(culprit, rate, noise), s)
             blamed = frozenset(run.answer.culprit)
             exact += blamed == culprit
-            wrong += bool(blamed) and blamed != culprit
+            # A superset is named when a smaller set's probe was inconclusive: flagged not minimal.
+            superset += blamed > culprit and not run.answer.minimal
+            wrong += bool(blamed) and blamed != culprit and not (blamed > culprit)
             probes.append(run.probes)
             hours.append(run.minutes / 60)
             serial = bisect_run(rng, units, leaks_with(culprit, rate, noise), one_at_a_time)
@@ -139,7 +142,8 @@ def culprit_table(rng: random.Random, runs: int, noise: float, s: Setup) -> list
         p95 = sorted(probes)[max(0, math.ceil(0.95 * len(probes)) - 1)]
         lines.append(
             f"{n:>5} {'single' if size == 1 else 'pair':<7} {rate:>6.2%} {exact / runs:>6.1%} "
-            f"{wrong:>5} {runs - exact - wrong:>4} {statistics.median(probes):>10g} {p95:>4} "
+            f"{superset:>5} {wrong:>5} {runs - exact - superset - wrong:>4} "
+            f"{statistics.median(probes):>10g} {p95:>4} "
             f"{statistics.median(serial_probes):>9g} {bound:>5.1f} "
             f"{statistics.median(hours):>9.1f} {statistics.median(serial_hours):>9.1f}"
         )

@@ -135,8 +135,7 @@ class Runner:
                     if report.classified == 0:
                         raise ProbeError(f"no response from {url} could be classified")
                     leaks, responses = leaks + report.leaks, responses + report.classified
-                    capped = min(responses, self.judge.max_responses)
-                    outcome, evidence = judge_outcome(min(leaks, capped), capped, self.judge)
+                    outcome, evidence = judge_outcome(leaks, responses, self.judge)
                     if outcome is not None:
                         return outcome, evidence
         except ProbeError as error:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.bisect import search
 from dsv4_operator.bisect.delta import compute_delta, fingerprint
+from dsv4_operator.bisect.outcome import Outcome
 from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.validation import validate_spec
 from tests.support.builders import Doc, example_doc, with_changes
@@ -162,3 +164,36 @@ def test_the_negative_form_of_a_boolean_flag_is_a_change() -> None:
     assert [(u.id, u.good, u.bad) for u in delta.units] == [
         ("engine.extraArgs:--dllm-fdfo", "on", "off")
     ]
+
+
+def test_the_search_never_starts_a_subset_the_rules_refuse() -> None:
+    """The real rules through the real search: bf16 index-K + HiCache without the new image's
+    gate is DSV4-R001, so that pair is recorded refused and never probed; the answer says the
+    culprit it names may not be minimal."""
+    bad = with_changes(
+        good(),
+        {
+            "engine.image": NEW_IMAGE,
+            "engine.capabilities": ["bf16IndexK", "poolSizingFix", "indexKHiCacheGate"],
+            "engine.indexKDtype": "bf16",
+            "engine.hicache.enabled": True,
+        },
+    )
+    delta = compute_delta(good(), bad)
+    refused_pair = frozenset({"engine.indexKDtype", "engine.hicache.enabled"})
+    probed: list[frozenset[str]] = []
+    state = search.start(delta.unit_ids, budget=30)
+    while search.answer(state) is None:
+        state, probes = search.next_probes(state, 2, delta.refusal)
+        for probe in probes:
+            applied = frozenset(probe.units)
+            probed.append(applied)
+            leaks = refused_pair <= applied  # the double's race, whatever the image
+            state = search.record(state, probe.probe_id, Outcome.FAIL if leaks else Outcome.PASS)
+    assert refused_pair not in probed
+    refused = [p for p in state.probes if p.status is search.ProbeStatus.REFUSED]
+    assert [frozenset(p.units) for p in refused] == [refused_pair]
+    assert "DSV4-R001" in refused[0].reason
+    found = search.answer(state)
+    assert found is not None and found.reason is search.Reason.FOUND
+    assert sorted(found.culprit) == sorted(delta.unit_ids) and not found.minimal
