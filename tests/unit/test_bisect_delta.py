@@ -35,6 +35,20 @@ def incident() -> Doc:
     )
 
 
+def gated_image() -> Doc:
+    """bf16 index-K with HiCache on a new image that declares the HiCache gate: sound as a
+    whole, while the two settings without the image are DSV4-R001."""
+    return with_changes(
+        good(),
+        {
+            "engine.image": NEW_IMAGE,
+            "engine.capabilities": ["bf16IndexK", "poolSizingFix", "indexKHiCacheGate"],
+            "engine.indexKDtype": "bf16",
+            "engine.hicache.enabled": True,
+        },
+    )
+
+
 def test_the_incident_delta_is_one_unit_per_setting_with_names_and_values() -> None:
     delta = compute_delta(good(), incident())
     assert [(u.id, u.name, u.good, u.bad) for u in delta.units] == [
@@ -128,15 +142,7 @@ def test_the_full_delta_runs_what_the_rejected_spec_runs_and_none_runs_the_good(
 def test_a_subset_the_rules_refuse_is_reported_with_the_rule() -> None:
     """bf16 index-K with HiCache needs the gate the new image declares (DSV4-R001): without
     the image unit the pair is refused, with it the probe may start."""
-    bad = with_changes(
-        good(),
-        {
-            "engine.image": NEW_IMAGE,
-            "engine.capabilities": ["bf16IndexK", "poolSizingFix", "indexKHiCacheGate"],
-            "engine.indexKDtype": "bf16",
-            "engine.hicache.enabled": True,
-        },
-    )
+    bad = gated_image()
     assert validate_spec(bad).valid
     delta = compute_delta(good(), bad)
     assert delta.unit_ids == ["engine.image", "engine.indexKDtype", "engine.hicache.enabled"]
@@ -170,16 +176,7 @@ def test_the_search_never_starts_a_subset_the_rules_refuse() -> None:
     """The real rules through the real search: bf16 index-K + HiCache without the new image's
     gate is DSV4-R001, so that pair is recorded refused and never probed; the answer says the
     culprit it names may not be minimal."""
-    bad = with_changes(
-        good(),
-        {
-            "engine.image": NEW_IMAGE,
-            "engine.capabilities": ["bf16IndexK", "poolSizingFix", "indexKHiCacheGate"],
-            "engine.indexKDtype": "bf16",
-            "engine.hicache.enabled": True,
-        },
-    )
-    delta = compute_delta(good(), bad)
+    delta = compute_delta(good(), gated_image())
     refused_pair = frozenset({"engine.indexKDtype", "engine.hicache.enabled"})
     probed: list[frozenset[str]] = []
     state = search.start(delta.unit_ids, budget=30)
