@@ -12,6 +12,7 @@ import json
 import shlex
 import sys
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -123,6 +124,8 @@ class Runner:
         spec = DSV4DeploymentSpec.model_validate(self.delta.spec_for(request.units))
         sessions, rounds = canary_load(spec).sessions, spec.guard.canary.rounds
         leaks = responses = 0
+        # Each probe its own conversations: a confirmation is a fresh sample, not a replay.
+        probe_seed = self.seed + zlib.crc32(request.probe_id.encode())
         try:
             url = await self.url(spec_file)
             limits = httpx.Limits(max_connections=sessions + 4, max_keepalive_connections=8)
@@ -130,7 +133,7 @@ class Runner:
                 for batch in range(self.judge.max_responses):
                     report = await run_canary(
                         client, url, None, sessions, rounds, timeout=self.timeout,
-                        seed=self.seed + batch,
+                        seed=probe_seed + batch,
                     )  # fmt: skip
                     if report.classified == 0:
                         raise ProbeError(f"no response from {url} could be classified")
@@ -210,7 +213,13 @@ async def _search(runner: Runner, budget: int, parallel: int, to_stderr: bool) -
     show_default=True,
     help="Seconds per canary request.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Canary prompt seed.")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Canary prompt seed (each probe adds its own, so no two probes replay one sample).",
+)
 @click.option("--workdir", default=None, help="Where probe spec files go (default: a temp dir).")
 @click.option(
     "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
