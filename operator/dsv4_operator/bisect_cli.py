@@ -148,9 +148,11 @@ class Runner:
         raise AssertionError("the response budget ends the loop")  # pragma: no cover
 
 
-async def _search(runner: Runner, budget: int, parallel: int, to_stderr: bool) -> BisectState:
+async def _search(
+    runner: Runner, budget: int, parallel: int, control: bool, to_stderr: bool
+) -> BisectState:
     """Run the search to its answer, printing each probe as it ends (on stderr for JSON)."""
-    state = search.start(runner.delta.unit_ids, budget)
+    state = search.start(runner.delta.unit_ids, budget, control)
     shown: set[str] = set()
     while search.answer(state) is None:
         state, requests = search.next_probes(state, parallel, runner.delta.refusal)
@@ -222,6 +224,14 @@ async def _search(runner: Runner, budget: int, parallel: int, to_stderr: bool) -
 )
 @click.option("--workdir", default=None, help="Where probe spec files go (default: a temp dir).")
 @click.option(
+    "--control/--no-control",
+    default=True,
+    show_default=True,
+    help="Also probe the good spec itself beside the reproduction: if it fails too, the leak "
+    "is not the delta's (engines that leak as they start, the environment) and nothing is "
+    "blamed.",
+)
+@click.option(
     "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
 def bisect_command(
@@ -234,6 +244,7 @@ def bisect_command(
     timeout: float,
     seed: int,
     workdir: str | None,
+    control: bool,
     output: str,
 ) -> None:
     good, bad = _deployment(good_path, "--good"), _deployment(bad_path, "--bad")
@@ -243,14 +254,14 @@ def bisect_command(
     except ValueError as error:
         _fail(str(error))
     judge = ProbeJudge.from_guard(bad_spec.guard, max_responses)
-    first = search.preview(delta.unit_ids, parallel, delta.refusal)
+    first = search.preview(delta.unit_ids, parallel, delta.refusal, control)
     if url_for is None:
         if output == "json":
-            click.echo(json.dumps(_payload(delta, first, None), indent=2))
+            click.echo(json.dumps(_payload(delta, first, None, control), indent=2))
         else:
             click.echo(units_text(delta))
             if delta.units:
-                click.echo(plan_text(delta, first, parallel))
+                click.echo(plan_text(delta, first, parallel, control))
         sys.exit(EXIT_OK)
     command = shlex.split(url_for)
     if not command:
@@ -262,23 +273,25 @@ def bisect_command(
     if output == "text":
         click.echo(units_text(delta))
         click.echo(f"probe specs in {where}")
-    state = asyncio.run(_search(runner, budget, parallel, to_stderr=output == "json"))
+    state = asyncio.run(_search(runner, budget, parallel, control, to_stderr=output == "json"))
     found = search.answer(state)
     assert found is not None
     if output == "json":
-        click.echo(json.dumps(_payload(delta, first, state), indent=2))
+        click.echo(json.dumps(_payload(delta, first, state, control), indent=2))
     else:
         click.echo(answer_text(delta, found))
     sys.exit(EXIT_BY_REASON[found.reason])
 
 
-def _payload(delta: Delta, first: list[ProbeRequest], state: BisectState | None) -> dict[str, Any]:
+def _payload(
+    delta: Delta, first: list[ProbeRequest], state: BisectState | None, control: bool
+) -> dict[str, Any]:
     """`-o json` (docs/schemas/bisect.schema.json): the units and the plan; after a search,
     its whole state and the answer."""
     return {
         "units": [u.model_dump(mode="json") for u in delta.units],
         "firstProbes": [p.model_dump(mode="json") for p in first],
-        "worstCaseProbes": search.worst_case_probes(len(delta.units)),
+        "worstCaseProbes": search.worst_case_probes(len(delta.units)) + control,
         "search": state.model_dump(mode="json") if state is not None else None,
         "answer": state.answer.model_dump(mode="json") if state and state.answer else None,
     }

@@ -100,7 +100,8 @@ EXIT_CODES: dict[str, ExitCodes] = {
             EXIT_INCONCLUSIVE,
             "no culprit yet: the probe budget ran out, or the probes that would decide were "
             "inconclusive or refused by the rules (a larger budget, or more responses per probe, "
-            "would tell)",
+            "would tell), or the good spec failed its control probe too (the leak is not the "
+            "delta's)",
         ),
     ),
     "selftest": (

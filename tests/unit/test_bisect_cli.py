@@ -43,8 +43,13 @@ def test_dry_run_prints_the_units_and_the_probe_plan(tmp_path: Path) -> None:
     assert "units (3):" in out
     assert "spec.engine.indexKDtype: fp8 -> bf16" in out
     assert "--chunked-prefill-size: (unset) -> 4096" in out
-    assert "p1 reproduce" in out and "p2 subset" in out and "p3 subset" in out
-    assert "worst case 11 probes" in out
+    assert "p1 reproduce" in out and "p2 control    none (the good spec)" in out
+    assert "if p1 fails and p2 passes:" in out
+    assert "p3 subset" in out and "p4 subset" in out
+    assert "worst case 12 probes" in out
+    result = CliRunner().invoke(main, ["bisect", "--good", good, "--bad", bad, "--no-control"])
+    assert "control" not in result.output and "p2 subset" in result.output
+    assert "worst case 11 probes" in result.output
 
 
 def test_dry_run_json_has_the_units_and_first_probes(tmp_path: Path) -> None:
@@ -59,8 +64,8 @@ def test_dry_run_json_has_the_units_and_first_probes(tmp_path: Path) -> None:
         "engine.overlap.multiStream",
         "engine.extraArgs:--chunked-prefill-size",
     ]
-    assert payload["firstProbes"][0]["purpose"] == "reproduce"
-    assert payload["worstCaseProbes"] == 11
+    assert [p["purpose"] for p in payload["firstProbes"]][:2] == ["reproduce", "control"]
+    assert payload["worstCaseProbes"] == 12
 
 
 def test_identical_specs_have_no_units(tmp_path: Path) -> None:

@@ -189,3 +189,37 @@ def test_preview_is_the_reproduction_then_the_first_round() -> None:
         (Purpose.SUBSET, ["u3", "u4"]),
     ]
     assert search.worst_case_probes(5) == 2 + (25 + 15) // 2
+
+
+def test_a_control_that_fails_too_blames_nothing() -> None:
+    """Engines that leak as they start fail every probe, the good spec's included: with the
+    control the search ends inconclusive instead of narrowing to the first unit."""
+    seen: list[frozenset[str]] = []
+    state = run(
+        search.start(units(4), budget=20, control=True),
+        lambda _applied, _probe: Outcome.FAIL,
+        seen=seen,
+    )
+    found = search.answer(state)
+    assert found is not None and found.reason is Reason.INCONCLUSIVE
+    assert found.culprit == [] and "not the delta's" in found.detail
+    assert seen == [frozenset(units(4)), frozenset()]  # side by side, then nothing more
+
+
+def test_a_passing_control_lets_the_search_find_the_culprit() -> None:
+    state = run(search.start(units(6), budget=40, control=True), leaks_with("u4"), max_parallel=1)
+    found = search.answer(state)
+    assert found is not None and found.culprit == ["u4"]
+    assert [p.purpose for p in state.probes[:2]] == [Purpose.REPRODUCE, Purpose.CONTROL]
+    # Without the control the same search takes one probe fewer.
+    plain = run(search.start(units(6), budget=40), leaks_with("u4"), max_parallel=1)
+    assert plain.started == state.started - 1
+
+
+def test_a_passing_reproduction_ends_without_waiting_for_the_control() -> None:
+    state, probes = search.next_probes(search.start(units(3), 10, control=True), 2)
+    assert [p.purpose for p in probes] == [Purpose.REPRODUCE, Purpose.CONTROL]
+    state = search.record(state, probes[0].probe_id, Outcome.PASS)
+    found = search.answer(state)
+    assert found is not None and found.reason is Reason.NOT_REPRODUCED
+    assert state.probes[1].status is ProbeStatus.CANCELLED

@@ -42,23 +42,25 @@ def units_text(delta: Delta) -> str:
 
 def names(delta: Delta, unit_ids: Sequence[str]) -> str:
     """The units' human names, comma-separated ("none" for the good spec itself)."""
-    return ", ".join(delta.unit(u).name for u in unit_ids) or "none"
+    return ", ".join(delta.unit(u).name for u in unit_ids) or "none (the good spec)"
 
 
-def plan_text(delta: Delta, first: Sequence[ProbeRequest], max_parallel: int) -> str:
+def plan_text(
+    delta: Delta, first: Sequence[ProbeRequest], max_parallel: int, control: bool = False
+) -> str:
     """The dry run: the first probes (the reproduction, then the first round should it
     fail) and the worst-case probe count against the lower bounds."""
     n, pairs = len(delta.units), len(delta.units) * (len(delta.units) - 1) // 2
     lines = [f"probe plan (up to {max_parallel} at once):"]
     for index, request in enumerate(first):
-        when = "  if p1 fails:" if index == 1 else ""
-        if when:
-            lines.append(when)
+        if index == 1 + control:
+            lines.append("  if p1 fails" + (" and p2 passes:" if control else ":"))
         lines.append(
-            f"  {request.probe_id} {request.purpose.value:<10} {names(delta, request.units)}"
+            f"  {request.probe_id} {request.purpose.value:<10} "
+            f"{names(delta, request.units) if request.units else 'none (the good spec)'}"
         )
     lines.append(
-        f"worst case {worst_case_probes(n)} probes; lower bounds: a single culprit about "
+        f"worst case {worst_case_probes(n) + control} probes; lower bounds: a single culprit about "
         f"log2({n}) = {lower_bound(n):.1f}, a pair about log2({pairs}) = {lower_bound(pairs):.1f}"
     )
     return "\n".join(lines)
