@@ -8,6 +8,8 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
+from dsv4_operator.bisect import search
+from dsv4_operator.bisect.outcome import Outcome, ProbeJudge, judge
 from dsv4_operator.cli import main
 from dsv4_operator.exit_codes import EXIT_BAD_INPUT, EXIT_OK
 from tests.support.builders import Doc, example_doc, with_changes
@@ -87,3 +89,27 @@ def test_a_file_without_a_deployment_or_with_a_bad_spec_is_named(tmp_path: Path)
     result = CliRunner().invoke(main, ["bisect", "--good", good, "--bad", bad])
     assert result.exit_code == EXIT_BAD_INPUT
     assert "spec.engine.indexKDtype" in result.output
+
+
+def test_the_search_state_keeps_the_json_contract() -> None:
+    """What `-o json` prints after a search (its `search` and `answer`) matches the schema:
+    a search with every kind of probe, the control's included."""
+    state = search.start(["a", "b", "c"], budget=30, control=True)
+    _, evidence = judge(9, 40, ProbeJudge(threshold=0.02, alpha=0.01))
+    while search.answer(state) is None:
+        state, probes = search.next_probes(
+            state, 2, lambda units: "DSV4-R001" if units == ["a"] else None
+        )
+        for probe in probes:
+            failed = "b" in probe.units and "c" in probe.units
+            outcome = Outcome.FAIL if failed else Outcome.PASS
+            state = search.record(state, probe.probe_id, outcome, evidence)
+    payload = {
+        "units": [],
+        "firstProbes": [],
+        "worstCaseProbes": 0,
+        "search": state.model_dump(mode="json"),
+        "answer": state.answer.model_dump(mode="json") if state.answer else None,
+    }
+    assert_contract("bisect", payload)
+    assert {p["purpose"] for p in payload["search"]["probes"]} >= {"reproduce", "control"}
