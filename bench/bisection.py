@@ -9,14 +9,15 @@ x `--rounds` responses every `--batch-min` minutes, after `--startup-min` minute
 start) and feeds the growing counts to `bisect.outcome.judge` (the guard's anytime-valid test at
 the 2% threshold, alpha 0.01) until it decides or `--max-responses` run out (inconclusive). The
 probes `bisect.search.next_probes` asks for at once run side by side (`--parallel`); a wave
-takes as long as its slowest probe. Prints, per delta size (4, 8, 16 units), culprit (one
+takes as long as its slowest probe. The control probe is off (the state machine's default); on,
+it adds one probe beside the reproduction. Prints, per delta size (4, 8, 16 units), culprit (one
 setting, a two-setting interaction) and leak rate (4.55%, 17%):
 
 - how often the culprit was found exactly, how often a superset of it was named with
   `minimal: false` (`super`: a smaller set's probe was inconclusive, so it was skipped), how
   often a set without the culprit was blamed (`wrong`) and how often nothing was (`none`:
-  budget, inconclusive or not reproduced); probes (median,
-  p95) and simulated hours (median), also with one probe at a time (`1-at-once`);
+  budget, inconclusive or not reproduced); probes (median, p95) and simulated hours (median),
+  also with one probe at a time (`1-at-once`);
 - the lower bound: log2 of the number of candidate culprits (n singles, n(n-1)/2 pairs): any
   search of pass/fail answers needs that many probes on average, one at a time;
 
