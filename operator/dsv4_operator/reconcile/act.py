@@ -15,7 +15,7 @@ from dsv4_operator.reconcile.world import World
 Observe = Callable[[Obj], None]
 
 
-def _ignore(_: Obj) -> None:
+def ignore(_: Obj) -> None:
     return None
 
 
@@ -24,7 +24,7 @@ async def act(
     world: World,
     decision: Decision,
     recorder: EventRecorder | None = None,
-    observe: Observe = _ignore,
+    observe: Observe = ignore,
 ) -> None:
     """Deletes first (Recreate must stop the old pair before anything new starts), then the
     children, then the ControllerRevisions to store.
