@@ -122,7 +122,9 @@ class ModelRef(ApiModel):
     """A DSV4Model in the deployment's namespace (docs/models.md)."""
 
     kind: Literal["DSV4Model"] = Field(
-        default="DSV4Model", description="DSV4Model (the only kind served today)."
+        default="DSV4Model",
+        max_length=64,
+        description="DSV4Model (the only kind served today).",
     )
     name: str = Field(
         min_length=1,

@@ -252,16 +252,15 @@ def _weights(
     """Weights of a DSV4Model (docs/models.md): an inline Hub repo creates or adopts the model
     of the deployment's name; the rollout waits (running children keep serving) until the
     model says its download is verified. The model's claim, Job and progress are its own."""
-    cache = ctx.spec.model.cache
-    referenced = cache.model is not None
-    model_name = cache.model.name if cache.model is not None else ctx.name
+    ref = ctx.spec.model.cache.model
     inline = inline_model(ctx)
-    if inline is None and not referenced:
+    if inline is None and ref is None:
         return None, None
     if inline is not None:
         actions.ensure([inline])
+    model_name = ref.name if ref is not None else ctx.name
     model = actions.world.live(MODEL_KIND, model_name)
-    state = deployment_weights(model, model_name, ctx.spec.model.name, referenced)
+    state = deployment_weights(model, model_name, ctx.spec.model.name, inline)
     if not state.ready:
         was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
         if was is None or was.reason != state.reason:

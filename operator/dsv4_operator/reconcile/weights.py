@@ -171,14 +171,18 @@ def _ended(job: Obj) -> bool:
     return any(_job_condition(job, t) is not None for t in ("Complete", "Failed"))
 
 
+# What a download is of: a live DSV4Model whose spec differs in these is not yet the one wanted.
+SOURCE_FIELDS = ("repo", "revision", "endpoint", "verify", "tokenSecret")
+
+
 def deployment_weights(
-    model: Obj | None, model_name: str, repo: str, referenced: bool
+    model: Obj | None, model_name: str, repo: str, wanted: Obj | None = None
 ) -> WeightsState:
-    """A deployment's WeightsReady: its DSV4Model's, as that model reports it. `referenced`:
-    named by spec.model.cache.model (else the model of the deployment's own name, which the
-    deployment creates from its inline repo)."""
+    """A deployment's WeightsReady: its DSV4Model's, as that model reports it for the source
+    the deployment wants. `wanted`: the model an inline Hub repo makes (None: the model is
+    referenced by spec.model.cache.model)."""
     if model is None:
-        if referenced:
+        if wanted is None:
             return WeightsState(
                 False,
                 WeightsReason.MODEL_MISSING,
@@ -188,15 +192,24 @@ def deployment_weights(
         return WeightsState(
             False, WeightsReason.PENDING, f"creating DSV4Model {model_name} to download {repo}"
         )
-    stored = str((model.get("spec") or {}).get("repo") or "")
-    if referenced and stored != repo:
+    spec = model.get("spec") or {}
+    if wanted is None and spec.get("repo") != repo:
         return WeightsState(
             False,
             WeightsReason.MODEL_MISMATCH,
-            f"DSV4Model {model_name} holds {stored}, not spec.model.name {repo}: set "
-            "spec.model.name to the model's repo, or reference a model of this repo",
+            f"DSV4Model {model_name} holds {spec.get('repo')}, not spec.model.name {repo}: set "
+            "spec.model.name to the model's spec.repo, or reference a model of this repo",
         )
+    source = {k: spec.get(k) for k in SOURCE_FIELDS}
     status = parse_model_status(model.get("status"))
+    generation = int(model["metadata"].get("generation") or 0)
+    stale = wanted is not None and source != {k: wanted["spec"].get(k) for k in SOURCE_FIELDS}
+    if stale or (status.observed_generation or 0) < generation:
+        return WeightsState(
+            False,
+            WeightsReason.PENDING,
+            f"DSV4Model {model_name} has not taken up {repo}@{spec.get('revision')} yet",
+        )
     weights = next((c for c in status.conditions if c.type == "WeightsReady"), None)
     if weights is None:
         return WeightsState(
