@@ -165,6 +165,8 @@ def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
             out["properties"] = {name: structural(sub, defs) for name, sub in value.items()}
         elif key == "items":
             out["items"] = structural(value, defs)
+        elif key == "const":  # a one-value Literal: OpenAPI v3.0 has no `const`
+            out["enum"] = [value]
         elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             bound = "minimum" if key == "exclusiveMinimum" else "maximum"
             out[bound] = value

@@ -16,7 +16,7 @@ from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4, SECRET
 from dsv4_operator.metrics import GuardMetrics
-from dsv4_operator.names import MODEL_KEY_PREFIX
+from dsv4_operator.names import MODEL_KEY_PREFIX, MODEL_KIND
 from dsv4_operator.reasons import EventReason
 from dsv4_operator.reconcile.act import act, ignore
 from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
@@ -131,6 +131,18 @@ class Reconciler:
             missing_secrets=frozenset({secret.name}) if secret and missing else frozenset(),
         )
         decision = decide_model(world, self.settings.operator_image)
+        if decision.apply or decision.delete or decision.events or decision.finalizers is not None:
+            log.info(
+                "%s/%s %s: phase %s; apply %s; delete %s; finalizers %s; events: %s",
+                namespace,
+                MODEL_KIND,
+                name,
+                decision.status.phase,
+                [o["metadata"]["name"] for o in decision.apply] or "-",
+                [n for _, n in decision.delete] or "-",
+                decision.finalizers if decision.finalizers is not None else "as they are",
+                "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
+            )
         observe = self.cache.observe if self.cache is not None else ignore
         await act_model(self.client, world, decision, self.recorder, observe)
         return decision.requeue_after

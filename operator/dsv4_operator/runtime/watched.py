@@ -47,7 +47,9 @@ MODEL_CHILD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{MODEL_LABEL}"
 POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 WATCHED = (
     Watched(DSV4),
-    Watched(DSV4_MODEL),
+    # Optional: an operator upgraded before its CRD (crds.enabled=false) keeps serving the
+    # deployments that use no DSV4Model, and picks the kind up once it is served.
+    Watched(DSV4_MODEL, optional=True),
     *(
         Watched(res, label_selector=CHILD_SELECTOR)
         for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB, CONTROLLER_REVISION)
