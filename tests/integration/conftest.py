@@ -19,9 +19,7 @@ import yaml
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.operator import OperatorProcess
-from tests.support.paths import CRD_PATH, MODEL_CRD_PATH
-
-CRD_PATHS = (CRD_PATH, MODEL_CRD_PATH)
+from tests.support.paths import CRD_PATHS
 
 from .cluster_support import exists
 from .network_support import AddressWatch, host_addresses

@@ -307,7 +307,7 @@ def model_custom_resource_definition() -> JsonSchema:
         "plural": MODEL_PLURAL,
         "singular": MODEL_SINGULAR,
         "shortNames": list(MODEL_SHORT_NAMES),
-        "categories": ["dsv4"],
+        # Not in the `dsv4` category: `kubectl get dsv4` lists the deployments alone, as ever.
     }
     return _crd(names, MODEL_PRINTER_COLUMNS, model_openapi_schema(), "Namespaced")
 
