@@ -188,3 +188,20 @@ def test_a_model_change_wakes_its_users_and_a_deployment_change_its_model() -> N
     job["metadata"]["labels"] = {"dsv4.io/model": "flash"}
     listener(JOB, job, False)
     assert queue.added == [("ns", "DSV4Model/flash")]
+
+
+def test_the_model_examples_are_valid_and_fit_together() -> None:
+    import yaml
+
+    from dsv4_operator.api.models import DSV4ModelSpec
+    from dsv4_operator.engine.validation import validate_object
+    from tests.support.paths import REPO
+
+    model = yaml.safe_load((REPO / "examples" / "dsv4-model.yaml").read_text())
+    deployment = yaml.safe_load((REPO / "examples" / "dsv4-on-model.yaml").read_text())
+    spec = DSV4ModelSpec.model_validate(model["spec"])
+    validation = validate_object(deployment)
+    assert validation.valid and validation.spec is not None
+    assert validation.spec.model.cache.model is not None
+    assert validation.spec.model.cache.model.name == model["metadata"]["name"]
+    assert validation.spec.model.name == spec.repo

@@ -37,7 +37,8 @@ class DSV4ModelSpec(HuggingFaceSource):
         "deployment's spec.model.checkpoint is what the planner reads).",
     )
     storage: Quantity = Field(
-        description="Size of the claim (e.g. 1.2 x the weights: 190Gi for DeepSeek-V4-Flash).",
+        description="Size of the claim: the weights plus headroom for a revision change's "
+        "new blobs (a deployment naming the repo inline asks for 1.2 x its profile's weights).",
     )
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list,

@@ -123,9 +123,12 @@ def storage(ctx: RenderContext) -> str | int:
 
 
 def source_hash(ctx: ModelContext) -> str:
-    """What the Job downloads and how: a change of any of these is a new Job."""
+    """What the Job downloads and how: a change of any of these is a new Job. `owner`: a Job
+    of a DSV4Model is never one a deployment owned before models (its template differs and
+    cannot change); that Job's download is found on the claim and only verified."""
     hub = ctx.spec
     key = {
+        "owner": MODEL_KIND,
         "repo": hub.repo,
         "revision": hub.revision,
         "endpoint": hub.endpoint,
