@@ -140,7 +140,8 @@ class WeightsReason(Reason):
         "Pending",
         "Nothing downloads yet: the Job is being created, its claim is not bound or its pod "
         "cannot be scheduled or started (the message says which). A claim that stays unbound "
-        "needs a StorageClass that can provision `spec.model.cache.huggingFace.storage`.",
+        "needs a StorageClass that can provision `spec.model.cache.huggingFace.storage` (a "
+        "DSV4Model's `spec.storage`).",
     )
     DOWNLOADING = (
         "Downloading",
@@ -155,7 +156,8 @@ class WeightsReason(Reason):
     )
     TOKEN_SECRET_MISSING = (
         "TokenSecretMissing",
-        "`spec.model.cache.huggingFace.tokenSecret` names a Secret that does not exist in the "
+        "`spec.model.cache.huggingFace.tokenSecret` (a DSV4Model's `spec.tokenSecret`) names a "
+        "Secret that does not exist in the "
         "namespace: no download Job is created until it does. Create it (key `token`), or "
         "remove the field for a public repo.",
     )
@@ -168,17 +170,18 @@ class WeightsReason(Reason):
     UNAUTHORIZED = (
         "Unauthorized",
         "The Hub refused access (gated or private repo): set "
-        "`spec.model.cache.huggingFace.tokenSecret` to a Secret with a token that may read it.",
+        "`spec.model.cache.huggingFace.tokenSecret` (a DSV4Model's `spec.tokenSecret`) to a "
+        "Secret with a token that may read it.",
     )
     NOT_FOUND = (
         "NotFound",
         "The repository, revision or a file is not on the Hub: fix `spec.model.name` or "
-        "`spec.model.cache.huggingFace.revision`.",
+        "`spec.model.cache.huggingFace.revision` (a DSV4Model's `spec.repo`, `spec.revision`).",
     )
     DISK_FULL = (
         "DiskFull",
-        "The weights volume is too small: raise `spec.model.cache.huggingFace.storage` (or free "
-        "the volume).",
+        "The weights volume is too small: raise `spec.model.cache.huggingFace.storage` (a "
+        "DSV4Model's `spec.storage`), or free the volume.",
     )
     VERIFY_FAILED = (
         "VerifyFailed",
