@@ -205,3 +205,20 @@ def test_the_model_examples_are_valid_and_fit_together() -> None:
     assert validation.spec.model.cache.model is not None
     assert validation.spec.model.cache.model.name == model["metadata"]["name"]
     assert validation.spec.model.name == spec.repo
+
+
+def test_a_deleted_model_keeps_serving_its_users_while_its_status_catches_up(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    # The API server bumps a custom resource's generation when it sets deletionTimestamp.
+    deleting = _ready()
+    deleting["metadata"].update(generation=2, deletionTimestamp="2026-11-29T12:00:00Z")
+    decision = decide(make_world(_referencing(variant), weights=[deleting]))
+    weights = next(c for c in decision.status.conditions if c.type == "WeightsReady")
+    assert (weights.status, weights.reason) == ("True", "Downloaded")
+    # A new spec not yet taken up is another matter: the deployment waits for it.
+    changed = _ready()
+    changed["metadata"]["generation"] = 2
+    waiting = decide(make_world(_referencing(variant), weights=[changed]))
+    weights = next(c for c in waiting.status.conditions if c.type == "WeightsReady")
+    assert (weights.status, weights.reason) == ("False", "Pending")

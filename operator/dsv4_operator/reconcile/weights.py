@@ -204,7 +204,12 @@ def deployment_weights(
     status = parse_model_status(model.get("status"))
     generation = int(model["metadata"].get("generation") or 0)
     stale = wanted is not None and source != {k: wanted["spec"].get(k) for k in SOURCE_FIELDS}
-    if stale or (status.observed_generation or 0) < generation:
+    # Deleting a custom resource bumps its generation: no new spec, and a model being deleted
+    # starts nothing new, so its last word on the download stands.
+    behind = (status.observed_generation or 0) < generation and not model["metadata"].get(
+        "deletionTimestamp"
+    )
+    if stale or behind:
         return WeightsState(
             False,
             WeightsReason.PENDING,
