@@ -114,7 +114,11 @@ def _hub_files(hub: StandInHub) -> int:
 
 
 def test_deleting_and_reapplying_a_deployment_does_not_download_again(
-    control_plane: ControlPlane, cluster: Cluster, hub: StandInHub, tmp_path: Path
+    control_plane: ControlPlane,
+    cluster: Cluster,
+    operator: OperatorProcess,
+    hub: StandInHub,
+    tmp_path: Path,
 ) -> None:
     name = "reapplied"
     volume_for(
@@ -154,10 +158,15 @@ def test_deleting_and_reapplying_a_deployment_does_not_download_again(
     assert _claims_of(cluster, name) == {f"{name}-weights"}
     assert [j["metadata"]["uid"] for j in _jobs(cluster, name)] == jobs  # no second Job
     assert len(hub.log.requests) == requests  # not one request to the Hub
+    assert operator.metric("dsv4_reconciles_total", result="error") == 0
 
 
 def test_two_deployments_share_one_model_which_waits_for_them_when_deleted(
-    control_plane: ControlPlane, cluster: Cluster, hub: StandInHub, tmp_path: Path
+    control_plane: ControlPlane,
+    cluster: Cluster,
+    operator: OperatorProcess,
+    hub: StandInHub,
+    tmp_path: Path,
 ) -> None:
     model = "shared"
     volume_for(
@@ -235,3 +244,4 @@ def test_two_deployments_share_one_model_which_waits_for_them_when_deleted(
     assert (_model(cluster, model) or {})["status"]["usedBy"] == ["batch"]
     cluster.dsv4.delete(name="batch", namespace=cluster.namespace)
     wait_for("the model gone once unused", lambda: _model(cluster, model) is None or None, 60)
+    assert operator.metric("dsv4_reconciles_total", result="error") == 0
