@@ -34,6 +34,7 @@ from dsv4_operator.exit_codes import (
     USAGE_ERROR,
     with_exit_codes,
 )
+from dsv4_operator.names import KIND, MODEL_KIND
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.yaml_input import InputError, load_documents
 
@@ -303,13 +304,22 @@ def render(path: str, namespace: str | None) -> None:
 
 @main.command(
     help=with_exit_codes(
-        "crd", "The DSV4Deployment CustomResourceDefinition generated from the API models."
+        "crd",
+        "A CustomResourceDefinition generated from the API models: DSV4Deployment, or "
+        "DSV4Model with --kind.",
     )
 )
-def crd() -> None:
+@click.option(
+    "--kind",
+    type=click.Choice([KIND, MODEL_KIND]),
+    default=KIND,
+    show_default=True,
+    help="The kind whose CRD to print.",
+)
+def crd(kind: str) -> None:
     from dsv4_operator.api.crd import crd_yaml
 
-    click.echo(crd_yaml(), nl=False)
+    click.echo(crd_yaml(kind), nl=False)
 
 
 @main.command(help=with_exit_codes("rules", "The rule catalogue."))

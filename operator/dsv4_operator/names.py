@@ -17,6 +17,12 @@ KIND = "DSV4Deployment"
 PLURAL = "dsv4deployments"
 SINGULAR = "dsv4deployment"
 SHORT_NAMES = ("dsv4",)
+# The model a deployment serves, an object of its own (docs/models.md): its Hub download,
+# claim and progress outlive any deployment that uses it.
+MODEL_KIND = "DSV4Model"
+MODEL_PLURAL = "dsv4models"
+MODEL_SINGULAR = "dsv4model"
+MODEL_SHORT_NAMES = ("dsv4model",)
 
 # Who we are: the managed-by label value, the Event reporter, the server-side apply manager.
 OPERATOR = "dsv4-operator"
@@ -34,6 +40,15 @@ LABEL_PREFIX = GROUP
 DEPLOYMENT_LABEL = f"{LABEL_PREFIX}/deployment"
 ROLE_LABEL = f"{LABEL_PREFIX}/role"
 PAIR_LABEL = f"{LABEL_PREFIX}/pair"
+# On a DSV4Model's children (claim, download Job, its rights): the model they belong to.
+MODEL_LABEL = f"{LABEL_PREFIX}/model"
+# On a DSV4Model a deployment created from its inline Hub repo: that deployment's name.
+CREATED_FOR_LABEL = f"{LABEL_PREFIX}/created-for"
+# Held on a DSV4Model while a deployment references it: deleting it waits for them.
+MODEL_FINALIZER = f"{GROUP}/model-in-use"
+# The work queue's key of a DSV4Model: (namespace, MODEL_KEY_PREFIX + name). An object name
+# never holds '/', so it never meets a DSV4Deployment's key.
+MODEL_KEY_PREFIX = f"{MODEL_KIND}/"
 REVISION_LABEL = f"{LABEL_PREFIX}/revision"
 # The P/D transfer-format key: a label on pods and ControllerRevisions, an annotation on
 # StatefulSets and the router Deployment.
@@ -105,14 +120,15 @@ def service_monitor_name(deployment: str) -> str:
 DEFAULT_OPERATOR_IMAGE = "registry.example.com/dsv4-operator:0.1.0"
 
 
-def weights_claim_name(deployment: str) -> str:
-    """The PVC the operator creates for weights downloaded from the Hugging Face Hub."""
-    return f"{deployment}-weights"
+def weights_claim_name(model: str) -> str:
+    """The PVC of a DSV4Model's weights downloaded from the Hugging Face Hub (a deployment
+    naming its repo inline uses the model of its own name: `<deployment>-weights`)."""
+    return f"{model}-weights"
 
 
-def weights_job_name(deployment: str, source_hash: str) -> str:
+def weights_job_name(model: str, source_hash: str) -> str:
     """The download Job of one (repo, revision, endpoint): Job templates are immutable."""
-    return f"{deployment}-weights-{source_hash}"
+    return f"{model}-weights-{source_hash}"
 
 
 def revision_name(deployment: str, revision: str) -> str:

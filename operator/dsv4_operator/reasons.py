@@ -140,7 +140,8 @@ class WeightsReason(Reason):
         "Pending",
         "Nothing downloads yet: the Job is being created, its claim is not bound or its pod "
         "cannot be scheduled or started (the message says which). A claim that stays unbound "
-        "needs a StorageClass that can provision `spec.model.cache.huggingFace.storage`.",
+        "needs a StorageClass that can provision `spec.model.cache.huggingFace.storage` (a "
+        "DSV4Model's `spec.storage`).",
     )
     DOWNLOADING = (
         "Downloading",
@@ -155,7 +156,8 @@ class WeightsReason(Reason):
     )
     TOKEN_SECRET_MISSING = (
         "TokenSecretMissing",
-        "`spec.model.cache.huggingFace.tokenSecret` names a Secret that does not exist in the "
+        "`spec.model.cache.huggingFace.tokenSecret` (a DSV4Model's `spec.tokenSecret`) names a "
+        "Secret that does not exist in the "
         "namespace: no download Job is created until it does. Create it (key `token`), or "
         "remove the field for a public repo.",
     )
@@ -168,22 +170,33 @@ class WeightsReason(Reason):
     UNAUTHORIZED = (
         "Unauthorized",
         "The Hub refused access (gated or private repo): set "
-        "`spec.model.cache.huggingFace.tokenSecret` to a Secret with a token that may read it.",
+        "`spec.model.cache.huggingFace.tokenSecret` (a DSV4Model's `spec.tokenSecret`) to a "
+        "Secret with a token that may read it.",
     )
     NOT_FOUND = (
         "NotFound",
         "The repository, revision or a file is not on the Hub: fix `spec.model.name` or "
-        "`spec.model.cache.huggingFace.revision`.",
+        "`spec.model.cache.huggingFace.revision` (a DSV4Model's `spec.repo`, `spec.revision`).",
     )
     DISK_FULL = (
         "DiskFull",
-        "The weights volume is too small: raise `spec.model.cache.huggingFace.storage` (or free "
-        "the volume).",
+        "The weights volume is too small: raise `spec.model.cache.huggingFace.storage` (a "
+        "DSV4Model's `spec.storage`), or free the volume.",
     )
     VERIFY_FAILED = (
         "VerifyFailed",
         "A downloaded file has the wrong size or sha256 (the message names it). Delete the Job "
         "to download again.",
+    )
+    MODEL_MISSING = (
+        "ModelMissing",
+        "`spec.model.cache.model` names a DSV4Model that does not exist in the namespace: "
+        "create it (docs/models.md) or name another one; the engines wait.",
+    )
+    MODEL_MISMATCH = (
+        "ModelMismatch",
+        "The referenced DSV4Model holds another repo than `spec.model.name`: set "
+        "spec.model.name to the model's `spec.repo`, or reference a model of that repo.",
     )
     HUB_UNAVAILABLE = (
         "HubUnavailable",
@@ -291,6 +304,13 @@ class EventReason(Reason):
     WEIGHTS_DISK_FULL = _weights_event(WeightsReason.DISK_FULL)
     WEIGHTS_VERIFY_FAILED = _weights_event(WeightsReason.VERIFY_FAILED)
     WEIGHTS_HUB_UNAVAILABLE = _weights_event(WeightsReason.HUB_UNAVAILABLE)
+    WEIGHTS_MODEL_MISSING = _weights_event(WeightsReason.MODEL_MISSING)
+    WEIGHTS_MODEL_MISMATCH = _weights_event(WeightsReason.MODEL_MISMATCH)
+    MODEL_IN_USE = (
+        "ModelInUse",
+        "A DSV4Model was deleted while DSV4Deployments reference it: it and its weights stay "
+        "until they are deleted or reference another model (the message names them).",
+    )
 
 
 class ConditionReason(Reason):
@@ -440,6 +460,23 @@ class ConditionReason(Reason):
         "parser drops on `tool_choice: auto` traffic reaches the client as prose, which neither "
         "the tap nor Prometheus can tell from an answer: the canary, which knows a call is due, "
         "remains the signal. Use an image with the drop counter (images/engine/patches).",
+    )
+    # InUse (a DSV4Model's)
+    REFERENCED = (
+        "Referenced",
+        "InUse=True: DSV4Deployments reference the DSV4Model (the message and status.usedBy "
+        "name them); deleting it waits for them (finalizer dsv4.io/model-in-use).",
+    )
+    UNUSED = (
+        "Unused",
+        "InUse=False: no DSV4Deployment references the DSV4Model; deleting it deletes its "
+        "claim and download Jobs.",
+    )
+    DELETION_WAITS = (
+        "DeletionWaits",
+        "InUse=True: the DSV4Model was deleted while DSV4Deployments reference it (named in "
+        "the message): it and its weights stay until they are deleted or reference another "
+        "model.",
     )
     # MonitoringReady
     APPLIED = "Applied", "MonitoringReady=True: the ServiceMonitor is applied."

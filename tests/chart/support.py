@@ -33,6 +33,12 @@ NAMESPACED_RULES = [
     {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["dsv4.io"], "resources": ["dsv4deployments/status"], "verbs": ["patch"]},
     {
+        "apiGroups": ["dsv4.io"],
+        "resources": ["dsv4models"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
+    {"apiGroups": ["dsv4.io"], "resources": ["dsv4models/status"], "verbs": ["patch"]},
+    {
         "apiGroups": ["apps"],
         "resources": ["statefulsets", "deployments"],
         "verbs": ["list", "watch", "create", "patch", "delete"],

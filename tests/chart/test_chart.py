@@ -80,24 +80,32 @@ def _port(objects: list[dict[str, Any]], name: str) -> int:
     return ports[name]
 
 
+CRD_FILES = ("dsv4.io_dsv4deployments.yaml", "dsv4.io_dsv4models.yaml")
+
+
 def test_chart_crd_is_a_copy_of_the_generated_crd() -> None:
-    chart_crd = CHART / "files" / "crds" / "dsv4.io_dsv4deployments.yaml"
-    source = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
-    assert chart_crd.read_bytes() == source.read_bytes(), (
-        "charts/dsv4-operator/files/crds/ drifted from crds/: "
-        "cp crds/dsv4.io_dsv4deployments.yaml charts/dsv4-operator/files/crds/"
-    )
+    for name in CRD_FILES:
+        chart_crd = CHART / "files" / "crds" / name
+        source = REPO / "crds" / name
+        assert chart_crd.read_bytes() == source.read_bytes(), (
+            "charts/dsv4-operator/files/crds/ drifted from crds/: "
+            f"cp crds/{name} charts/dsv4-operator/files/crds/"
+        )
     assert not (CHART / "crds").exists(), "crds/ is installed once and never upgraded by Helm"
 
 
 def test_the_chart_installs_and_keeps_the_crd_unless_told_not_to() -> None:
-    source = yaml.safe_load((REPO / "crds" / "dsv4.io_dsv4deployments.yaml").read_text())
-    crd = one(render(), "CustomResourceDefinition")
-    assert crd["spec"] == source["spec"] and crd["metadata"]["name"] == source["metadata"]["name"]
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-    unkept = one(render({"crds": {"keep": False}}), "CustomResourceDefinition")
-    assert "annotations" not in unkept["metadata"]
+    crds = by_kind(render(), "CustomResourceDefinition")
+    assert len(crds) == len(CRD_FILES)  # DSV4Deployment and DSV4Model
+    for crd, name in zip(crds, CRD_FILES, strict=True):
+        source = yaml.safe_load((REPO / "crds" / name).read_text())
+        assert crd["spec"] == source["spec"]
+        assert crd["metadata"]["name"] == source["metadata"]["name"]
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    unkept = by_kind(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert len(unkept) == len(CRD_FILES)
+    assert all("annotations" not in crd["metadata"] for crd in unkept)
     assert not by_kind(render({"crds": {"enabled": False}}), "CustomResourceDefinition")
 
 
@@ -640,12 +648,19 @@ def test_users_rights_are_aggregated_into_the_default_roles() -> None:
     assert view["rules"] == [
         {
             "apiGroups": ["dsv4.io"],
-            "resources": ["dsv4deployments", "dsv4deployments/status"],
+            "resources": [
+                "dsv4deployments",
+                "dsv4deployments/status",
+                "dsv4models",
+                "dsv4models/status",
+            ],
             "verbs": ["get", "list", "watch"],
         }
     ]
     # Users never write the status: it belongs to the operator.
-    assert all("dsv4deployments/status" not in r["resources"] for r in edit["rules"])
+    for status in ("dsv4deployments/status", "dsv4models/status"):
+        assert all(status not in r["resources"] for r in edit["rules"])
+    assert any("dsv4models" in r["resources"] and "delete" in r["verbs"] for r in edit["rules"])
     off = by_kind(render({"rbac": {"aggregateToDefaultRoles": False}}), "ClusterRole")
     assert not {r["metadata"]["name"] for r in off} & {"dsv4-operator-view", "dsv4-operator-edit"}
 

@@ -21,7 +21,7 @@ import yaml
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.operator import OperatorProcess
-from tests.support.paths import CRD_PATH
+from tests.support.paths import CRD_PATHS
 
 from .cluster_support import exists
 from .network_support import AddressWatch, host_addresses
@@ -90,7 +90,7 @@ def lws_control_plane() -> Iterator[ControlPlane]:
 
 
 def _dsv4_crds() -> list[Path]:
-    return [CRD_PATH] if CRD_PATH.is_file() else []
+    return [p for p in CRD_PATHS if p.is_file()]
 
 
 def _started(cp: ControlPlane) -> ControlPlane:
@@ -154,22 +154,30 @@ def _test_namespace(dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def dsv4_crd(dyn: Any) -> dict[str, Any]:
-    """The DSV4Deployment CRD from ``crds/``, applied server-side and Established."""
-    assert CRD_PATH.is_file(), f"{CRD_PATH} is missing"
-    crd: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    """The DSV4Deployment CRD (and the DSV4Model CRD beside it) from ``crds/``, applied
+    server-side, Established and served."""
+    applied = []
+    for path in CRD_PATHS:
+        assert path.is_file(), f"{path} is missing"
+        applied.append(_apply_crd(dyn, yaml.safe_load(path.read_text())))
+    return applied[0]
+
+
+def _apply_crd(dyn: Any, crd: dict[str, Any]) -> dict[str, Any]:
     crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
     crds.server_side_apply(body=crd, name=crd["metadata"]["name"], field_manager="dsv4-tests")
+    kind = crd["spec"]["names"]["kind"]
 
     def established() -> bool:
         obj = crds.get(name=crd["metadata"]["name"]).to_dict()
         conditions = obj.get("status", {}).get("conditions", [])
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_for("DSV4Deployment CRD Established", established, timeout=60)
+    wait_for(f"{kind} CRD Established", established, timeout=60)
     # Served too (discovery refreshed), not only Established.
     wait_for(
-        "dsv4.io/v1alpha1 DSV4Deployment in discovery",
-        lambda: _discoverable(dyn, "dsv4.io/v1alpha1", "DSV4Deployment"),
+        f"dsv4.io/v1alpha1 {kind} in discovery",
+        lambda: _discoverable(dyn, "dsv4.io/v1alpha1", kind),
         timeout=60,
     )
     return crd

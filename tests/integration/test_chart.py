@@ -672,9 +672,9 @@ def test_the_readme_install_with_weights_from_the_hub_reaches_ready(
             cluster = Cluster(dyn, work_namespace)
             try:
                 cluster.apply(doc)
-                jobs = wait_for(
+                jobs = wait_for(  # of the DSV4Model named after the deployment
                     "the download Job",
-                    lambda: cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}"),
+                    lambda: cluster.items("batch/v1", "Job", f"dsv4.io/model={name}"),
                     timeout=60,
                 )
                 assert jobs[0]["spec"]["template"]["spec"]["containers"][0]["image"] == image

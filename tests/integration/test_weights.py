@@ -88,7 +88,7 @@ def _weights(cluster: Cluster, name: str) -> dict[str, Any] | None:
 
 def _job(cluster: Cluster, name: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
-        jobs = cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}")
+        jobs = cluster.items("batch/v1", "Job", f"dsv4.io/model={name}")
         return jobs[0] if jobs else None
 
     return wait_for(f"the download Job of {name}", found, timeout=60)  # type: ignore[no-any-return]
@@ -223,7 +223,7 @@ def test_a_missing_repo_fails_the_job_at_once_and_says_why(
     print(listed)
     assert "WeightsFailed" in listed
     # podFailurePolicy: no retry of a 404.
-    live = cluster.items("batch/v1", "Job", f"dsv4.io/deployment={name}")[0]
+    live = cluster.items("batch/v1", "Job", f"dsv4.io/model={name}")[0]
     assert live["status"].get("failed") == 1 and not live["status"].get("active")
     events = cluster.wait_events("WeightsNotFound", name=name)
     assert [e["type"] for e in events if e["reason"] == "WeightsNotFound"] == ["Warning"]

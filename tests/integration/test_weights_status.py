@@ -41,7 +41,7 @@ def _condition(cluster: Cluster, type_: str) -> dict[str, Any]:
 
 
 def _jobs(cluster: Cluster) -> list[dict[str, Any]]:
-    return cluster.items("batch/v1", "Job", "dsv4.io/deployment=dsv4-flash")
+    return cluster.items("batch/v1", "Job", "dsv4.io/model=dsv4-flash")
 
 
 def test_a_missing_token_secret_is_refused_before_any_job(

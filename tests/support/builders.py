@@ -4,6 +4,7 @@ reads (as gather() builds it), and children as the API server holds them once ap
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -115,3 +116,26 @@ def engine_pod(
             ]
         },
     }
+
+
+def stored_model(model: Doc, generation: int = 1, status: Doc | None = None) -> Doc:
+    """A DSV4Model manifest (an inline repo's, from decide()'s apply) as the API server
+    stores it: a uid, a generation, defaults filled in, and `status` if given."""
+    from dsv4_operator.api.models import DSV4ModelSpec
+
+    stored = copy.deepcopy(model)
+    stored["metadata"].update(uid="m1", generation=generation, resourceVersion="7")
+    stored["spec"] = DSV4ModelSpec.model_validate(stored["spec"]).to_wire()
+    if status is not None:
+        stored["status"] = status
+    return stored
+
+
+def model_world(model: Doc, **kw: Any) -> Any:
+    """The ModelWorld of a stored DSV4Model, as gather_model() builds it: `weights=[...]`
+    (claim, Jobs, rights, the Jobs' pods), `users=[...]`, other fields by name."""
+    from dsv4_operator.reconcile.model_world import ModelWorld
+
+    facts = {k: kw.pop(k) for k in ("users", "weights") if k in kw}
+    world = ModelWorld.from_objects(model, NOW, **facts)
+    return dataclasses.replace(world, **kw) if kw else world

@@ -92,8 +92,8 @@ def test_cel_rules_present() -> None:
         for r in schema["properties"]["model"]["properties"]["cache"]["x-kubernetes-validations"]
     ]
     assert (
-        "[has(self.pvc), has(self.hostPath), has(self.huggingFace)].filter(x, x).size() == 1"
-        in rules
+        "[has(self.pvc), has(self.hostPath), has(self.huggingFace), has(self.model)]"
+        ".filter(x, x).size() == 1" in rules
     )
     assert "self.workload.contextTokens <= self.engine.contextLength" in rules
 

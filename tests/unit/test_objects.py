@@ -102,26 +102,20 @@ def test_pod_view_reads_labels_conditions_and_container_states() -> None:
 def test_the_world_reads_children_through_views_and_hands_back_their_objects() -> None:
     spec, first = _first_pass()
     live = as_live(first.apply)
-    job_pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "x-weights-abc-0", "labels": {"job-name": "x-weights-abc"}},
-    }
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x-weights-abc"}}
+    model = {"apiVersion": "dsv4.io/v1alpha1", "kind": "DSV4Model", "metadata": {"name": "x"}}
     world = make_world(
         spec,
         revisions=first.create,
         pods=[engine_pod("r1", {"reason": "Error"})],
-        weights=[job, job_pod],
+        weights=[model],
         **live,
     )
     assert all(isinstance(s, StatefulSetView) for s in world.statefulsets)
     assert [p.name for p in world.pods] == ["x-decode-0"]
-    assert [p.name for p in world.weights_pods] == ["x-weights-abc-0"]
-    assert world.weights == [job]
+    assert world.weights == [model]
     [decode] = [s for s in live["statefulsets"] if s["metadata"]["name"] == "x-decode"]
     assert world.live("StatefulSet", "x-decode") is decode
-    assert world.live("Job", "x-weights-abc") is job
+    assert world.live("DSV4Model", "x") is model
     router = world.router()
     assert router is not None and world.live("Deployment", "x-router") is router.raw
     revision = world.revision(first.create[0]["metadata"]["name"])

@@ -73,6 +73,9 @@ WIRE = {
         "WeightsDiskFull",
         "WeightsVerifyFailed",
         "WeightsHubUnavailable",
+        "WeightsModelMissing",
+        "WeightsModelMismatch",
+        "ModelInUse",
     },
     "ConditionReason": {
         "Valid",
@@ -110,6 +113,9 @@ WIRE = {
         "EngineCounts",
         "NoDropCounter",
         "Applied",
+        "Referenced",
+        "Unused",
+        "DeletionWaits",
         "Disabled",
         "CRDMissing",
     },
@@ -125,6 +131,8 @@ WIRE = {
         "DiskFull",
         "VerifyFailed",
         "HubUnavailable",
+        "ModelMissing",
+        "ModelMismatch",
     },
 }
 

@@ -272,7 +272,7 @@ class _Cache:
         pass
 
     def keys(self, res: Any) -> list[tuple[str, str]]:
-        return sorted(self.owners)
+        return sorted(self.owners) if res == DSV4 else []  # no DSV4Model
 
     async def get(self, res: Any, namespace: str, name: str) -> dict[str, Any] | None:
         return self.owners.get((namespace, name))

@@ -1,6 +1,7 @@
-"""WeightsReady tells the truth (reconcile/weights.py through decide()): Pending while nothing
-downloads (and why), Downloading only with figures, Verifying and never back, and a missing
-token Secret refused before any Job exists."""
+"""WeightsReady tells the truth (reconcile/weights.py through decide_model(), and the
+deployment's copy through decide()): Pending while nothing downloads (and why), Downloading
+only with figures, Verifying and never back, and a missing token Secret refused before any
+Job exists."""
 
 from __future__ import annotations
 
@@ -10,22 +11,41 @@ from typing import Any
 
 import pytest
 
+from dsv4_operator.api.models import DSV4ModelStatus
 from dsv4_operator.api.status import Condition, DSV4DeploymentStatus
 from dsv4_operator.reconcile.actions import Decision
 from dsv4_operator.reconcile.decide import decide
+from dsv4_operator.reconcile.model_decide import ModelDecision, decide_model
 from dsv4_operator.weights.progress import PROGRESS_ANNOTATION, WeightsProgress
-from tests.support.builders import make_world
+from tests.support.builders import make_world, model_world, stored_model
 
 REPO_ID = "deepseek-ai/DeepSeek-V4-Flash"
 GIB = 1 << 30
+IMAGE = "registry.example.com/dsv4-operator:test"
 
 
 def _hub(variant: Callable[..., dict[str, Any]], **hub: Any) -> dict[str, Any]:
     return variant({"model.name": REPO_ID, "model.cache": {"huggingFace": hub}})
 
 
+def _model(deployment: Decision, status: DSV4ModelStatus | None = None) -> dict[str, Any]:
+    """The DSV4Model the deployment's pass applied, as stored (with the model's `status`)."""
+    model = next(o for o in deployment.apply if o["kind"] == "DSV4Model")
+    return stored_model(model, status=status.to_wire() if status is not None else None)
+
+
+def _passes(spec: dict[str, Any], **state: Any) -> tuple[Decision, ModelDecision, ModelDecision]:
+    """The deployment's first pass, the model's first pass, then the model's next pass with
+    its weights in `state`."""
+    deployment = decide(make_world(spec))
+    first = decide_model(model_world(_model(deployment)), IMAGE)
+    weights = _weights(first, **state)
+    second = decide_model(model_world(_model(deployment, first.status), weights=weights), IMAGE)
+    return deployment, first, second
+
+
 def _weights(
-    first: Decision, claim: str = "Bound", pod: dict[str, Any] | None = None, **report: Any
+    first: ModelDecision, claim: str = "Bound", pod: dict[str, Any] | None = None, **report: Any
 ) -> list[dict[str, Any]]:
     """The weights objects after `first`: the claim in phase `claim`, the Job running with
     the fetcher's `report` (none if empty) and, if given, its pod's status."""
@@ -66,7 +86,7 @@ def _weights(
     return out
 
 
-def _weights_ready(status: DSV4DeploymentStatus) -> Condition:
+def _weights_ready(status: DSV4DeploymentStatus | DSV4ModelStatus) -> Condition:
     return next(c for c in status.conditions if c.type == "WeightsReady")
 
 
@@ -130,38 +150,30 @@ def test_weights_ready_says_what_the_download_does(
 ) -> None:
     state, reason, said = CASES[case]
     spec = _hub(variant)
-    first = decide(make_world(spec))
-    second = decide(make_world(spec, weights=_weights(first, **state), status=first.status))
+    deployment, _, second = _passes(spec, **state)
     condition = _weights_ready(second.status)
     assert (condition.status, condition.reason) == ("False", reason)
     for words in said:
         assert words in condition.message
-    assert second.status.phase == "Progressing"
+    assert second.status.phase == ("Pending" if reason == "Pending" else "Downloading")
+    # The deployment says what its model says, and waits.
+    seen = decide(
+        make_world(spec, weights=[_model(deployment, second.status)], status=deployment.status)
+    )
+    mirrored = _weights_ready(seen.status)
+    assert (mirrored.reason, mirrored.message) == (reason, condition.message)
+    assert seen.status.phase == "Progressing"
 
 
 def test_verifying_never_goes_back_to_downloading(variant: Callable[..., dict[str, Any]]) -> None:
     spec = _hub(variant)
-    first = decide(make_world(spec))
-    verifying = decide(
-        make_world(
-            spec,
-            weights=_weights(
-                first, phase="Verifying", files_done=4, bytes_done=700 * GIB, **FIGURES
-            ),
-            status=first.status,
-        )
+    deployment, first, verifying = _passes(
+        spec, phase="Verifying", files_done=4, bytes_done=700 * GIB, **FIGURES
     )
     assert _weights_ready(verifying.status).reason == "Verifying"
     # A report of the same Job that reads like a download again (a retried pod re-listing).
-    again = decide(
-        make_world(
-            spec,
-            weights=_weights(
-                first, phase="Downloading", files_done=3, bytes_done=600 * GIB, **FIGURES
-            ),
-            status=verifying.status,
-        )
-    )
+    weights = _weights(first, phase="Downloading", files_done=3, bytes_done=600 * GIB, **FIGURES)
+    again = decide_model(model_world(_model(deployment, verifying.status), weights=weights), IMAGE)
     assert _weights_ready(again.status).reason == "Verifying"
 
 
@@ -169,15 +181,25 @@ def test_a_missing_token_secret_is_refused_before_any_job(
     variant: Callable[..., dict[str, Any]],
 ) -> None:
     spec = _hub(variant, tokenSecret={"name": "hf-token", "key": "token"})
-    decision = decide(make_world(spec, missing_secrets=frozenset({"hf-token"})))
+    deployment = decide(make_world(spec))
+    model = _model(deployment)
+    decision = decide_model(model_world(model, missing_secrets=frozenset({"hf-token"})), IMAGE)
     assert [o for o in decision.apply if o["kind"] == "Job"] == []
     condition = _weights_ready(decision.status)
     assert condition.reason == "TokenSecretMissing"
     assert "Secret hf-token" in condition.message and "'token'" in condition.message
-    degraded = next(c for c in decision.status.conditions if c.type == "Degraded")
-    assert (degraded.status, degraded.reason) == ("True", "WeightsFailed")
     assert decision.status.phase == "Failed"
     assert [(n.type, n.reason) for n in decision.events if n.reason.startswith("Weights")] == [
         ("Warning", "WeightsTokenSecretMissing")
     ]
     assert decision.requeue_after is not None  # Secrets are not watched: look again
+    # The deployment that uses the model fails with it, and says so once.
+    seen = decide(
+        make_world(spec, weights=[_model(deployment, decision.status)], status=deployment.status)
+    )
+    degraded = next(c for c in seen.status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "WeightsFailed")
+    assert seen.status.phase == "Failed"
+    assert [(n.type, n.reason) for n in seen.events if n.reason.startswith("Weights")] == [
+        ("Warning", "WeightsTokenSecretMissing")
+    ]

@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
+from dsv4_operator.api.models import DSV4ModelSpec, DSV4ModelStatus
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.names import (
@@ -15,6 +17,10 @@ from dsv4_operator.names import (
     GROUP,
     KIND,
     MAX_DEPLOYMENT_NAME_LENGTH,
+    MODEL_KIND,
+    MODEL_PLURAL,
+    MODEL_SHORT_NAMES,
+    MODEL_SINGULAR,
     NAME_PATTERN,
     PLURAL,
     SHORT_NAMES,
@@ -159,6 +165,8 @@ def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
             out["properties"] = {name: structural(sub, defs) for name, sub in value.items()}
         elif key == "items":
             out["items"] = structural(value, defs)
+        elif key == "const":  # a one-value Literal: OpenAPI v3.0 has no `const`
+            out["enum"] = [value]
         elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             bound = "minimum" if key == "exclusiveMinimum" else "maximum"
             out[bound] = value
@@ -186,15 +194,20 @@ def structural(node: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     return with_default_note(out)
 
 
-def openapi_schema() -> JsonSchema:
-    """The openAPIV3Schema of the CRD's only version."""
-    spec_schema = DSV4DeploymentSpec.model_json_schema(by_alias=True, mode="validation")
-    status_schema = DSV4DeploymentStatus.model_json_schema(by_alias=True, mode="serialization")
+def _spec_and_status(spec_model: type[BaseModel], status_model: type[BaseModel]) -> JsonSchema:
+    """The structural schemas of a kind's spec and status, by property name."""
+    spec_schema = spec_model.model_json_schema(by_alias=True, mode="validation")
+    status_schema = status_model.model_json_schema(by_alias=True, mode="serialization")
     spec = structural(spec_schema, spec_schema.get("$defs", {}))
     spec.pop("$defs", None)
     status = structural(status_schema, status_schema.get("$defs", {}))
     status.pop("$defs", None)
     status.pop("required", None)
+    return {"spec": spec, "status": status}
+
+
+def openapi_schema() -> JsonSchema:
+    """The openAPIV3Schema of the CRD's only version."""
     return {
         "type": "object",
         "x-kubernetes-validations": NAME_RULES,
@@ -206,44 +219,109 @@ def openapi_schema() -> JsonSchema:
             "apiVersion": {"type": "string", "description": API_VERSION},
             "kind": {"type": "string", "description": KIND},
             "metadata": {"type": "object"},
-            "spec": spec,
-            "status": status,
+            **_spec_and_status(DSV4DeploymentSpec, DSV4DeploymentStatus),
         },
     }
 
 
-def custom_resource_definition() -> JsonSchema:
-    """The whole CRD object."""
+MODEL_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Repo", "type": "string", "jsonPath": ".spec.repo"},
+    {"name": "Revision", "type": "string", "jsonPath": ".spec.revision"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Progress",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="WeightsReady")].reason',
+        "description": "The WeightsReady condition's reason",
+    },
+    {
+        "name": "Used-By",
+        "type": "string",
+        "jsonPath": ".status.usedBy",
+        "description": "DSV4Deployments that reference the model",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def model_openapi_schema() -> JsonSchema:
+    """The openAPIV3Schema of the DSV4Model CRD."""
+    return {
+        "type": "object",
+        "description": "A model's weights from the Hugging Face Hub, downloaded once into a "
+        "claim of its own and shared by the DSV4Deployments that reference it; deleting a "
+        "deployment keeps them (docs/models.md).",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": API_VERSION},
+            "kind": {"type": "string", "description": MODEL_KIND},
+            "metadata": {"type": "object"},
+            **_spec_and_status(DSV4ModelSpec, DSV4ModelStatus),
+        },
+    }
+
+
+def _crd(
+    names: JsonSchema, printer: list[dict[str, Any]], schema: JsonSchema, scope: str
+) -> JsonSchema:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{names['plural']}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-                "categories": ["all", "dsv4"],
-            },
-            "scope": "Namespaced",
+            "names": names,
+            "scope": scope,
             "versions": [
                 {
                     "name": VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "additionalPrinterColumns": printer,
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
     }
 
 
-def crd_yaml() -> str:
-    """The CRD as committed in crds/ (stable key order, so drift shows in a diff)."""
+def custom_resource_definition() -> JsonSchema:
+    """The whole DSV4Deployment CRD object."""
+    names = {
+        "kind": KIND,
+        "listKind": f"{KIND}List",
+        "plural": PLURAL,
+        "singular": SINGULAR,
+        "shortNames": list(SHORT_NAMES),
+        "categories": ["all", "dsv4"],
+    }
+    return _crd(names, PRINTER_COLUMNS, openapi_schema(), "Namespaced")
+
+
+def model_custom_resource_definition() -> JsonSchema:
+    """The whole DSV4Model CRD object."""
+    names = {
+        "kind": MODEL_KIND,
+        "listKind": f"{MODEL_KIND}List",
+        "plural": MODEL_PLURAL,
+        "singular": MODEL_SINGULAR,
+        "shortNames": list(MODEL_SHORT_NAMES),
+        # Not in the `dsv4` category: `kubectl get dsv4` lists the deployments alone, as ever.
+    }
+    return _crd(names, MODEL_PRINTER_COLUMNS, model_openapi_schema(), "Namespaced")
+
+
+CRD_KINDS = {KIND: custom_resource_definition, MODEL_KIND: model_custom_resource_definition}
+
+
+def crd_file_name(kind: str = KIND) -> str:
+    """The file under crds/ (and the chart's files/crds/) of a kind's CRD."""
+    plural = PLURAL if kind == KIND else MODEL_PLURAL
+    return f"{GROUP}_{plural}.yaml"
+
+
+def crd_yaml(kind: str = KIND) -> str:
+    """A CRD as committed in crds/ (stable key order, so drift shows in a diff)."""
     header = "# Generated by `dsv4 crd` from operator/dsv4_operator/api; do not edit.\n"
-    return header + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=100)
+    return header + yaml.safe_dump(CRD_KINDS[kind](), sort_keys=False, width=100)

@@ -56,9 +56,10 @@ class SecretKeyRef(ApiModel):
 class HuggingFaceSource(ApiModel):
     """Weights downloaded from the Hugging Face Hub into a PVC the operator creates.
 
-    spec.model.name is the repo id. A Job downloads the snapshot once (resumable; the Hub's
+    spec.model.name is the repo id. The deployment creates (or adopts) the DSV4Model of its own
+    name with these fields; the model's Job downloads the snapshot once (resumable; the Hub's
     file list gives the size up front) and verifies it; the engines start when it succeeded
-    (condition WeightsReady). The claim is shared by both roles and kept with the deployment.
+    (condition WeightsReady). The claim belongs to the model and outlives the deployment.
     """
 
     revision: str = Field(
@@ -117,22 +118,46 @@ def _positive_quantity(value: int | str) -> bool:
     return mantissa is not None and re.search(r"[1-9]", mantissa.group()) is not None
 
 
+class ModelRef(ApiModel):
+    """A DSV4Model in the deployment's namespace (docs/models.md)."""
+
+    kind: Literal["DSV4Model"] = Field(
+        default="DSV4Model",
+        max_length=64,
+        description="DSV4Model (the only kind served today).",
+    )
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="Name of the DSV4Model in the deployment's namespace.",
+    )
+
+
 class ModelCache(ApiModel):
     """Where the weights live; mounted at /models in every engine pod (HF_HOME)."""
 
     model_config = ApiModel.with_cel(
         {
-            "rule": "[has(self.pvc), has(self.hostPath), has(self.huggingFace)]"
+            "rule": "[has(self.pvc), has(self.hostPath), has(self.huggingFace), has(self.model)]"
             ".filter(x, x).size() == 1",
-            "message": "set exactly one of spec.model.cache.pvc, spec.model.cache.hostPath or "
-            "spec.model.cache.huggingFace",
+            "message": "set exactly one of spec.model.cache.pvc, spec.model.cache.hostPath, "
+            "spec.model.cache.huggingFace or spec.model.cache.model",
         }
     )
 
     pvc: PvcSource | None = Field(default=None, description="Weights on a PVC.")
     host_path: HostPathSource | None = Field(default=None, description="Weights on a node path.")
     hugging_face: HuggingFaceSource | None = Field(
-        default=None, description="Weights downloaded from the Hugging Face Hub."
+        default=None,
+        description="Weights downloaded from the Hugging Face Hub, into the DSV4Model named "
+        "after this deployment (created, or adopted when it exists; kept when the deployment "
+        "is deleted).",
+    )
+    model: ModelRef | None = Field(
+        default=None,
+        description="Weights of a DSV4Model in this namespace: its download and claim, "
+        "shared with every deployment that references it.",
     )
 
 
@@ -171,9 +196,11 @@ class ModelSpec(ApiModel):
 
     @model_validator(mode="after")
     def _hub_repo_id(self) -> ModelSpec:
-        if self.cache.hugging_face is not None and not HUB_REPO_ID.match(self.name):
+        hub = self.cache.hugging_face is not None or self.cache.model is not None
+        if hub and not HUB_REPO_ID.match(self.name):
             raise ValueError(
                 f"spec.model.name {self.name!r} must be a Hugging Face repo id "
-                "(`organization/model`) when spec.model.cache.huggingFace is set"
+                "(`organization/model`) when spec.model.cache.huggingFace or "
+                "spec.model.cache.model is set"
             )
         return self

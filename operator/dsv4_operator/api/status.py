@@ -26,6 +26,7 @@ ConditionType = Literal[
     "WeightsReady",
     "PlanVerified",
     "LeakShapesVisible",
+    "InUse",
 ]
 Severity = Literal["error", "warning"]
 # Guard verdicts typed with the catalogue's enums (reasons.py) and written as their values; the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.names import API_VERSION, KIND, PLURAL
+from dsv4_operator.names import API_VERSION, KIND, MODEL_KIND, MODEL_PLURAL, PLURAL
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Resource:
 
 
 DSV4 = Resource(API_VERSION, KIND, PLURAL)
+DSV4_MODEL = Resource(API_VERSION, MODEL_KIND, MODEL_PLURAL)
 STATEFULSET = Resource("apps/v1", "StatefulSet", "statefulsets")
 DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
 CONTROLLER_REVISION = Resource("apps/v1", "ControllerRevision", "controllerrevisions")
@@ -51,6 +52,7 @@ BY_KIND: dict[tuple[str, str], Resource] = {
     (r.api_version, r.kind): r
     for r in (
         DSV4,
+        DSV4_MODEL,
         STATEFULSET,
         DEPLOYMENT,
         CONTROLLER_REVISION,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.errors import Conflict
+from dsv4_operator.kube.errors import Conflict, NotFound
 from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.reconcile.actions import Decision
@@ -15,7 +15,7 @@ from dsv4_operator.reconcile.world import World
 Observe = Callable[[Obj], None]
 
 
-def _ignore(_: Obj) -> None:
+def ignore(_: Obj) -> None:
     return None
 
 
@@ -24,7 +24,7 @@ async def act(
     world: World,
     decision: Decision,
     recorder: EventRecorder | None = None,
-    observe: Observe = _ignore,
+    observe: Observe = ignore,
 ) -> None:
     """Deletes first (Recreate must stop the old pair before anything new starts), then the
     children, then the ControllerRevisions to store.
@@ -59,7 +59,10 @@ async def act(
             # date. Creates are only used for immutable objects (ControllerRevisions).
             continue
     if due:
-        observe(await client.apply_status(DSV4, world.namespace, world.name, status))
+        try:
+            observe(await client.apply_status(DSV4, world.namespace, world.name, status))
+        except NotFound:
+            return  # deleted since the cache was read (a model's change enqueued it): done
     recorder = recorder or EventRecorder(client)
     subject = Subject(world.namespace, world.name, world.uid)
     for note in decision.events:

@@ -22,7 +22,6 @@ from dsv4_operator.kube.objects import labels_of, name_of
 from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
-    JOB,
     PDB,
     SERVICE,
     SERVICE_MONITOR,
@@ -33,17 +32,18 @@ from dsv4_operator.names import (
     API_VERSION,
     KIND,
     MAIN_PAIR,
+    MODEL_KIND,
     PAIR_LABEL,
     ROLE_LABEL,
     revision_name,
     router_name,
 )
-from dsv4_operator.reasons import ConditionReason, EventReason, WeightsReason, weights_event_reason
+from dsv4_operator.reasons import ConditionReason, EventReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.guarding import guard_pass, plan_check
 from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY, Health, seconds_to_deadline
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
-from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
+from dsv4_operator.reconcile.weights import WeightsState, deployment_weights, with_model_source
 from dsv4_operator.reconcile.world import Pair, World
 from dsv4_operator.render.children import (
     controller_revision,
@@ -52,7 +52,7 @@ from dsv4_operator.render.children import (
     render_shared,
 )
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
-from dsv4_operator.render.weights import render_weights
+from dsv4_operator.render.weights import inline_model
 from dsv4_operator.revisions.store import next_number, to_prune
 
 
@@ -249,15 +249,18 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
 def _weights(
     actions: Actions, ctx: RenderContext, settings: ReconcileSettings
 ) -> tuple[WeightsState | None, Progress | None]:
-    """Weights from the Hub: claim, Job and its rights applied; the rollout waits (running
-    children keep serving) until the Job has downloaded and verified this source."""
-    state = weights_state(actions.world, ctx)
-    if state is None:
+    """Weights of a DSV4Model (docs/models.md): an inline Hub repo creates or adopts the model
+    of the deployment's name; the rollout waits (running children keep serving) until the
+    model says its download is verified. The model's claim, Job and progress are its own."""
+    ref = ctx.spec.model.cache.model
+    inline = inline_model(ctx)
+    if inline is None and ref is None:
         return None, None
-    if state.reason != WeightsReason.TOKEN_SECRET_MISSING:  # refused: no Job before it exists
-        actions.ensure(render_weights(ctx))
-    for name in stale_jobs(actions.world, ctx, state.ready):
-        actions.remove(JOB, name)
+    if inline is not None:
+        actions.ensure([inline])
+    model_name = ref.name if ref is not None else ctx.name
+    model = actions.world.live(MODEL_KIND, model_name)
+    state = deployment_weights(model, model_name, ctx.spec.model.name, inline)
     if not state.ready:
         was = next((c for c in actions.world.status.conditions if c.type == "WeightsReady"), None)
         if was is None or was.reason != state.reason:
@@ -313,10 +316,6 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> 
         return None
     due = window.passing_since.at + spec.guard.bake_time.delta
     return max((due - world.now).total_seconds(), 1.0)
-
-
-# How often a missing Hub token Secret is looked for (Secrets are not watched).
-SECRET_RECHECK_SECONDS = 15.0
 
 
 def _deadline_wake(
@@ -383,7 +382,8 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
             world, validation, _invalid_message(validation)
         )
         return actions.decision
-    spec = validation.spec
+    # A referenced DSV4Model's revision is the engines' (--revision) and part of the config.
+    spec = with_model_source(validation.spec, world)
     owner = OwnerRef(API_VERSION, KIND, world.name, world.uid)
     user = dataclasses.replace(
         build_context(world.name, world.namespace, spec, owner, memory_plan=validation.plan),
@@ -412,12 +412,7 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     _monitoring_event(actions, decision.status)
     _plan_event(actions, decision.status)
     decision.requeue_after = _earliest(
-        _bake_wake(world, spec, guard),
-        _deadline_wake(decision.status, world, spec),
-        # No watch on Secrets: look for the missing token Secret again.
-        SECRET_RECHECK_SECONDS
-        if weights is not None and weights.reason == WeightsReason.TOKEN_SECRET_MISSING
-        else None,
+        _bake_wake(world, spec, guard), _deadline_wake(decision.status, world, spec)
     )
     return decision
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from dsv4_operator.api.models import model_name_of
 from dsv4_operator.api.status import parse_status
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
@@ -18,12 +19,12 @@ from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
     DSV4,
+    DSV4_MODEL,
     PDB,
     POD,
     SERVICE,
     SERVICE_MONITOR,
     STATEFULSET,
-    WEIGHTS_KINDS,
     Resource,
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
@@ -62,11 +63,11 @@ async def gather(
     # Listed even when disabled, so a monitor left from before is deleted (404 -> none).
     monitors = await owned(SERVICE_MONITOR)
     pods = await client.list(POD, namespace, selector)
-    weights: list[Obj] = []
-    for res in WEIGHTS_KINDS:
-        # A list item carries no kind: the World looks its weights objects up by kind.
-        kind = {"apiVersion": res.api_version, "kind": res.kind}
-        weights += [{**o, **kind} for o in await owned(res)]
+    # The DSV4Model whose weights it uses (docs/models.md): not a child, never owned by it.
+    model_name = model_name_of(owner)
+    model = await client.get(DSV4_MODEL, namespace, model_name) if model_name else None
+    kind = {"apiVersion": DSV4_MODEL.api_version, "kind": DSV4_MODEL.kind}
+    weights = [{**model, **kind}] if model else []
     return World.from_objects(
         name=name,
         namespace=namespace,
@@ -81,15 +82,10 @@ async def gather(
         pdbs=await owned(PDB),
         service_monitors=monitors,
         revisions=await owned(CONTROLLER_REVISION),
-        # Pods are owned by StatefulSets, not by us: select by label only. The download Job's
-        # pods go with the weights objects: they are no engine (no OOM, no leftover).
+        # Pods are owned by StatefulSets, not by us: select by label only. A download Job's
+        # pods (an operator before models) are no engine (no OOM, no leftover).
         pods=[p for p in pods if labels_of(p).get(ROLE_LABEL) != WEIGHTS_COMPONENT],
-        weights=weights
-        + [
-            {**p, "apiVersion": "v1", "kind": "Pod"}
-            for p in pods
-            if labels_of(p).get(ROLE_LABEL) == WEIGHTS_COMPONENT
-        ],
+        weights=weights,
         annotations=dict(owner["metadata"].get("annotations") or {}),
         canary=observations.snapshot((namespace, name)) if observations else None,
         monitoring_served=await client.serves(SERVICE_MONITOR),

@@ -28,11 +28,12 @@ MESSAGE_LIMIT = 1024
 
 @dataclass(frozen=True)
 class Subject:
-    """The DSV4Deployment an Event is about."""
+    """The object an Event is about: a DSV4Deployment, or (kind) a DSV4Model."""
 
     namespace: str
     name: str
     uid: str
+    kind: str = DSV4.kind
 
 
 @dataclass
@@ -95,7 +96,7 @@ def _event(
         "metadata": {"generateName": f"{subject.name}.", "namespace": subject.namespace},
         "involvedObject": {
             "apiVersion": DSV4.api_version,
-            "kind": DSV4.kind,
+            "kind": subject.kind,
             "name": subject.name,
             "namespace": subject.namespace,
             "uid": subject.uid,

@@ -16,12 +16,16 @@ from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4, SECRET
 from dsv4_operator.metrics import GuardMetrics
+from dsv4_operator.names import MODEL_KEY_PREFIX, MODEL_KIND
 from dsv4_operator.reasons import EventReason
-from dsv4_operator.reconcile.act import act
+from dsv4_operator.reconcile.act import act, ignore
 from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
 from dsv4_operator.reconcile.guarding import served_spec
+from dsv4_operator.reconcile.model_decide import decide_model
+from dsv4_operator.reconcile.model_service import act_model
+from dsv4_operator.reconcile.model_world import gather_model
 from dsv4_operator.reconcile.pod_causes import unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
@@ -93,28 +97,60 @@ class Reconciler:
             world.now,
         )
 
-    async def _with_token_secret(self, world: World) -> World:
-        """Whether the Hub token's Secret exists (its metadata only, never its data): a
+    async def _secret_missing(self, namespace: str, name: str) -> bool:
+        """Whether the Hub token's Secret is missing (its metadata only, never its data): a
         missing one is refused before a download Job is created (WeightsReady
         TokenSecretMissing). Without the right to read it (an older chart's RBAC) the Job
         is created as before and its pod tells."""
-        spec = world.validation.spec
-        hub = spec.model.cache.hugging_face if spec is not None else None
-        if hub is None or hub.token_secret is None or self._secrets_forbidden:
-            return world
-        name = hub.token_secret.name
+        if self._secrets_forbidden:
+            return False
         try:
-            present = await self.client.exists(SECRET, world.namespace, name)
+            return not await self.client.exists(SECRET, namespace, name)
         except Forbidden:
             self._secrets_forbidden = True
             log.warning("cannot get Secrets (RBAC): a missing Hub token Secret shows on the Job")
-            return world
-        return world if present else dataclasses.replace(world, missing_secrets=frozenset({name}))
+            return False
+
+    async def _model(self, namespace: str, name: str) -> float | None:
+        """One DSV4Model pass: gather_model -> decide_model -> act_model."""
+        world = await gather_model(self.reader, namespace, name, self.clock())
+        if world is None:
+            return None
+        events: dict[str, list[Obj]] = {}
+        names = [] if self._events_forbidden else unexplained(world.weights_pods, world.now)
+        try:
+            for pod in names:
+                events[pod] = await self._pod_warnings(namespace, pod, world.now)
+        except Forbidden:
+            self._events_forbidden = True
+        secret = world.spec.token_secret if world.spec is not None else None
+        missing = secret is not None and await self._secret_missing(namespace, secret.name)
+        world = dataclasses.replace(
+            world,
+            pod_events=events,
+            missing_secrets=frozenset({secret.name}) if secret and missing else frozenset(),
+        )
+        decision = decide_model(world, self.settings.operator_image)
+        if decision.apply or decision.delete or decision.events or decision.finalizers is not None:
+            log.info(
+                "%s/%s %s: phase %s; apply %s; delete %s; finalizers %s; events: %s",
+                namespace,
+                MODEL_KIND,
+                name,
+                decision.status.phase,
+                [o["metadata"]["name"] for o in decision.apply] or "-",
+                [n for _, n in decision.delete] or "-",
+                decision.finalizers if decision.finalizers is not None else "as they are",
+                "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
+            )
+        observe = self.cache.observe if self.cache is not None else ignore
+        await act_model(self.client, world, decision, self.recorder, observe)
+        return decision.requeue_after
 
     async def _with_pod_events(self, world: World) -> World:
         """The Warning Events of the few pods whose status does not say why they are stuck
         (FailedMount, FailedAttachVolume, ...): read on demand, never watched."""
-        pods = world.pods + world.weights_pods
+        pods = world.pods
         names = unexplained(pods, world.now)
         if not names or self._events_forbidden:
             return world
@@ -142,6 +178,8 @@ class Reconciler:
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
+        if name.startswith(MODEL_KEY_PREFIX):
+            return await self._model(namespace, name.removeprefix(MODEL_KEY_PREFIX))
         world = await gather(
             self.reader, namespace, name, self.clock(), self.observations, self.settings.trust
         )
@@ -149,7 +187,6 @@ class Reconciler:
             self.forget(key)
             return None
         world = await self._with_pod_events(world)
-        world = await self._with_token_secret(world)
         previous = world.status.guard
         if previous is not None and previous.revision:
             # Resume the window after a restart (once per key; a no-op after that).

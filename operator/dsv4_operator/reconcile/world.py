@@ -72,18 +72,14 @@ class World:
     service_monitors: list[Obj] = field(default_factory=list)
     revisions: list[RevisionView] = field(default_factory=list)
     pods: list[PodView] = field(default_factory=list)  # the engines' and the router's
-    # Weights from the Hub (render/weights.py): claim, download Jobs, the Jobs' rights; each
-    # with its kind. The Jobs' pods are in `weights_pods`.
+    # The DSV4Model whose weights the spec uses (docs/models.md), with its kind; not a child.
     weights: list[Obj] = field(default_factory=list)
-    weights_pods: list[PodView] = field(default_factory=list)
     # Warning Events of pods whose status explains nothing (pod_causes.unexplained), by name.
     pod_events: dict[str, list[Obj]] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     canary: Snapshot | None = None
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
     monitoring_served: bool = True
-    # Secrets the spec names (the Hub token's) that were looked up and are not there.
-    missing_secrets: frozenset[str] = frozenset()
 
     @classmethod
     def from_objects(
@@ -93,20 +89,15 @@ class World:
         deployments: Iterable[Obj] = (),
         revisions: Iterable[Obj] = (),
         pods: Iterable[Obj] = (),
-        weights: Iterable[Obj] = (),
         **facts: Any,
     ) -> World:
         """The world of these objects as the API server returns them: the children a
-        decision reads become views once, here; `weights` objects of kind Pod (the download
-        Jobs' pods) go to `weights_pods`."""
-        weights = list(weights)
+        decision reads become views once, here."""
         return cls(
             statefulsets=[StatefulSetView.of(o) for o in statefulsets],
             deployments=[DeploymentView.of(o) for o in deployments],
             revisions=[RevisionView.of(o) for o in revisions],
             pods=[PodView.of(o) for o in pods],
-            weights=[o for o in weights if o.get("kind") != "Pod"],
-            weights_pods=[PodView.of(o) for o in weights if o.get("kind") == "Pod"],
             **facts,
         )
 

@@ -17,7 +17,7 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.render import engine, router
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
-from dsv4_operator.render.weights import render_weights
+from dsv4_operator.render.weights import inline_model, model_context, render_weights
 from dsv4_operator.series import engine_relabelings
 
 TAP_METRICS = "tap-metrics"
@@ -107,8 +107,12 @@ def render_spec(
     owner: OwnerRef | None = None,
     operator_image: str = DEFAULT_OPERATOR_IMAGE,
 ) -> list[Manifest]:
-    """Convenience: build the context and render, with the weights download when asked."""
+    """Convenience: build the context and render; with an inline Hub repo, also the DSV4Model
+    the deployment creates and that model's claim, download Job and rights."""
     ctx = dataclasses.replace(
         build_context(name, namespace, spec, owner), operator_image=operator_image
     )
-    return render(ctx) + render_weights(ctx)
+    model = inline_model(ctx)
+    if model is None:
+        return render(ctx)
+    return [*render(ctx), model, *render_weights(model_context(model, "", operator_image))]

@@ -47,8 +47,10 @@ def _volume(ctx: RenderContext) -> Manifest:
                 "readOnly": cache.pvc.read_only,
             },
         }
-    if cache.hugging_face is not None:
-        claim = {"claimName": weights_claim_name(ctx.name), "readOnly": True}
+    if cache.model is not None or cache.hugging_face is not None:
+        # The DSV4Model's claim: the referenced one, else the one named after the deployment.
+        model = cache.model.name if cache.model is not None else ctx.name
+        claim = {"claimName": weights_claim_name(model), "readOnly": True}
         return {"name": "models", "persistentVolumeClaim": claim}
     assert cache.host_path is not None  # schema: exactly one source
     return {"name": "models", "hostPath": {"path": cache.host_path.path, "type": "Directory"}}

@@ -1,9 +1,11 @@
-"""Builders for weights from the Hugging Face Hub: the claim, the download Job and its rights.
+"""Builders for a DSV4Model's weights from the Hugging Face Hub: the claim, the download Job
+and its rights; and the DSV4Model a deployment naming a Hub repo inline creates.
 
 The Job runs the operator's own image (`python -m dsv4_operator.weights`) with a service
 account that may only read and annotate that one Job (its progress report). It is named by a
 hash of what it downloads, since a Job's template cannot change: a new revision is a new Job
-into the same claim.
+into the same claim. Everything here is owned by the DSV4Model (garbage collected with it,
+never with a deployment).
 """
 
 from __future__ import annotations
@@ -11,10 +13,25 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 
-from dsv4_operator.api.model import HuggingFaceSource
+from dsv4_operator.api.models import DSV4ModelSpec
 from dsv4_operator.engine.flags import MODEL_MOUNT
-from dsv4_operator.names import weights_claim_name, weights_job_name
+from dsv4_operator.names import (
+    API_VERSION,
+    APP_NAME,
+    COMPONENT_LABEL,
+    CREATED_FOR_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    MODEL_KIND,
+    MODEL_LABEL,
+    NAME_LABEL,
+    ROLE_LABEL,
+    weights_claim_name,
+    weights_job_name,
+)
 from dsv4_operator.render.context import Manifest, RenderContext
 from dsv4_operator.render.security import container_security
 from dsv4_operator.weights.progress import PERMANENT_EXIT_CODES
@@ -27,14 +44,92 @@ BACKOFF_LIMIT = 6
 SOURCE_HASH_LENGTH = 10
 
 
-def hub_source(ctx: RenderContext) -> HuggingFaceSource | None:
-    return ctx.spec.model.cache.hugging_face
+@dataclass(frozen=True)
+class ModelContext:
+    """One DSV4Model: what its children are rendered from."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: DSV4ModelSpec
+    operator_image: str
+
+    def labels(self) -> dict[str, str]:
+        return {
+            NAME_LABEL: APP_NAME,
+            INSTANCE_LABEL: self.name,
+            MANAGED_BY_LABEL: MANAGED_BY,
+            MODEL_LABEL: self.name,
+            COMPONENT_LABEL: WEIGHTS_COMPONENT,
+            ROLE_LABEL: WEIGHTS_COMPONENT,
+        }
+
+    def metadata(self, name: str) -> Manifest:
+        meta: Manifest = {"name": name, "namespace": self.namespace, "labels": self.labels()}
+        if not self.uid:  # rendered without a stored model (`dsv4 render`, a dry run)
+            return meta
+        owner = {
+            "apiVersion": API_VERSION,
+            "kind": MODEL_KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        return {**meta, "ownerReferences": [owner]}
 
 
-def source_hash(ctx: RenderContext, hub: HuggingFaceSource) -> str:
-    """What the Job downloads and how: a change of any of these is a new Job."""
+def inline_model(ctx: RenderContext) -> Manifest | None:
+    """The DSV4Model a deployment naming a Hub repo inline (spec.model.cache.huggingFace)
+    creates or adopts: named after the deployment, its spec the deployment's fields, owned by
+    nobody (deleting the deployment keeps it and its weights)."""
+    hub = ctx.spec.model.cache.hugging_face
+    if hub is None or ctx.spec.model.cache.model is not None:  # a reference, resolved
+        return None
+    spec = DSV4ModelSpec.model_validate(
+        {
+            **hub.model_dump(exclude={"storage"}),
+            "repo": ctx.spec.model.name,
+            "checkpoint": ctx.spec.model.checkpoint,
+            "storage": storage(ctx),
+            "image_pull_secrets": ctx.spec.pod_template.image_pull_secrets,
+        }
+    )
+    return {
+        "apiVersion": API_VERSION,
+        "kind": MODEL_KIND,
+        "metadata": {
+            "name": ctx.name,
+            "namespace": ctx.namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY, CREATED_FOR_LABEL: ctx.name},
+        },
+        "spec": spec.to_wire(),
+    }
+
+
+def model_context(model: Manifest, uid: str, operator_image: str) -> ModelContext:
+    """The context of a DSV4Model manifest (its spec already valid)."""
+    meta = model["metadata"]
+    spec = DSV4ModelSpec.model_validate(model["spec"])
+    return ModelContext(meta["name"], meta["namespace"], uid, spec, operator_image)
+
+
+def storage(ctx: RenderContext) -> str | int:
+    """The inline source's claim size: as given, else 1.2 x the profile's weights."""
+    hub = ctx.spec.model.cache.hugging_face
+    if hub is not None and hub.storage is not None:
+        return hub.storage
+    return f"{math.ceil(ctx.plan.profiles.weights_gib * STORAGE_FACTOR)}Gi"
+
+
+def source_hash(ctx: ModelContext) -> str:
+    """What the Job downloads and how: a change of any of these is a new Job. `owner`: a Job
+    of a DSV4Model is never one a deployment owned before models (its template differs and
+    cannot change); that Job's download is found on the claim and only verified."""
+    hub = ctx.spec
     key = {
-        "repo": ctx.spec.model.name,
+        "owner": MODEL_KIND,
+        "repo": hub.repo,
         "revision": hub.revision,
         "endpoint": hub.endpoint,
         "verify": hub.verify,
@@ -44,46 +139,40 @@ def source_hash(ctx: RenderContext, hub: HuggingFaceSource) -> str:
     return digest[:SOURCE_HASH_LENGTH]
 
 
-def job_name(ctx: RenderContext) -> str | None:
-    hub = hub_source(ctx)
-    return weights_job_name(ctx.name, source_hash(ctx, hub)) if hub is not None else None
+def job_name(ctx: ModelContext) -> str:
+    return weights_job_name(ctx.name, source_hash(ctx))
 
 
-def storage(ctx: RenderContext, hub: HuggingFaceSource) -> str | int:
-    if hub.storage is not None:
-        return hub.storage
-    return f"{math.ceil(ctx.plan.profiles.weights_gib * STORAGE_FACTOR)}Gi"
-
-
-def claim(ctx: RenderContext, hub: HuggingFaceSource) -> Manifest:
+def claim(ctx: ModelContext) -> Manifest:
+    hub = ctx.spec
     spec: Manifest = {
         "accessModes": list(hub.access_modes),
-        "resources": {"requests": {"storage": storage(ctx, hub)}},
+        "resources": {"requests": {"storage": hub.storage}},
     }
     if hub.storage_class_name:
         spec["storageClassName"] = hub.storage_class_name
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": ctx.metadata(weights_claim_name(ctx.name), WEIGHTS_COMPONENT),
+        "metadata": ctx.metadata(weights_claim_name(ctx.name)),
         "spec": spec,
     }
 
 
-def service_account(ctx: RenderContext) -> Manifest:
+def service_account(ctx: ModelContext) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": ctx.metadata(weights_claim_name(ctx.name), WEIGHTS_COMPONENT),
+        "metadata": ctx.metadata(weights_claim_name(ctx.name)),
         "automountServiceAccountToken": False,
     }
 
 
-def role(ctx: RenderContext, job: str) -> Manifest:
+def role(ctx: ModelContext, job: str) -> Manifest:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": ctx.metadata(weights_claim_name(ctx.name), WEIGHTS_COMPONENT),
+        "metadata": ctx.metadata(weights_claim_name(ctx.name)),
         "rules": [
             {
                 "apiGroups": ["batch"],
@@ -95,20 +184,21 @@ def role(ctx: RenderContext, job: str) -> Manifest:
     }
 
 
-def role_binding(ctx: RenderContext) -> Manifest:
+def role_binding(ctx: ModelContext) -> Manifest:
     name = weights_claim_name(ctx.name)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": ctx.metadata(name, WEIGHTS_COMPONENT),
+        "metadata": ctx.metadata(name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
     }
 
 
-def _env(ctx: RenderContext, hub: HuggingFaceSource, job: str) -> list[Manifest]:
+def _env(ctx: ModelContext, job: str) -> list[Manifest]:
+    hub = ctx.spec
     env: list[Manifest] = [
-        {"name": "DSV4_WEIGHTS_REPO", "value": ctx.spec.model.name},
+        {"name": "DSV4_WEIGHTS_REPO", "value": ctx.spec.repo},
         {"name": "DSV4_WEIGHTS_REVISION", "value": hub.revision},
         {"name": "DSV4_WEIGHTS_VERIFY", "value": hub.verify},
         {"name": "DSV4_WEIGHTS_JOB", "value": job},
@@ -128,9 +218,9 @@ def _env(ctx: RenderContext, hub: HuggingFaceSource, job: str) -> list[Manifest]
     return env
 
 
-def job(ctx: RenderContext, hub: HuggingFaceSource) -> Manifest:
-    name = weights_job_name(ctx.name, source_hash(ctx, hub))
-    labels = ctx.labels(WEIGHTS_COMPONENT)
+def job(ctx: ModelContext) -> Manifest:
+    name = job_name(ctx)
+    labels = ctx.labels()
     pod_spec: Manifest = {
         "serviceAccountName": weights_claim_name(ctx.name),
         # The one pod of the deployment that talks to the API server: its own Job only.
@@ -148,7 +238,7 @@ def job(ctx: RenderContext, hub: HuggingFaceSource) -> Manifest:
                 "name": "download",
                 "image": ctx.operator_image,
                 "command": ["python", "-m", "dsv4_operator.weights"],
-                "env": _env(ctx, hub, name),
+                "env": _env(ctx, name),
                 "securityContext": {
                     **container_security(),
                     "capabilities": {"drop": ["ALL"]},
@@ -172,13 +262,13 @@ def job(ctx: RenderContext, hub: HuggingFaceSource) -> Manifest:
             {"name": "tmp", "emptyDir": {}},
         ],
     }
-    pull = ctx.spec.pod_template.image_pull_secrets
+    pull = ctx.spec.image_pull_secrets
     if pull:
         pod_spec["imagePullSecrets"] = [s.to_wire() for s in pull]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": ctx.metadata(name, WEIGHTS_COMPONENT),
+        "metadata": ctx.metadata(name),
         "spec": {
             "backoffLimit": BACKOFF_LIMIT,
             # Exit codes no retry can fix (401, 404, disk full, checksum): fail at once.
@@ -200,16 +290,6 @@ def job(ctx: RenderContext, hub: HuggingFaceSource) -> Manifest:
     }
 
 
-def render_weights(ctx: RenderContext) -> list[Manifest]:
-    """The claim, the Job's rights and the Job; nothing when the weights are not from the Hub."""
-    hub = hub_source(ctx)
-    if hub is None:
-        return []
-    name = weights_job_name(ctx.name, source_hash(ctx, hub))
-    return [
-        claim(ctx, hub),
-        service_account(ctx),
-        role(ctx, name),
-        role_binding(ctx),
-        job(ctx, hub),
-    ]
+def render_weights(ctx: ModelContext) -> list[Manifest]:
+    """The claim, the Job's rights and the Job."""
+    return [claim(ctx), service_account(ctx), role(ctx, job_name(ctx)), role_binding(ctx), job(ctx)]

@@ -10,7 +10,8 @@ import os
 import signal
 
 from dsv4_operator import metrics
-from dsv4_operator.kube.resources import DSV4
+from dsv4_operator.kube.resources import DSV4, DSV4_MODEL
+from dsv4_operator.names import MODEL_KEY_PREFIX
 from dsv4_operator.runtime.cache import WatchCache
 from dsv4_operator.runtime.lease import LeaderElector
 from dsv4_operator.runtime.queue import WorkQueue
@@ -52,6 +53,8 @@ class Leadership:
                 self.guards.ensure((namespace, name), self.specs.spec(owner))
                 self.guards.saw_status((namespace, name), owner.get("status"))
                 self.queue.add((namespace, name), owner["metadata"].get("generation"))
+        for namespace, name in self.cache.keys(DSV4_MODEL):
+            self.queue.add((namespace, MODEL_KEY_PREFIX + name))
         self.work = work = asyncio.create_task(self.queue.run())
         if self.elector is None:
             await work

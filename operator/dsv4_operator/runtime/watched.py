@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from dsv4_operator.api.models import model_name_of
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden
 from dsv4_operator.kube.objects import Obj
@@ -11,6 +12,7 @@ from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
     DSV4,
+    DSV4_MODEL,
     PDB,
     POD,
     SERVICE,
@@ -19,7 +21,14 @@ from dsv4_operator.kube.resources import (
     WEIGHTS_KINDS,
     Resource,
 )
-from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from dsv4_operator.names import (
+    CREATED_FOR_LABEL,
+    DEPLOYMENT_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    MODEL_KEY_PREFIX,
+    MODEL_LABEL,
+)
 from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.runtime.cache import Discover, Listener, Watched
 from dsv4_operator.runtime.leadership import Leadership
@@ -32,15 +41,28 @@ log = logging.getLogger(__name__)
 # Every kind a reconcile reads, kept by the watch cache. Children and their pods carry the
 # operator's labels, so the API server filters them (never every pod in the cluster).
 CHILD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
+# A DSV4Model's claim, download Jobs and their rights carry the model label instead.
+MODEL_CHILD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{MODEL_LABEL}"
+# Pods: the engines' and the router's (deployment label) and the download Jobs' (model label).
+POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 WATCHED = (
     Watched(DSV4),
+    # Optional: an operator upgraded before its CRD (crds.enabled=false) keeps serving the
+    # deployments that use no DSV4Model, and picks the kind up once it is served.
+    Watched(DSV4_MODEL, optional=True),
     *(
         Watched(res, label_selector=CHILD_SELECTOR)
-        for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB, CONTROLLER_REVISION, POD)
+        for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB, CONTROLLER_REVISION)
     ),
-    *(Watched(res, label_selector=CHILD_SELECTOR) for res in WEIGHTS_KINDS),
+    Watched(POD, label_selector=POD_SELECTOR),
+    *(Watched(res, label_selector=MODEL_CHILD_SELECTOR) for res in WEIGHTS_KINDS),
     Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
 )
+
+
+def model_key(namespace: str, name: str) -> tuple[str, str]:
+    """The work queue's key of a DSV4Model (names.MODEL_KEY_PREFIX)."""
+    return (namespace, MODEL_KEY_PREFIX + name)
 
 
 def watchable(client: KubeClient, namespaces: list[str]) -> Discover:
@@ -78,8 +100,22 @@ def enqueue_owner(
     def changed(res: Resource, obj: Obj, deleted: bool) -> None:
         meta = obj["metadata"]
         namespace = meta.get("namespace") or ""
+        if res == DSV4_MODEL:
+            if not deleted:
+                queue.add(model_key(namespace, meta["name"]), meta.get("generation"))
+            else:
+                queue.forget(model_key(namespace, meta["name"]))
+            # Its users learn of its progress (and a new user of its existence).
+            users = set((obj.get("status") or {}).get("usedBy") or [])
+            users.add((meta.get("labels") or {}).get(CREATED_FOR_LABEL) or meta["name"])
+            for user in users:
+                queue.add((namespace, user))
+            return
         if res == DSV4:
             key = (namespace, meta["name"])
+            model = model_name_of(obj)
+            if model is not None:  # its status names its users: a new or a gone one
+                queue.add(model_key(namespace, model))
             if deleted:
                 queue.forget(key)
                 guards.stop(key)
@@ -91,8 +127,12 @@ def enqueue_owner(
                     guards.ensure(key, specs.spec(obj))
                     guards.saw_status(key, obj.get("status"))  # the served revision's changes
             return
-        owner = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
+        labels = meta.get("labels") or {}
+        owner = labels.get(DEPLOYMENT_LABEL)
         if owner:
             queue.add((namespace, owner))
+        model = labels.get(MODEL_LABEL)
+        if model:
+            queue.add(model_key(namespace, model))
 
     return changed

@@ -102,7 +102,7 @@ def classify(exc: BaseException, request: FetchRequest) -> FetchError:
         return FetchError(
             FailureReason.NOT_FOUND,
             f"404: revision {request.revision!r} not found in {request.repo}: "
-            "fix spec.model.cache.huggingFace.revision",
+            "fix spec.model.cache.huggingFace.revision (a DSV4Model's spec.revision)",
         )
     if isinstance(exc, EntryNotFoundError):
         return FetchError(FailureReason.NOT_FOUND, f"404: a file of {where} is gone: {exc}")
@@ -115,20 +115,20 @@ def classify(exc: BaseException, request: FetchRequest) -> FetchError:
         return FetchError(
             FailureReason.UNAUTHORIZED,
             f"{status}: the Hub refused access to {request.repo} (gated or private): set "
-            "spec.model.cache.huggingFace.tokenSecret to a Secret holding a token that may "
-            "read it",
+            "spec.model.cache.huggingFace.tokenSecret (a DSV4Model's spec.tokenSecret) to a "
+            "Secret holding a token that may read it",
         )
     if isinstance(exc, RepositoryNotFoundError):
         return FetchError(
             FailureReason.NOT_FOUND,
             f"404: repository {request.repo} not found (or private without a token): check "
-            "spec.model.name",
+            "spec.model.name (a DSV4Model's spec.repo)",
         )
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return FetchError(
             FailureReason.DISK_FULL,
             f"the weights volume is full while downloading {where}: raise "
-            "spec.model.cache.huggingFace.storage",
+            "spec.model.cache.huggingFace.storage (a DSV4Model's spec.storage)",
         )
     # Anything else (connection, timeout, 5xx, a dropped stream) may pass: the Job retries it,
     # and the next pod resumes.
@@ -183,7 +183,7 @@ def check_room(request: FetchRequest, plan: WeightsPlan, present: int) -> None:
             FailureReason.DISK_FULL,
             f"{request.repo}@{request.revision} needs {needed / (1 << 30):.2f} GiB more but "
             f"the weights volume has {free / (1 << 30):.2f} GiB free: raise "
-            "spec.model.cache.huggingFace.storage (or free the volume)",
+            "spec.model.cache.huggingFace.storage (a DSV4Model's spec.storage) or free the volume",
         )
 
 
