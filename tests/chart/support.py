@@ -72,6 +72,11 @@ NAMESPACED_RULES = [
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create", "patch"]},
     {
+        "apiGroups": ["leaderworkerset.x-k8s.io"],
+        "resources": ["leaderworkersets"],
+        "verbs": ["list", "watch", "create", "patch", "delete"],
+    },
+    {
         "apiGroups": ["monitoring.coreos.com"],
         "resources": ["servicemonitors"],
         "verbs": ["list", "watch", "create", "patch", "delete"],

@@ -63,6 +63,7 @@ WIRE = {
         "Invalid",
         "ChildRejected",
         "CRDMissing",
+        "GroupsUnavailable",
         "WeightsPending",
         "WeightsDownloading",
         "WeightsVerifying",
@@ -112,6 +113,7 @@ WIRE = {
         "Applied",
         "Disabled",
         "CRDMissing",
+        "GroupsUnavailable",
     },
     "WeightsReason": {
         "Pending",

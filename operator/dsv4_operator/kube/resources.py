@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.names import API_VERSION, KIND, PLURAL
+from dsv4_operator.names import API_VERSION, KIND, LWS_API_VERSION, LWS_KIND, PLURAL
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,10 @@ class Resource:
 DSV4 = Resource(API_VERSION, KIND, PLURAL)
 STATEFULSET = Resource("apps/v1", "StatefulSet", "statefulsets")
 DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
+# A multi-node role's groups (render/groups.py); served only where LWS is installed.
+LEADER_WORKER_SET = Resource(LWS_API_VERSION, LWS_KIND, "leaderworkersets")
+# The kinds an engine role runs as, by kind.
+WORKLOADS = {r.kind: r for r in (STATEFULSET, LEADER_WORKER_SET)}
 CONTROLLER_REVISION = Resource("apps/v1", "ControllerRevision", "controllerrevisions")
 SERVICE = Resource("v1", "Service", "services")
 POD = Resource("v1", "Pod", "pods")
@@ -52,6 +56,7 @@ BY_KIND: dict[tuple[str, str], Resource] = {
     for r in (
         DSV4,
         STATEFULSET,
+        LEADER_WORKER_SET,
         DEPLOYMENT,
         CONTROLLER_REVISION,
         SERVICE,

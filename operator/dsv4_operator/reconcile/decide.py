@@ -23,10 +23,11 @@ from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
     JOB,
+    LEADER_WORKER_SET,
     PDB,
     SERVICE,
     SERVICE_MONITOR,
-    STATEFULSET,
+    WORKLOADS,
     Resource,
 )
 from dsv4_operator.names import (
@@ -65,7 +66,13 @@ def _remove_pair(actions: Actions, ctx: RenderContext, pair: str) -> None:
         actions.remove(SERVICE, name)
         actions.remove(PDB, name)
     for name in names:
-        actions.remove(STATEFULSET, name)
+        _remove_workload(actions, name)
+
+
+def _remove_workload(actions: Actions, name: str) -> None:
+    """Delete a role's workload, whichever kind it is (StatefulSet or LeaderWorkerSet)."""
+    for res in WORKLOADS.values():
+        actions.remove(res, name)
 
 
 def _orphans(world: World, pairs: dict[str, Pair]) -> list[tuple[Resource, str]]:
@@ -167,7 +174,7 @@ def _recreate(actions: Actions, ctx: RenderContext, active: Pair, old_format: st
     """Incompatible change, Recreate: router and both old roles go first, together."""
     actions.remove(DEPLOYMENT, router_name(ctx.name))
     for role in ROLES:
-        actions.remove(STATEFULSET, _with_pair(ctx, active.id).role_name(role))
+        _remove_workload(actions, _with_pair(ctx, active.id).role_name(role))
     actions.note(
         "Normal",
         EventReason.RECREATE,
@@ -204,8 +211,34 @@ def _blue_green(actions: Actions, ctx: RenderContext, active: Pair) -> Progress:
     return Progress(ConditionReason.SWITCHING_ROUTER, f"router switching to pair {green.pair}")
 
 
+def _groups_unavailable(actions: Actions, ctx: RenderContext) -> Progress | None:
+    """A multi-node role on a cluster without LeaderWorkerSet: nothing is applied (running
+    children keep serving), one Warning per episode, and the reason in status."""
+    multi = [role for role in ROLES if ctx.multi_node(role)]
+    if not multi or actions.world.groups_served:
+        return None
+    shapes = ", ".join(
+        f"spec.{role} needs {ctx.nodes_of(role)} nodes per replica ({ctx.gpus[role]} GPUs, "
+        f"{ctx.spec.gpu.per_node} per node)"
+        for role in multi
+    )
+    message = (
+        f"{shapes}: such roles run as LeaderWorkerSet groups, and the API server does not "
+        f"serve {LEADER_WORKER_SET.api_version} {LEADER_WORKER_SET.kind}; install LWS v0.9.0 or "
+        "later (docs/multinode.md) or fit each replica on one node. Nothing was rolled out; "
+        "running children keep their config"
+    )
+    was = next((c for c in actions.world.status.conditions if c.type == "Progressing"), None)
+    if was is None or was.reason != ConditionReason.GROUPS_UNAVAILABLE:
+        actions.note("Warning", EventReason.GROUPS_UNAVAILABLE, message)
+    return Progress(ConditionReason.GROUPS_UNAVAILABLE, message)
+
+
 def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
     world = actions.world
+    unavailable = _groups_unavailable(actions, ctx)
+    if unavailable is not None:
+        return unavailable
     if not spec.monitoring.service_monitor.enabled:
         actions.remove(SERVICE_MONITOR, ctx.name)
     pairs = world.pairs()
@@ -317,6 +350,8 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> 
 
 # How often a missing Hub token Secret is looked for (Secrets are not watched).
 SECRET_RECHECK_SECONDS = 15.0
+# How often a multi-node spec looks for LeaderWorkerSet again while it is not served.
+GROUPS_RECHECK_SECONDS = 60.0
 
 
 def _deadline_wake(
@@ -418,6 +453,8 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
         SECRET_RECHECK_SECONDS
         if weights is not None and weights.reason == WeightsReason.TOKEN_SECRET_MISSING
         else None,
+        # Nor on CRDs: look for LeaderWorkerSet again (the watch cache rediscovers it).
+        GROUPS_RECHECK_SECONDS if progress.reason == ConditionReason.GROUPS_UNAVAILABLE else None,
     )
     return decision
 

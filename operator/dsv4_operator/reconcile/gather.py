@@ -18,6 +18,7 @@ from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
     DSV4,
+    LEADER_WORKER_SET,
     PDB,
     POD,
     SERVICE,
@@ -26,7 +27,7 @@ from dsv4_operator.kube.resources import (
     WEIGHTS_KINDS,
     Resource,
 )
-from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
+from dsv4_operator.names import DEPLOYMENT_LABEL, LWS_KIND, ROLE_LABEL
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.weights import WEIGHTS_COMPONENT
 from dsv4_operator.trust import Placement, TrustPolicy
@@ -61,6 +62,11 @@ async def gather(
 
     # Listed even when disabled, so a monitor left from before is deleted (404 -> none).
     monitors = await owned(SERVICE_MONITOR)
+    # Multi-node roles' LeaderWorkerSets, where LWS is installed; a list item has no kind.
+    groups_served = await client.serves(LEADER_WORKER_SET)
+    groups = (
+        [{**o, "kind": LWS_KIND} for o in await owned(LEADER_WORKER_SET)] if groups_served else []
+    )
     pods = await client.list(POD, namespace, selector)
     weights: list[Obj] = []
     for res in WEIGHTS_KINDS:
@@ -75,14 +81,16 @@ async def gather(
         validation=validate_spec(owner.get("spec") or {}, Placement(name, namespace), policy),
         status=parse_status(owner.get("status")),
         now=now,
-        statefulsets=await owned(STATEFULSET),
+        statefulsets=[{**o, "kind": "StatefulSet"} for o in await owned(STATEFULSET)]
+        + [{**o, "kind": LWS_KIND} for o in groups],
         deployments=await owned(DEPLOYMENT),
         services=await owned(SERVICE),
         pdbs=await owned(PDB),
         service_monitors=monitors,
         revisions=await owned(CONTROLLER_REVISION),
-        # Pods are owned by StatefulSets, not by us: select by label only. The download Job's
-        # pods go with the weights objects: they are no engine (no OOM, no leftover).
+        # Pods are owned by StatefulSets (ours, or the LWS controller's), not by us: select by
+        # label only. The download Job's pods go with the weights objects: they are no engine
+        # (no OOM, no leftover).
         pods=[p for p in pods if labels_of(p).get(ROLE_LABEL) != WEIGHTS_COMPONENT],
         weights=weights
         + [
@@ -93,4 +101,5 @@ async def gather(
         annotations=dict(owner["metadata"].get("annotations") or {}),
         canary=observations.snapshot((namespace, name)) if observations else None,
         monitoring_served=await client.serves(SERVICE_MONITOR),
+        groups_served=groups_served,
     )

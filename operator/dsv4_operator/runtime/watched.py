@@ -11,6 +11,7 @@ from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
     DSV4,
+    LEADER_WORKER_SET,
     PDB,
     POD,
     SERVICE,
@@ -40,7 +41,16 @@ WATCHED = (
     ),
     *(Watched(res, label_selector=CHILD_SELECTOR) for res in WEIGHTS_KINDS),
     Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
+    # Only multi-node roles need LWS: a cluster without it runs every single-node spec.
+    Watched(LEADER_WORKER_SET, label_selector=CHILD_SELECTOR, optional=True),
 )
+
+
+_UNWATCHED = {
+    SERVICE_MONITOR.kind: "(chart value rbac.serviceMonitors) "
+    "spec.monitoring.serviceMonitor cannot be applied",
+    LEADER_WORKER_SET.kind: "multi-node roles cannot be rolled out",
+}
 
 
 def watchable(client: KubeClient, namespaces: list[str]) -> Discover:
@@ -55,9 +65,9 @@ def watchable(client: KubeClient, namespaces: list[str]) -> Discover:
                 await client.list(res, namespace, {MANAGED_BY_LABEL: MANAGED_BY})
         except Forbidden:
             log.warning(
-                "not watching %s: RBAC does not allow listing them (chart value "
-                "rbac.serviceMonitors); spec.monitoring.serviceMonitor cannot be applied",
+                "not watching %s: RBAC does not allow listing them; %s",
                 res.plural,
+                _UNWATCHED.get(res.kind, "they cannot be applied"),
             )
             return False
         return True
