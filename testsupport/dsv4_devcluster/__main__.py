@@ -2,7 +2,8 @@
 
 Prints the kubeconfig path and an ``export KUBECONFIG=...`` line, then waits. With the
 default options it also starts kube-scheduler and kwok and registers fake GPU nodes, so
-``kubectl`` (if you have one) or the Python client can schedule GPU pods against it.
+``kubectl`` (if you have one) or the Python client can schedule GPU pods against it;
+``--lws`` adds the LeaderWorkerSet controller (multi-node roles).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         " H100 node with 8 GPUs each)",
     )
     parser.add_argument(
+        "--lws",
+        action="store_true",
+        help="also run the LeaderWorkerSet controller (sigs.k8s.io/lws) with its CRDs and"
+        " webhooks, for multi-node roles",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the data dir (logs) after shutdown"
     )
     args = parser.parse_args(argv)
@@ -66,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     full = not args.minimal
     nodes = args.gpu_node or ([_parse_node(s) for s in DEFAULT_NODES] if full else [])
     print("starting control plane (first run builds the binaries: minutes)...", flush=True)
-    with ControlPlane(with_scheduler=full, with_kwok=full, keep_data_dir=args.keep) as cp:
+    with ControlPlane(
+        with_scheduler=full, with_kwok=full, with_lws=args.lws, keep_data_dir=args.keep
+    ) as cp:
         for name, gpus, product in nodes:
             cp.add_gpu_node(name, gpus, product)
             print(f"node {name}: {gpus} x nvidia.com/gpu ({product})", flush=True)

@@ -22,9 +22,15 @@ from pathlib import Path
 #: Kubernetes release the build script pins; names the cache subdirectory.
 K8S_VERSION = "v1.37.2"
 
+#: LeaderWorkerSet release the build script pins (sigs.k8s.io/lws); its CRDs and webhook
+#: configurations sit beside the binaries in ``lws-<version>/`` (:meth:`Binaries.lws_manifests`).
+LWS_VERSION = "v0.9.0"
+
 CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 NODE_SIM_BINARIES = ("kube-scheduler", "kwok")
-ALL_BINARIES = CONTROL_PLANE_BINARIES + NODE_SIM_BINARIES
+#: Started only by ``ControlPlane(with_lws=True)`` (multi-node roles).
+LWS_BINARIES = ("lws-controller-manager",)
+ALL_BINARIES = CONTROL_PLANE_BINARIES + NODE_SIM_BINARIES + LWS_BINARIES
 
 BUILD_SCRIPT = Path("tools") / "build-k8s.sh"
 
@@ -43,9 +49,20 @@ class Binaries:
         """Path of one executable (``etcd``, ``kube-apiserver``, ...)."""
         return self.directory / name
 
+    def lws_manifests(self) -> Path:
+        """``lws-<LWS_VERSION>/`` beside the binaries: ``crd/*.yaml`` and ``webhook/*.yaml``
+        (manifests and their patches) of the LWS release the manager was built from."""
+        return self.directory / f"lws-{os.environ.get('DSV4_LWS_VERSION') or LWS_VERSION}"
+
     def missing(self, names: tuple[str, ...] = ALL_BINARIES) -> list[str]:
-        """Names among ``names`` that are absent or not executable."""
-        return [n for n in names if not os.access(self.directory / n, os.X_OK)]
+        """Names among ``names`` that are absent or not executable (the LWS manager also
+        when its manifests are missing)."""
+        out = [n for n in names if not os.access(self.directory / n, os.X_OK)]
+        # The build script writes the directory at once; its last file means all are there.
+        manifests = self.lws_manifests() / "webhook" / "validating-patch.yaml"
+        if "lws-controller-manager" in names and "lws-controller-manager" not in out:
+            out += [] if manifests.is_file() else ["lws-controller-manager"]
+        return out
 
     def require(self, names: tuple[str, ...] = ALL_BINARIES) -> Binaries:
         """Return self, or raise :class:`BinariesUnavailable` naming what is missing."""

@@ -15,7 +15,9 @@ given as ``crds=[...]`` (see :meth:`ControlPlane.install_crds` for why before); 
 kube-controller-manager (all default controllers: garbage collector, Deployment,
 ReplicaSet, StatefulSet, service accounts, node lifecycle, ...) and wait until it has
 created the ``default`` ServiceAccount; optionally start kube-scheduler and kwok (kwok
-manages Nodes annotated ``kwok.x-k8s.io/node=fake``, which :meth:`add_gpu_node` creates).
+manages Nodes annotated ``kwok.x-k8s.io/node=fake``, which :meth:`add_gpu_node` creates)
+and, with ``with_lws=True``, the LeaderWorkerSet controller with its webhooks (:mod:`.lws`;
+its CRDs are installed with ``crds``).
 
 ``stop()`` (also run by ``__exit__``, by an ``atexit`` hook and on SIGTERM when nobody else
 handles it) terminates the process groups newest first and deletes the data dir, unless
@@ -45,6 +47,7 @@ import yaml
 
 from dsv4_devcluster import binaries as _binaries
 from dsv4_devcluster import kwok as _kwok
+from dsv4_devcluster import lws as _lws
 from dsv4_devcluster import nodes as _nodes
 from dsv4_devcluster import pki as _pki
 from dsv4_devcluster.process import ManagedProcess, free_port, wait_for
@@ -70,6 +73,7 @@ class ControlPlane:
         *,
         with_scheduler: bool = False,
         with_kwok: bool = False,
+        with_lws: bool = False,
         binaries: _binaries.Binaries | None = None,
         keep_data_dir: bool | None = None,
         start_timeout: float = 180.0,
@@ -79,6 +83,7 @@ class ControlPlane:
     ) -> None:
         self.with_scheduler = with_scheduler
         self.with_kwok = with_kwok
+        self.with_lws = with_lws
         self._binaries = binaries
         if keep_data_dir is None:
             keep_data_dir = os.environ.get("DSV4_DEVCLUSTER_KEEP", "") not in ("", "0")
@@ -325,13 +330,24 @@ class ControlPlane:
         etcd_url = self._start_etcd(bins, remaining)
         self._start_apiserver(bins, etcd_url, remaining)
         self._write_kubeconfig()
-        if self.crds:
-            self.install_crds(self.crds, timeout=remaining())
+        crds = self.crds + (_lws.crd_paths(bins) if self.with_lws else [])
+        if crds:
+            self.install_crds(crds, timeout=remaining())
         self._start_controller_manager(bins, remaining)
         if self.with_scheduler:
             self._start_kube_component(bins, "kube-scheduler", [], remaining)
         if self.with_kwok:
             self._start_kwok(bins, remaining)
+        if self.with_lws:
+            _lws.start(
+                bins,
+                self._require_pki(),
+                self.data_dir,
+                self.kubeconfig_path,
+                lambda name, argv, env: self._spawn(name, argv, {**os.environ, **env}),
+                self.dynamic_client,
+                remaining(),
+            )
 
     def _locate_binaries(self) -> _binaries.Binaries:
         needed: tuple[str, ...] = _binaries.CONTROL_PLANE_BINARIES
@@ -339,6 +355,8 @@ class ControlPlane:
             needed += ("kube-scheduler",)
         if self.with_kwok:
             needed += ("kwok",)
+        if self.with_lws:
+            needed += _binaries.LWS_BINARIES
         bins = self._binaries or _binaries.locate(needed)
         bins.require(needed)
         return bins

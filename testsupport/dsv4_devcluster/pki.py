@@ -1,5 +1,8 @@
 """Throwaway PKI for a local control plane: CA, serving cert, admin client cert, SA keys.
 
+The CA key is kept too, so :func:`issue_serving_cert` can sign the serving certificate of a
+webhook the API server calls on loopback (the LWS controller's, :mod:`.lws`).
+
 Everything is ECDSA P-256 (fast to generate on a small machine) and written as PEM files
 into the cluster's temporary data directory; nothing here is meant to outlive a run.
 The admin client certificate carries ``O=system:masters``, so it bypasses RBAC the way
@@ -34,6 +37,7 @@ class Pki:
     """Paths of the generated PEM files."""
 
     ca_cert: Path
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -84,6 +88,7 @@ def generate(directory: Path) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         admin_cert=directory / "admin.crt",
@@ -114,6 +119,7 @@ def generate(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.ca_key, ca_key)
 
     serving_key = _key()
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in SERVING_DNS]
@@ -144,3 +150,25 @@ def generate(directory: Path) -> Pki:
         )
     )
     return pki
+
+
+def issue_serving_cert(
+    pki: Pki, cert_path: Path, key_path: Path, common_name: str, ips: tuple[str, ...]
+) -> None:
+    """Sign a TLS serving certificate valid for ``ips`` with the CA of ``pki``; write it and
+    its new key to ``cert_path`` and ``key_path``."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not an EC private key")
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    key = _key()
+    sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cert = (
+        _builder(_name(common_name), ca.subject, key.public_key())
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path.parent.mkdir(parents=True, exist_ok=True)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key_path, key)
