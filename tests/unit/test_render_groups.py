@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
+from dsv4_operator.api.limits import DIST_INIT_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.render.context import OwnerRef, build_context
-from dsv4_operator.render.groups import DIST_INIT_PORT
 from tests.support.builders import example_doc, with_changes
 from tests.support.paths import REPO
 

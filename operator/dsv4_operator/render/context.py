@@ -11,6 +11,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role, gpus_needed
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
 from dsv4_operator.engine.planner import MemoryPlan, plan
+from dsv4_operator.engine.topology import nodes_per_replica
 from dsv4_operator.names import (
     APP_NAME,
     COMPONENT_LABEL,
@@ -146,7 +147,7 @@ def build_context(
     served = served_name(spec, the_plan.profiles.model.served_name)
     launches = {role: engine_launch(spec, the_plan, role, served) for role in ROLES}
     gpus = {role: gpus_needed(effective_role(spec, role)) for role in ROLES}
-    nodes = {role: -(-gpus[role] // spec.gpu.per_node) for role in ROLES}  # TODO merge
+    nodes = {role: nodes_per_replica(spec, role) for role in ROLES}
     return RenderContext(
         name=name,
         namespace=namespace,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 from dsv4_operator.api.roles import Role
+from dsv4_operator.engine.topology import dist_init_addr
 from dsv4_operator.names import (
     LWS_API_VERSION,
     LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION,
@@ -23,10 +24,6 @@ from dsv4_operator.names import (
 from dsv4_operator.render.context import Manifest, RenderContext
 from dsv4_operator.render.engine import pod_template, with_replicas, workload_metadata
 
-# sglang's torch.distributed rendezvous on the leader (--dist-init-addr); sglang derives its
-# ZMQ ports from the next five (srt/server_args.py, PortArgs.init_new), clear of the HTTP
-# port (30000) and the bootstrap port (8998 by default).
-DIST_INIT_PORT = 20000
 # A worker's probes: none. Only the leader runs the HTTP server (sglang's ranks on nodes > 0
 # run schedulers only), so a worker is ready once it runs, and a group once its leader
 # answers /health_generate, which it does only once every rank of every node has joined.
@@ -37,7 +34,7 @@ def group_args() -> list[str]:
     """The multi-node flags of every pod of a group, expanded by the kubelet from the LWS
     environment (`$(VAR)` in a command is a Kubernetes reference, not a shell's)."""
     return [
-        "--dist-init-addr", f"$({LWS_LEADER_ADDRESS_ENV}):{DIST_INIT_PORT}",
+        "--dist-init-addr", dist_init_addr(f"$({LWS_LEADER_ADDRESS_ENV})"),
         "--nnodes", f"$({LWS_GROUP_SIZE_ENV})",
         "--node-rank", f"$({LWS_WORKER_INDEX_ENV})",
     ]  # fmt: skip

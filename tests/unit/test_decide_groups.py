@@ -1,0 +1,104 @@
+"""decide() for multi-node roles: LeaderWorkerSets applied, rolled, switched and deleted as the
+StatefulSets of single-node roles are; a cluster without LWS says so and rolls nothing out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dsv4_operator.reconcile.decide import decide
+from tests.support.builders import as_live, make_world
+
+TWO_NODES = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
+Variant = Callable[..., dict[str, Any]]
+
+
+def _kinds(objs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted((o["kind"], o["metadata"]["name"]) for o in objs)
+
+
+def _condition(decision: Any, type_: str) -> Any:
+    return next(c for c in decision.status.conditions if c.type == type_)
+
+
+def test_a_multi_node_spec_creates_leader_worker_sets_and_settles(variant: Variant) -> None:
+    spec = variant(TWO_NODES)
+    first = decide(make_world(spec))
+    workloads = [k for k in _kinds(first.apply) if k[0] in ("StatefulSet", "LeaderWorkerSet")]
+    assert workloads == [("LeaderWorkerSet", "x-decode"), ("LeaderWorkerSet", "x-prefill")]
+    settled = decide(make_world(spec, revisions=first.create, **as_live(first.apply)))
+    assert settled.writes == 0 and settled.status.phase == "Ready"
+    assert settled.status.roles.prefill.ready == 1
+
+
+def test_groups_not_ready_keep_the_deployment_progressing(variant: Variant) -> None:
+    spec = variant(TWO_NODES)
+    first = decide(make_world(spec))
+    pending = decide(make_world(spec, revisions=first.create, **as_live(first.apply, ready=False)))
+    assert pending.status.phase == "Progressing"
+    assert "prefill 0/1 groups ready" in _condition(pending, "Ready").message
+
+
+def test_without_the_lws_crd_a_multi_node_spec_rolls_nothing_out_and_says_why(
+    variant: Variant,
+) -> None:
+    spec = variant(TWO_NODES)
+    decision = decide(make_world(spec, groups_served=False))
+    assert not [o for o in decision.apply if o["kind"] != "ControllerRevision"]
+    progressing = _condition(decision, "Progressing")
+    assert progressing.reason == "GroupsUnavailable"
+    assert "spec.prefill needs 2 nodes per replica" in progressing.message
+    assert "leaderworkerset.x-k8s.io/v1" in progressing.message
+    assert decision.status.phase == "Degraded"
+    assert _condition(decision, "Degraded").reason == "GroupsUnavailable"
+    [warning] = [n for n in decision.events if n.type == "Warning"]
+    assert warning.reason == "GroupsUnavailable"
+    # The same episode again: no second Event; LWS is looked for again on a timer.
+    again = decide(make_world(spec, status=decision.status, groups_served=False))
+    assert [n for n in again.events if n.reason == "GroupsUnavailable"] == []
+    assert again.requeue_after is not None
+
+
+def test_without_the_lws_crd_a_single_node_spec_is_unaffected(variant: Variant) -> None:
+    decision = decide(make_world(variant({}), groups_served=False))
+    assert [k[0] for k in _kinds(decision.apply)].count("StatefulSet") == 2
+    assert _condition(decision, "Progressing").reason == "Creating"
+
+
+def test_a_format_change_under_recreate_deletes_the_groups_first(variant: Variant) -> None:
+    first = decide(make_world(variant(TWO_NODES)))
+    changed = variant({**TWO_NODES, "engine.indexKDtype": "bf16"})
+    decision = decide(
+        make_world(changed, generation=2, revisions=first.create, **as_live(first.apply))
+    )
+    deleted = {(r.kind, n) for r, n in decision.delete}
+    assert {
+        ("Deployment", "x-router"),
+        ("LeaderWorkerSet", "x-prefill"),
+        ("LeaderWorkerSet", "x-decode"),
+    } <= deleted
+    assert not [o for o in decision.apply if o["kind"] == "LeaderWorkerSet"]
+
+
+def test_bluegreen_for_groups_new_pair_then_router_then_old_groups_last(variant: Variant) -> None:
+    blue = variant({**TWO_NODES, "rollout.strategy": "BlueGreen"})
+    green = variant({**TWO_NODES, "rollout.strategy": "BlueGreen", "engine.indexKDtype": "bf16"})
+    first = decide(make_world(blue))
+    live = as_live(first.apply)
+    start = decide(make_world(green, generation=2, revisions=first.create, **live))
+    new = [o for o in start.apply if o["kind"] == "LeaderWorkerSet"]
+    assert {o["metadata"]["name"].rsplit("-", 1)[0] for o in new} == {"x-prefill", "x-decode"}
+    assert start.delete == [] and not [o for o in start.apply if o["kind"] == "Deployment"]
+    for pool, objs in as_live(start.apply).items():
+        live[pool] += objs
+    revisions = first.create + start.create
+    switch = decide(make_world(green, generation=2, revisions=revisions, **live))
+    [router] = [o for o in switch.apply if o["kind"] == "Deployment"]
+    argv = " ".join(router["spec"]["template"]["spec"]["containers"][0]["command"])
+    pair = new[0]["metadata"]["labels"]["dsv4.io/pair"]
+    # The router targets the new pair's group leaders only, never both pairs at once.
+    assert f"x-decode-{pair}-0.x-decode-{pair}" in argv and "x-decode-0.x-decode." not in argv
+    live["deployments"] = as_live([router])["deployments"]
+    cleanup = decide(make_world(green, generation=2, revisions=revisions, **live))
+    order = [(r.kind, n) for r, n in cleanup.delete if r.kind != "ControllerRevision"]
+    assert order[-2:] == [("LeaderWorkerSet", "x-prefill"), ("LeaderWorkerSet", "x-decode")]
