@@ -279,6 +279,12 @@ class EventReason(Reason):
         "Warning: a ServiceMonitor is asked for but its CRD is not served. Install the "
         "prometheus-operator CRDs or disable `spec.monitoring.serviceMonitor`.",
     )
+    GROUP_RESTARTED = (
+        "GroupRestarted",
+        "Warning: a pod of a multi-node group failed, so the LeaderWorkerSet recreates the whole "
+        "group; the message and `status.groupRestarts` keep the last termination of every pod "
+        "of it (the restart deletes them). Read them as an engine crash of the role.",
+    )
     GROUPS_UNAVAILABLE = (
         "GroupsUnavailable",
         "Warning: a role's replica spans nodes (LeaderWorkerSet groups) but the API server does "

@@ -102,3 +102,54 @@ def test_bluegreen_for_groups_new_pair_then_router_then_old_groups_last(variant:
     cleanup = decide(make_world(green, generation=2, revisions=revisions, **live))
     order = [(r.kind, n) for r, n in cleanup.delete if r.kind != "ControllerRevision"]
     assert order[-2:] == [("LeaderWorkerSet", "x-prefill"), ("LeaderWorkerSet", "x-decode")]
+
+
+def _group_pod(worker: int, revision: str, restarts: int = 0, message: str = "") -> dict[str, Any]:
+    """A pod of group 0 of x-decode (worker 0 is the leader), its container restarted so."""
+    name = "x-decode-0" if worker == 0 else f"x-decode-0-{worker}"
+    container: dict[str, Any] = {"name": "engine", "restartCount": restarts, "state": {}}
+    if restarts:
+        container["lastState"] = {
+            "terminated": {"reason": "OOMKilled", "exitCode": 137, "message": message}
+        }
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{worker}",
+            "labels": {
+                "dsv4.io/role": "decode",
+                "dsv4.io/revision": revision,
+                "leaderworkerset.sigs.k8s.io/name": "x-decode",
+                "leaderworkerset.sigs.k8s.io/group-index": "0",
+                "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+            },
+        },
+        "status": {"phase": "Running", "containerStatuses": [container]},
+    }
+
+
+def test_a_worker_failure_keeps_every_pod_of_its_group_in_status_once(variant: Variant) -> None:
+    spec = variant(TWO_NODES)
+    first = decide(make_world(spec))
+    live = as_live(first.apply)
+    revision = live["statefulsets"][0]["metadata"]["labels"]["dsv4.io/revision"]
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    pods = [_group_pod(0, revision), _group_pod(1, revision, restarts=1, message=oom)]
+    seen = decide(make_world(spec, revisions=first.create, pods=pods, **live))
+    [restart] = seen.status.group_restarts
+    assert restart.group == "x-decode-0" and restart.role == "decode"
+    assert restart.cause.startswith("pod x-decode-0-1 (worker 1) container engine terminated")
+    assert [(p.pod, p.reason) for p in restart.pods] == [
+        ("x-decode-0", None),
+        ("x-decode-0-1", "OOMKilled"),
+    ]
+    assert restart.pods[1].message == oom
+    [note] = [n for n in seen.events if n.reason == "GroupRestarted"]
+    assert note.type == "Warning" and "x-decode-0-1: OOMKilled" in note.message
+    # The next pass sees the same restart: no second entry, no second Event; and once the
+    # LWS controller has replaced the pods, the record stays.
+    again = decide(make_world(spec, status=seen.status, revisions=first.create, pods=pods, **live))
+    assert again.status.group_restarts == seen.status.group_restarts
+    assert not [n for n in again.events if n.reason == "GroupRestarted"]
+    after = decide(make_world(spec, status=again.status, revisions=first.create, **live))
+    assert after.status.group_restarts == seen.status.group_restarts

@@ -63,6 +63,7 @@ WIRE = {
         "Invalid",
         "ChildRejected",
         "CRDMissing",
+        "GroupRestarted",
         "GroupsUnavailable",
         "WeightsPending",
         "WeightsDownloading",

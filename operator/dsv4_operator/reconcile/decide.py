@@ -23,7 +23,6 @@ from dsv4_operator.kube.resources import (
     CONTROLLER_REVISION,
     DEPLOYMENT,
     JOB,
-    LEADER_WORKER_SET,
     PDB,
     SERVICE,
     SERVICE_MONITOR,
@@ -41,6 +40,7 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.reasons import ConditionReason, EventReason, WeightsReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
+from dsv4_operator.reconcile.groups import groups_unavailable, with_group_restarts
 from dsv4_operator.reconcile.guarding import guard_pass, plan_check
 from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY, Health, seconds_to_deadline
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
@@ -211,32 +211,9 @@ def _blue_green(actions: Actions, ctx: RenderContext, active: Pair) -> Progress:
     return Progress(ConditionReason.SWITCHING_ROUTER, f"router switching to pair {green.pair}")
 
 
-def _groups_unavailable(actions: Actions, ctx: RenderContext) -> Progress | None:
-    """A multi-node role on a cluster without LeaderWorkerSet: nothing is applied (running
-    children keep serving), one Warning per episode, and the reason in status."""
-    multi = [role for role in ROLES if ctx.multi_node(role)]
-    if not multi or actions.world.groups_served:
-        return None
-    shapes = ", ".join(
-        f"spec.{role} needs {ctx.nodes_of(role)} nodes per replica ({ctx.gpus[role]} GPUs, "
-        f"{ctx.spec.gpu.per_node} per node)"
-        for role in multi
-    )
-    message = (
-        f"{shapes}: such roles run as LeaderWorkerSet groups, and the API server does not "
-        f"serve {LEADER_WORKER_SET.api_version} {LEADER_WORKER_SET.kind}; install LWS v0.9.0 or "
-        "later (docs/multinode.md) or fit each replica on one node. Nothing was rolled out; "
-        "running children keep their config"
-    )
-    was = next((c for c in actions.world.status.conditions if c.type == "Progressing"), None)
-    if was is None or was.reason != ConditionReason.GROUPS_UNAVAILABLE:
-        actions.note("Warning", EventReason.GROUPS_UNAVAILABLE, message)
-    return Progress(ConditionReason.GROUPS_UNAVAILABLE, message)
-
-
 def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
     world = actions.world
-    unavailable = _groups_unavailable(actions, ctx)
+    unavailable = groups_unavailable(actions, ctx)
     if unavailable is not None:
         return unavailable
     if not spec.monitoring.service_monitor.enabled:
@@ -414,8 +391,8 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     validation = world.validation
     if not validation.valid or validation.spec is None:
         _invalid(actions, validation)
-        actions.decision.status = invalid_spec_status(
-            world, validation, _invalid_message(validation)
+        actions.decision.status = with_group_restarts(
+            actions, invalid_spec_status(world, validation, _invalid_message(validation))
         )
         return actions.decision
     spec = validation.spec
@@ -441,8 +418,9 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
     decision.plan = plan_check(world, spec, target)
-    decision.status = rollout_status(
-        world, validation, target, progress, guard, weights, decision.plan
+    decision.status = with_group_restarts(
+        actions,
+        rollout_status(world, validation, target, progress, guard, weights, decision.plan),
     )
     _monitoring_event(actions, decision.status)
     _plan_event(actions, decision.status)
