@@ -101,3 +101,47 @@ def test_multi_node_flags_stay_the_operators(
     doc = variant({"engine.extraArgs": [flag, "1"]})
     messages = [f.message for f in validate_spec(doc).findings]
     assert any(flag in m and "spans nodes" in m for m in messages)
+
+
+def _argv(doc: dict[str, Any], role: str) -> list[str]:
+    result = validate_spec(doc)
+    assert result.spec is not None and result.plan is not None, result.findings
+    from dsv4_operator.engine.flags import engine_launch
+
+    return list(engine_launch(result.spec, result.plan, role, "m").command)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("version", "attention"),
+    [
+        ("0.5.16", ["--dp-size", "16", "--enable-dp-attention"]),
+        ("0.5.23", ["--attn-dp-size", "16"]),
+    ],
+)
+def test_multi_node_argv_spells_the_parallelism_for_the_release(
+    variant: Callable[..., dict[str, Any]], version: str, attention: list[str]
+) -> None:
+    doc = variant(
+        {
+            **H200,
+            "engine.sglangVersion": version,
+            "engine.capabilities": [],
+            "decode.tensorParallel": 16,
+            "decode.attentionDataParallel": 16,
+            "decode.expertParallel": 16,
+            "decode.moeAllToAll": "deepep",
+        }
+    )
+    argv = _argv(doc, "decode")
+    start = argv.index("--tp-size")
+    assert argv[start : start + 2 + len(attention) + 6] == [
+        "--tp-size", "16", *attention,
+        "--ep-size", "16", "--moe-a2a-backend", "deepep", "--nnodes", "2",
+    ]  # fmt: skip
+    assert "--node-rank" not in argv and "--dist-init-addr" not in argv
+
+
+def test_single_node_argv_has_no_multi_node_flags(variant: Callable[..., dict[str, Any]]) -> None:
+    argv = _argv(variant({}), "prefill")
+    for flag in ("--nnodes", "--ep-size", "--moe-a2a-backend", "--attn-dp-size"):
+        assert flag not in argv
