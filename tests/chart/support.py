@@ -71,6 +71,7 @@ NAMESPACED_RULES = [
         "verbs": ["list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create", "patch"]},
+    # Multi-node roles: one LeaderWorkerSet per role, a child like the StatefulSets above.
     {
         "apiGroups": ["leaderworkerset.x-k8s.io"],
         "resources": ["leaderworkersets"],

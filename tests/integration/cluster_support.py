@@ -1,7 +1,8 @@
 """Integration-test helpers on the API server: whether an object exists, what refusal a create
-gets, a router never targeting two transfer formats, an admission policy on StatefulSets, and
-a ServiceAccount's kubeconfig. The operator process and the example deployment are test
-support shared with the demo and the benchmarks: dsv4_devcluster.operator and .deployments."""
+gets, a server-side dry run of a rendered child, a router never targeting two transfer
+formats, an admission policy on StatefulSets, and a ServiceAccount's kubeconfig. The operator
+process and the example deployment are test support shared with the demo and the benchmarks:
+dsv4_devcluster.operator and .deployments."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster
 from dsv4_operator.engine.effective import parse_args
+from dsv4_operator.kube.client import yaml_safe_json
 from dsv4_operator.names import API_VERSION, KIND
 from tests.chart.support import tool
 
@@ -55,6 +57,38 @@ def rejection(dyn: Any, body: dict[str, Any], **params: Any) -> tuple[int, str]:
     err = info.value
     message = yaml.safe_load(err.body).get("message", "") if err.body else str(err)
     return err.status, message
+
+
+BUSY = (429, 504)  # the API server did not answer in time: no verdict, ask again
+
+
+def dry_run_apply(dyn: Any, namespace: str, child: dict[str, Any]) -> dict[str, Any]:
+    """A server-side dry-run apply of a rendered `child` (schema, defaulting, admission
+    webhooks such as LWS's; nothing stored); returns the object the API server would store.
+    Its body is encoded as the operator encodes it (`yaml_safe_json`: the apply-patch+yaml
+    parser refuses what plain json.dumps writes for some characters). A refusal raises
+    AssertionError carrying the API server's reasons."""
+    resource = dyn.resources.get(api_version=child["apiVersion"], kind=child["kind"])
+    for attempt in range(3):
+        try:
+            applied = resource.server_side_apply(
+                body=yaml_safe_json(child).decode(),
+                name=child["metadata"]["name"],
+                namespace=namespace,
+                field_manager="dry-run-check",
+                query_params=[("dryRun", "All")],
+            )
+            result: dict[str, Any] = applied.to_dict()
+            return result
+        except Exception as error:
+            if getattr(error, "status", None) in BUSY and attempt < 2:
+                time.sleep(1)
+                continue
+            raise AssertionError(
+                f"the API server refused {child['kind']} {child['metadata']['name']}: "
+                f"{getattr(error, 'body', error)}"
+            ) from error
+    raise AssertionError("unreachable")
 
 
 def watch_router(cluster: Cluster, until: Callable[[], bool], timeout: float = 240) -> int:

@@ -1,4 +1,6 @@
-"""Integration fixtures: one real control plane per session, a fresh namespace per test.
+"""Integration fixtures: one real control plane per session, a fresh namespace per test, and a
+second plane with the real LeaderWorkerSet controller (``lws_control_plane``) for the tests
+that ask for it.
 
 The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) comes
 from :mod:`dsv4_devcluster` (testsupport/); its binaries come from ``$KUBEBUILDER_ASSETS``, the
@@ -64,15 +66,7 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     The DSV4Deployment CRD is installed before kube-controller-manager starts, so garbage
     collection of its children works at once (see ``ControlPlane.install_crds``).
     """
-    crds = [CRD_PATH] if CRD_PATH.is_file() else []
-    cp = ControlPlane(with_scheduler=True, with_kwok=True, crds=crds)
-    error = ""
-    try:
-        cp.start()
-    except Exception as exc:  # BinariesUnavailable, DevClusterError: fail, never skip
-        error = f"could not start the dev control plane: {exc}"
-    if error:
-        pytest.fail(error, pytrace=False)
+    cp = _started(ControlPlane(with_scheduler=True, with_kwok=True, crds=_dsv4_crds()))
     request.config.stash[_STARTUP_KEY] = cp.startup_seconds or 0.0
     try:
         yield cp
@@ -81,9 +75,50 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture(scope="session")
+def lws_control_plane() -> Iterator[ControlPlane]:
+    """A control plane of its own with the real LeaderWorkerSet controller and its webhooks
+    (``ControlPlane(with_lws=True)``, for multi-node roles), kube-scheduler, kwok and the
+    DSV4Deployment CRD; started only by tests that use it, so the session's plane stays a
+    cluster without LWS."""
+    cp = _started(
+        ControlPlane(with_scheduler=True, with_kwok=True, with_lws=True, crds=_dsv4_crds())
+    )
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+def _dsv4_crds() -> list[Path]:
+    return [CRD_PATH] if CRD_PATH.is_file() else []
+
+
+def _started(cp: ControlPlane) -> ControlPlane:
+    """``cp`` started, or the test failed with the reason (never skipped)."""
+    error = ""
+    try:
+        cp.start()
+    except Exception as exc:  # BinariesUnavailable, DevClusterError: fail, never skip
+        error = f"could not start the dev control plane: {exc}"
+    if error:
+        pytest.fail(error, pytrace=False)
+    return cp
+
+
+@pytest.fixture(scope="session")
 def dyn(control_plane: ControlPlane) -> Iterator[Any]:
     """A ``kubernetes.dynamic.DynamicClient`` with admin rights on the session cluster."""
-    client = control_plane.dynamic_client()
+    yield from _dynamic_client(control_plane)
+
+
+@pytest.fixture(scope="session")
+def lws_dyn(lws_control_plane: ControlPlane) -> Iterator[Any]:
+    """A ``kubernetes.dynamic.DynamicClient`` with admin rights on the LWS control plane."""
+    yield from _dynamic_client(lws_control_plane)
+
+
+def _dynamic_client(cp: ControlPlane) -> Iterator[Any]:
+    client = cp.dynamic_client()
     try:
         yield client
     finally:
@@ -93,6 +128,16 @@ def dyn(control_plane: ControlPlane) -> Iterator[Any]:
 @pytest.fixture
 def namespace(dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     """A new namespace named after the test, with its default ServiceAccount in place."""
+    yield from _test_namespace(dyn, request)
+
+
+@pytest.fixture
+def lws_namespace(lws_dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Like ``namespace``, on the LWS control plane."""
+    yield from _test_namespace(lws_dyn, request)
+
+
+def _test_namespace(dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     with new_namespace(dyn, f"{slug}-{uuid.uuid4().hex[:6]}") as name:
         yield name

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_devcluster import K8S_VERSION, ControlPlane, wait_for
+from dsv4_devcluster.binaries import LWS_VERSION
 from dsv4_devcluster.controlplane import _sweep_stale_data_dirs
 
 pytestmark = pytest.mark.integration
@@ -37,11 +38,12 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_build_script_pins_the_version_the_harness_looks_for() -> None:
+@pytest.mark.parametrize(("name", "pinned"), [("K8S", K8S_VERSION), ("LWS", LWS_VERSION)])
+def test_build_script_pins_the_version_the_harness_looks_for(name: str, pinned: str) -> None:
     script = (REPO_ROOT / "tools" / "build-k8s.sh").read_text()
-    match = re.search(r'K8S_VERSION="\$\{DSV4_K8S_VERSION:-(v[0-9.]+)\}"', script)
-    assert match, "K8S_VERSION default not found in tools/build-k8s.sh"
-    assert match.group(1) == K8S_VERSION
+    match = re.search(rf'{name}_VERSION="\$\{{DSV4_{name}_VERSION:-(v[0-9.]+)\}}"', script)
+    assert match, f"{name}_VERSION default not found in tools/build-k8s.sh"
+    assert match.group(1) == pinned
 
 
 def test_context_exit_stops_everything(control_plane: ControlPlane) -> None:
@@ -101,4 +103,16 @@ def test_sigkill_of_owner_takes_children_down_and_dir_is_swept() -> None:
     )
     assert data_dir.exists()  # nobody could clean up after SIGKILL ...
     _sweep_stale_data_dirs()  # ... so the next start does
+    assert not data_dir.exists()
+
+
+def test_cli_lws_option_runs_the_lws_controller_and_stops_it_with_the_plane() -> None:
+    proc, data_dir = start_cli("--minimal", "--lws")
+    logs = data_dir / "logs"
+    assert (logs / "lws-controller-manager.log").is_file()
+    # etcd, kube-apiserver, kube-controller-manager and the LWS manager (its --config is there)
+    assert len(processes_mentioning(str(data_dir))) == 4
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert processes_mentioning(str(data_dir)) == []
     assert not data_dir.exists()

@@ -5,46 +5,20 @@ example with a field drawn from the CRD's own schema."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from dsv4_operator.engine.validation import validate_object
-from dsv4_operator.kube.client import yaml_safe_json
 from dsv4_operator.render.children import render_spec
 from tests.support.builders import example_doc, with_changes
 from tests.support.cases import ONE_OF_CASES, VARIANTS
 from tests.support.strategies import from_the_crd, gentle
 
+from .cluster_support import dry_run_apply
+
 CASES = 100
-BUSY = (429, 504)  # the API server did not answer in time: no verdict, ask again
-
-
-def _dry_run_apply(dyn: Any, namespace: str, child: dict[str, Any]) -> None:
-    """A server-side dry-run apply of `child`, its body encoded as the operator encodes it
-    (`yaml_safe_json`: the apply-patch+yaml parser refuses what plain json.dumps writes for
-    some characters)."""
-    resource = dyn.resources.get(api_version=child["apiVersion"], kind=child["kind"])
-    for attempt in range(3):
-        try:
-            resource.server_side_apply(
-                body=yaml_safe_json(child).decode(),
-                name=child["metadata"]["name"],
-                namespace=namespace,
-                field_manager="dry-run-check",
-                query_params=[("dryRun", "All")],
-            )
-            return
-        except Exception as error:
-            if getattr(error, "status", None) in BUSY and attempt < 2:
-                time.sleep(1)
-                continue
-            raise AssertionError(
-                f"the API server refused {child['kind']} {child['metadata']['name']} of a "
-                f"spec dsv4 validate accepts: {getattr(error, 'body', error)}"
-            ) from error
 
 
 @pytest.mark.parametrize("source", ["examples", "crd-schema"])
@@ -70,7 +44,7 @@ def test_every_child_of_a_valid_spec_passes_a_server_side_dry_run(
         for child in render_spec(doc["metadata"]["name"], namespace, validation.spec):
             if child["kind"] == "ServiceMonitor":
                 continue  # prometheus-operator's type; its CRD is not part of this plane
-            _dry_run_apply(dyn, namespace, child)
+            dry_run_apply(dyn, namespace, child)
             checked.append(child["kind"])
 
     check()
@@ -91,7 +65,7 @@ def test_pod_settings_pass_a_server_side_dry_run(dyn: Any, namespace: str) -> No
     for child in children:
         if child["kind"] == "ServiceMonitor":
             continue
-        _dry_run_apply(dyn, namespace, child)
+        dry_run_apply(dyn, namespace, child)
     pods = [c for c in children if c["kind"] in ("StatefulSet", "Deployment")]
     assert all(c["spec"]["template"]["spec"]["serviceAccountName"] == "dsv4-engines" for c in pods)
 

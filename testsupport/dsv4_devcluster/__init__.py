@@ -2,7 +2,8 @@
 
 It runs the genuine binaries (built from the Kubernetes Go modules by ``tools/build-k8s.sh``,
 or taken from ``$KUBEBUILDER_ASSETS``): etcd, kube-apiserver, kube-controller-manager and,
-optionally, kube-scheduler plus kwok for fake GPU nodes. No mock API server is involved.
+optionally, kube-scheduler plus kwok for fake GPU nodes and the LeaderWorkerSet controller
+(``with_lws=True``). No mock API server is involved.
 
 Public API::
 
@@ -21,7 +22,8 @@ Public API::
 
 Modules: :mod:`.binaries` (find/build the executables), :mod:`.pki` (certificates and keys),
 :mod:`.process` (child processes, teardown), :mod:`.controlplane` (start/stop order, flags),
-:mod:`.nodes` (fake GPU Node objects), :mod:`.kubelet` (pod status reports),
+:mod:`.lws` (the LeaderWorkerSet controller, its CRDs and webhooks), :mod:`.nodes` (fake GPU
+Node objects), :mod:`.kubelet` (pod status reports),
 :mod:`.prober` (pod addresses on ``lo`` and the kubelet's readiness probe, for pods whose
 process runs here),
 :mod:`.hub` (a stand-in for the Hugging Face Hub's download API),

@@ -20,6 +20,8 @@ from typing import Any
 
 #: Pods annotated key=value are never made Running/Ready by the harness's kwok stages.
 MANUAL_STATUS_ANNOTATION = ("devcluster.dsv4.io/status", "manual")
+#: Pods annotated key=value are not removed by kwok when deleted: they stay Terminating.
+HELD_TERMINATION_ANNOTATION = ("devcluster.dsv4.io/termination", "held")
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -42,10 +44,27 @@ def wait_pod_running(dyn: Any, namespace: str, name: str, timeout: float = 60.0)
         time.sleep(0.25)
 
 
+def hold_termination(dyn: Any, namespace: str, name: str) -> None:
+    """Keep the pod Terminating once deleted (as a kubelet does for its grace period) until
+    :func:`finish_termination`, instead of kwok removing it within milliseconds."""
+    _annotate(dyn, namespace, name, HELD_TERMINATION_ANNOTATION)
+
+
+def finish_termination(dyn: Any, namespace: str, name: str) -> None:
+    """Remove a held Terminating pod the way its kubelet would (grace period 0)."""
+    pods = dyn.resources.get(api_version="v1", kind="Pod")
+    pods.delete(name=name, namespace=namespace, body={"gracePeriodSeconds": 0})
+
+
 def _off_kwok_stages(dyn: Any, namespace: str, name: str) -> Any:
     """Annotate the pod so that kwok's stages leave its status alone; the Pod API."""
+    return _annotate(dyn, namespace, name, MANUAL_STATUS_ANNOTATION)
+
+
+def _annotate(dyn: Any, namespace: str, name: str, annotation: tuple[str, str]) -> Any:
+    """Set one annotation (key, value) on the pod; return the Pod API."""
     pods = dyn.resources.get(api_version="v1", kind="Pod")
-    key, value = MANUAL_STATUS_ANNOTATION
+    key, value = annotation
     pods.patch(
         name=name,
         namespace=namespace,

@@ -12,7 +12,11 @@ kwok (v0.8) needs its lifecycle Stages in its config file. Ours are deliberately
   running and ready. After that kwok leaves the pod's status alone, which is what lets a
   test write kubelet-style reports (:func:`~.kubelet.report_container_terminated`).
 * ``devcluster-pod-delete``: a pod being deleted loses its finalizers and is removed, as a
-  kubelet would confirm (otherwise pods would stay Terminating forever).
+  kubelet would confirm (otherwise pods would stay Terminating forever); except a pod
+  annotated :data:`~.kubelet.HELD_TERMINATION_ANNOTATION` (:func:`~.kubelet.hold_termination`),
+  which stays Terminating until the test removes it: a real kubelet takes its grace period,
+  kwok takes milliseconds, and a controller reacting to a terminating pod (LWS restarting a
+  group) must be able to see it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION
+from dsv4_devcluster.kubelet import HELD_TERMINATION_ANNOTATION, MANUAL_STATUS_ANNOTATION
 
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 POD_CIDR = "10.244.0.0/16"
@@ -135,6 +139,7 @@ containerStatuses:
 def stages() -> list[dict[str, Any]]:
     """The Stage objects described in the module docstring."""
     manual_key = MANUAL_STATUS_ANNOTATION[0]
+    held_key = HELD_TERMINATION_ANNOTATION[0]
     return [
         _stage(
             "devcluster-node-ready",
@@ -162,7 +167,10 @@ def stages() -> list[dict[str, Any]]:
         _stage(
             "devcluster-pod-delete",
             "Pod",
-            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+            [
+                {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                {"key": f'.metadata.annotations["{held_key}"]', "operator": "DoesNotExist"},
+            ],
             {"finalizers": {"empty": True}, "delete": True},
         ),
     ]
