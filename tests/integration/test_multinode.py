@@ -3,14 +3,13 @@ on) and kwok GPU nodes: the rendered groups pass the API server's dry run, a dep
 prefill and decode each span 2 nodes x 8 GPUs reaches Ready, and a transfer-format change
 under BlueGreen never has the router targeting two formats, checked on every watch event.
 
-These tests run on a control plane of their own (this module's): the session's has no LWS, on
-purpose, so that the tests of single-node deployments show that they need none.
+These tests run on the LWS control plane (conftest `lws_control_plane`): the session's has no
+LWS, on purpose, so that the tests of single-node deployments show that they need none.
 """
 
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,15 +18,19 @@ import pytest
 from kubernetes import watch
 from urllib3.exceptions import ProtocolError
 
-from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example, weights_volume
+from dsv4_devcluster import (
+    ControlPlane,
+    report_container_terminated,
+    wait_for,
+    wait_pod_running,
+)
+from dsv4_devcluster.deployments import POOL_LABEL, RTX, Cluster, example, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.names import DEPLOYMENT_LABEL, FORMAT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.render.children import render_spec
-from tests.support.paths import CRD_PATH
 
-from .cluster_support import new_namespace
+from .cluster_support import dry_run_apply
 
 pytestmark = pytest.mark.integration
 # Each role: TP16 over two nodes of 8 GPUs, one group per role.
@@ -37,53 +40,39 @@ LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 NODES = 8  # two pairs of two groups of two pods: a BlueGreen switch holds both pairs
 
 
-@pytest.fixture(scope="module")
-def lws_plane() -> Iterator[ControlPlane]:
-    """A control plane with kube-scheduler, kwok, the DSV4Deployment CRD and the real LWS
-    controller, and eight 8-GPU RTX PRO nodes in the test pool."""
-    cp = ControlPlane(with_scheduler=True, with_kwok=True, with_lws=True, crds=[CRD_PATH])
-    error = ""
-    try:
-        cp.start()
-    except Exception as exc:  # BinariesUnavailable, LwsError: fail, never skip
-        error = f"could not start the dev control plane with LWS: {exc}"
-    if error:
-        pytest.fail(error, pytrace=False)
-    try:
-        for i in range(NODES):
-            cp.add_gpu_node(f"mn-rtx-{i}", gpus=8, product=RTX, labels={POOL_LABEL: POOL})
-        yield cp
-    finally:
-        cp.stop()
-
-
 @pytest.fixture
-def lws_dyn(lws_plane: ControlPlane) -> Iterator[Any]:
-    client = lws_plane.dynamic_client()
-    try:
-        yield client
-    finally:
-        client.client.close()
-
-
-@pytest.fixture
-def lws_namespace(lws_dyn: Any) -> Iterator[str]:
-    with new_namespace(lws_dyn, f"mn-{uuid.uuid4().hex[:8]}") as name:
-        yield name
-
-
-@pytest.fixture
-def lws_cluster(lws_dyn: Any, lws_namespace: str) -> Cluster:
+def lws_cluster(lws_control_plane: ControlPlane, lws_dyn: Any, lws_namespace: str) -> Cluster:
+    """The test's namespace on the LWS control plane, with eight 8-GPU RTX PRO nodes of its
+    own (the tests share the plane: each pins its pods to its nodes by a pool label)."""
+    for i in range(NODES):
+        lws_control_plane.add_gpu_node(
+            f"{lws_namespace}-{i}", gpus=8, product=RTX, labels={POOL_LABEL: lws_namespace}
+        )
     weights_volume(lws_dyn, lws_namespace)
     return Cluster(lws_dyn, lws_namespace)
 
 
 @pytest.fixture
-def lws_operator(lws_plane: ControlPlane, lws_namespace: str, tmp_path: Path) -> Iterator[Any]:
-    op = OperatorProcess(lws_plane.kubeconfig_path, lws_namespace, tmp_path).start()
+def lws_operator(
+    lws_control_plane: ControlPlane, lws_namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(lws_control_plane.kubeconfig_path, lws_namespace, tmp_path).start()
     yield op
     op.stop()
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
+
+
+@pytest.fixture
+def cluster_without_lws(dyn: Any, namespace: str, dsv4_crd: dict[str, Any]) -> Cluster:
+    """The test's namespace on the session's plane, which has no LWS."""
+    weights_volume(dyn, namespace)
+    return Cluster(dyn, namespace)
+
+
+def _multi_node(namespace: str, **changes: Any) -> dict[str, Any]:
+    """The example with prefill and decode each on two nodes, pinned to the test's nodes."""
+    pool = {f"{role}.nodeSelector": {POOL_LABEL: namespace} for role in ("prefill", "decode")}
+    return example(namespace, **TWO_NODES, **pool, **changes)
 
 
 def _groups(cluster: Cluster) -> dict[str, dict[str, Any]]:
@@ -94,23 +83,15 @@ def _groups(cluster: Cluster) -> dict[str, dict[str, Any]]:
 def test_every_child_of_a_multi_node_spec_passes_a_server_side_dry_run(
     lws_dyn: Any, lws_namespace: str
 ) -> None:
-    doc = example(lws_namespace, **TWO_NODES)
-    validation = validate_object(doc)
+    validation = validate_object(_multi_node(lws_namespace))
     assert validation.valid and validation.spec is not None, validation.errors
     children = render_spec("dsv4-flash", lws_namespace, validation.spec)
     assert sum(c["kind"] == "LeaderWorkerSet" for c in children) == 2
     for child in children:
-        resource = lws_dyn.resources.get(api_version=child["apiVersion"], kind=child["kind"])
-        # The LWS webhooks run on a dry run too: their defaults come back, nothing refused.
-        answer = resource.server_side_apply(
-            body=child,
-            name=child["metadata"]["name"],
-            namespace=lws_namespace,
-            field_manager="dry-run-check",
-            query_params=[("dryRun", "All")],
-        ).to_dict()
+        # The LWS webhooks run on a dry run too: nothing refused, their defaults come back.
+        stored = dry_run_apply(lws_dyn, lws_namespace, child)
         if child["kind"] == "LeaderWorkerSet":
-            template = answer["spec"]["leaderWorkerTemplate"]
+            template = stored["spec"]["leaderWorkerTemplate"]
             assert template["size"] == 2
             assert template["restartPolicy"] == "RecreateGroupOnPodRestart"
 
@@ -180,10 +161,10 @@ class RouterWatch:
 
 
 def test_two_nodes_per_role_reach_ready_and_a_bluegreen_switch_never_mixes_formats(
-    lws_cluster: Cluster, lws_operator: Any
+    lws_cluster: Cluster, lws_operator: OperatorProcess
 ) -> None:
     cluster = lws_cluster
-    cluster.apply(example(cluster.namespace, **TWO_NODES, **{"rollout.strategy": "BlueGreen"}))
+    cluster.apply(_multi_node(cluster.namespace, **{"rollout.strategy": "BlueGreen"}))
     ready = cluster.wait_phase("Ready", timeout=240)
     old = ready["status"]["currentRevision"]
     assert ready["status"]["roles"]["prefill"]["ready"] == 1
@@ -211,9 +192,7 @@ def test_two_nodes_per_role_reach_ready_and_a_bluegreen_switch_never_mixes_forma
     assert served == {"dsv4-flash-decode-0"}  # the leader only
 
     with RouterWatch(cluster.dyn, cluster.namespace) as seen:
-        cluster.apply(
-            example(cluster.namespace, **TWO_NODES, **BF16, **{"rollout.strategy": "BlueGreen"})
-        )
+        cluster.apply(_multi_node(cluster.namespace, **BF16, **{"rollout.strategy": "BlueGreen"}))
 
         def switched() -> dict[str, Any] | None:
             obj = cluster.get()
@@ -235,3 +214,58 @@ def test_two_nodes_per_role_reach_ready_and_a_bluegreen_switch_never_mixes_forma
     cluster.wait_events("BlueGreenStarted", "RouterSwitched", "OldPairDeleted")
     assert seen.events > 0 and seen.router_checks > 0
     assert seen.mixed == [], seen.mixed[:5]
+
+
+def test_a_killed_worker_restarts_its_group_and_the_status_keeps_what_each_pod_said(
+    lws_cluster: Cluster, lws_operator: OperatorProcess
+) -> None:
+    cluster = lws_cluster
+    cluster.apply(_multi_node(cluster.namespace))
+    cluster.wait_phase("Ready", timeout=240)
+    leader = cluster.pods(
+        "leaderworkerset.sigs.k8s.io/name=dsv4-flash-decode,"
+        "leaderworkerset.sigs.k8s.io/worker-index=0"
+    )[0]
+    worker = "dsv4-flash-decode-0-1"
+    wait_pod_running(cluster.dyn, cluster.namespace, worker)
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    report_container_terminated(cluster.dyn, cluster.namespace, worker, "engine", message=oom)
+
+    def recorded() -> dict[str, Any] | None:
+        restarts = cluster.get().get("status", {}).get("groupRestarts") or []
+        return restarts[-1] if restarts else None
+
+    restart = wait_for("the group restart in status", recorded, timeout=60)
+    assert restart["group"] == "dsv4-flash-decode-0" and restart["role"] == "decode"
+    assert restart["cause"].startswith(f"pod {worker} (worker 1) container engine terminated")
+    pods = {p["pod"]: p for p in restart["pods"]}
+    assert set(pods) == {"dsv4-flash-decode-0", worker}
+    assert pods[worker]["reason"] == "OOMKilled" and pods[worker]["message"] == oom
+    events = cluster.wait_events("GroupRestarted")
+    [event] = [e for e in events if e["reason"] == "GroupRestarted"]
+    assert event["type"] == "Warning" and f"{worker}: OOMKilled" in event["message"]
+
+    def replaced() -> bool:
+        pods = cluster.pods("leaderworkerset.sigs.k8s.io/name=dsv4-flash-decode")
+        return len(pods) == 2 and leader["metadata"]["uid"] not in {
+            p["metadata"]["uid"] for p in pods
+        }
+
+    # The LWS controller recreated the whole group (its leader too), and it serves again.
+    wait_for("the decode group recreated", replaced, timeout=120)
+    cluster.wait_phase("Ready", timeout=120)
+
+
+def test_a_multi_node_spec_on_a_cluster_without_lws_says_so_and_rolls_nothing_out(
+    cluster_without_lws: Cluster, operator: OperatorProcess
+) -> None:
+    cluster = cluster_without_lws
+    cluster.apply(example(cluster.namespace, **TWO_NODES))
+    degraded = cluster.wait_phase("Degraded", timeout=60)
+    conditions = {c["type"]: c for c in degraded["status"]["conditions"]}
+    assert conditions["Progressing"]["reason"] == "GroupsUnavailable"
+    assert "install LWS v0.9.0" in conditions["Progressing"]["message"]
+    events = cluster.wait_events("GroupsUnavailable")
+    [event] = [e for e in events if e["reason"] == "GroupsUnavailable"]
+    assert event["type"] == "Warning"
+    assert not [k for k in cluster.children() if k[0] in ("StatefulSet", "Deployment")]
