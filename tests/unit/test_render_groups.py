@@ -69,6 +69,7 @@ def test_a_role_spanning_two_nodes_is_one_leader_worker_set_of_groups_of_two(rol
             f"$(LWS_LEADER_ADDRESS):{DIST_INIT_PORT}"
         )
         assert command[command.index("--nnodes") + 1] == "$(LWS_GROUP_SIZE)"
+        assert command.count("--nnodes") == 1  # the engine argv's own --nnodes, replaced
         assert command[command.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
     # Only the leader serves HTTP: only it has ports and probes.
     assert "readinessProbe" in leader["spec"]["containers"][0]

@@ -155,7 +155,7 @@ def build_context(
         plan=the_plan,
         launches=launches,
         gpus=gpus,
-        revision=config_hash(spec.engine.image, dict(launches), dict(gpus), nodes),
+        revision=config_hash(spec.engine.image, dict(launches), dict(gpus)),
         transfer_format=transfer_format_key(spec),
         owner=owner,
         pair=pair,

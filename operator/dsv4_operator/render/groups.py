@@ -30,21 +30,33 @@ from dsv4_operator.render.engine import pod_template, with_replicas, workload_me
 _LEADER_ONLY = ("startupProbe", "readinessProbe", "livenessProbe", "ports")
 
 
-def group_args() -> list[str]:
+def group_flags() -> dict[str, str]:
     """The multi-node flags of every pod of a group, expanded by the kubelet from the LWS
     environment (`$(VAR)` in a command is a Kubernetes reference, not a shell's)."""
-    return [
-        "--dist-init-addr", dist_init_addr(f"$({LWS_LEADER_ADDRESS_ENV})"),
-        "--nnodes", f"$({LWS_GROUP_SIZE_ENV})",
-        "--node-rank", f"$({LWS_WORKER_INDEX_ENV})",
-    ]  # fmt: skip
+    return {
+        "--dist-init-addr": dist_init_addr(f"$({LWS_LEADER_ADDRESS_ENV})"),
+        "--nnodes": f"$({LWS_GROUP_SIZE_ENV})",
+        "--node-rank": f"$({LWS_WORKER_INDEX_ENV})",
+    }
+
+
+def with_group_flags(command: list[str]) -> list[str]:
+    """`command` with the group flags: a value the engine argv already has (`--nnodes N`,
+    engine/flags.py) is replaced by the group's own, the others appended."""
+    out = list(command)
+    for flag, value in group_flags().items():
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
 
 
 def leader_template(ctx: RenderContext, role: Role) -> Manifest:
     """The group leader: the role's engine pod (ports, probes) with the multi-node flags."""
     template = pod_template(ctx, role)
     engine = template["spec"]["containers"][0]
-    engine["command"] = [*engine["command"], *group_args()]
+    engine["command"] = with_group_flags(engine["command"])
     return template
 
 

@@ -23,24 +23,17 @@ def canonical_hash(payload: object, length: int = HASH_LENGTH) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:length]
 
 
-def config_hash(
-    image: str,
-    launches: Mapping[Role, Launch],
-    gpus: Mapping[Role, int],
-    nodes: Mapping[Role, int] | None = None,
-) -> str:
-    """Hash of what the engines run: image, argv, env, GPUs and nodes per role (not replica
-    counts). A role on one node hashes as before nodes were known (single-node revisions keep
-    their hashes); a role spanning nodes hashes its node count too (the same GPUs on fewer,
-    larger nodes is another group shape)."""
-    roles: dict[str, dict[str, object]] = {
-        role: {"command": list(launch.command), "env": dict(launch.env), "gpus": gpus[role]}
-        for role, launch in sorted(launches.items())
-    }
-    for role, count in (nodes or {}).items():
-        if count > 1:
-            roles[role]["nodes"] = count
-    return canonical_hash({"image": image, "roles": roles})
+def config_hash(image: str, launches: Mapping[Role, Launch], gpus: Mapping[Role, int]) -> str:
+    """Hash of what the engines run: image, argv, env and GPUs per role (not replica counts)."""
+    return canonical_hash(
+        {
+            "image": image,
+            "roles": {
+                role: {"command": list(launch.command), "env": dict(launch.env), "gpus": gpus[role]}
+                for role, launch in sorted(launches.items())
+            },
+        }
+    )
 
 
 def transfer_format_key(spec: DSV4DeploymentSpec) -> str:
