@@ -9,6 +9,7 @@ LWS, on purpose, so that the tests of single-node deployments show that they nee
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +27,13 @@ from dsv4_devcluster import (
 )
 from dsv4_devcluster.deployments import POOL_LABEL, RTX, Cluster, example, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import free_port
 from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.names import DEPLOYMENT_LABEL, FORMAT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.render.children import render_spec
 
 from .cluster_support import dry_run_apply
+from .guard_support import EngineKubelet, wait_baked, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 # Each role: TP16 over two nodes of 8 GPUs, one group per role.
@@ -269,3 +272,89 @@ def test_a_multi_node_spec_on_a_cluster_without_lws_says_so_and_rolls_nothing_ou
     [event] = [e for e in events if e["reason"] == "GroupsUnavailable"]
     assert event["type"] == "Warning"
     assert not [k for k in cluster.children() if k[0] in ("StatefulSet", "Deployment")]
+
+
+def _guarded(namespace: str, endpoint: str, **changes: Any) -> dict[str, Any]:
+    """The multi-node example with the guard's canary at `endpoint` (test_guard_e2e's)."""
+    guard = {
+        "enabled": True,
+        "canary": {"sessions": 32, "rounds": 4, "interval": "2s", "endpoint": endpoint},
+        "leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99},
+        "bakeTime": "5s",
+        "errorLimit": 4,
+    }
+    return _multi_node(namespace, **{"guard": guard, **changes})
+
+
+def _decode_group(cluster: Cluster) -> tuple[str, str] | None:
+    """(revision, leader pod uid) of the main pair's decode group, once it is ready."""
+    groups = _groups(cluster)
+    lws = groups.get("dsv4-flash-decode")
+    if lws is None or lws.get("status", {}).get("readyReplicas") != 1:
+        return None
+    leaders = cluster.pods(
+        "leaderworkerset.sigs.k8s.io/name=dsv4-flash-decode,"
+        "leaderworkerset.sigs.k8s.io/worker-index=0"
+    )
+    if len(leaders) != 1:
+        return None
+    return lws["metadata"]["labels"]["dsv4.io/revision"], leaders[0]["metadata"]["uid"]
+
+
+def test_a_leaking_revision_of_groups_is_rolled_back_to_the_previous_groups(
+    lws_control_plane: ControlPlane, lws_cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster = lws_cluster
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    engine = EngineKubelet(cluster, port, tmp_path).start()
+    with (
+        contextlib.ExitStack() as stack,
+        OperatorProcess(
+            lws_control_plane.kubeconfig_path,
+            cluster.namespace,
+            tmp_path,
+            DSV4_CANARY_ENDPOINT_ALLOW=url,
+            DSV4_MIN_CANARY_INTERVAL="1s",
+        ) as operator,
+    ):
+        stack.callback(engine.stop)
+        cluster.apply(_guarded(cluster.namespace, url))
+        good = wait_baked(cluster)
+        good_group = wait_for("the good decode group", lambda: _decode_group(cluster), 60)
+        assert good_group[0] == good
+        # The double runs the group leader's argv as a kubelet expands it.
+        assert engine.running is not None and "--node-rank" in engine.running[0]
+        cluster.apply(
+            _guarded(
+                cluster.namespace,
+                url,
+                **{
+                    "engine.indexKDtype": "bf16",
+                    "engine.hicache": {"enabled": True},
+                    "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+                    "safety.policy": "Warn",
+                },
+            )
+        )
+
+        def rolled_back() -> dict[str, Any] | None:
+            obj = cluster.get()
+            conditions = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+            return obj if conditions.get("RolledBack", {}).get("status") == "True" else None
+
+        obj = wait_for("the leak to be detected and rolled back", rolled_back, timeout=240)
+        [entry] = obj["status"]["quarantine"]
+        assert entry["reason"] == "LeakRate" and entry["hash"] != good
+        wait_good_revision_served(cluster, engine, good)
+
+        def restored() -> tuple[str, str] | None:
+            group = _decode_group(cluster)
+            return group if group is not None and group[0] == good else None
+
+        # The groups of the last known good revision again (new pods: Recreate replaced them).
+        revision, _ = wait_for("the good groups restored", restored, timeout=120)
+        assert {g["metadata"]["labels"]["dsv4.io/revision"] for g in _groups(cluster).values()} == {
+            revision
+        }
+        assert operator.metric("dsv4_rollbacks_total") >= 1

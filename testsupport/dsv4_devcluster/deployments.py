@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from dsv4_devcluster.process import wait_for
 from dsv4_operator.names import (
@@ -23,6 +24,8 @@ from dsv4_operator.names import (
     DEPLOYMENT_LABEL,
     FORMAT_LABEL,
     KIND,
+    LWS_API_VERSION,
+    LWS_KIND,
     ROLE_LABEL,
     ROUTER,
 )
@@ -136,8 +139,13 @@ class Cluster:
             ("apps/v1", "Deployment"),
             ("v1", "Service"),
             ("policy/v1", "PodDisruptionBudget"),
+            (LWS_API_VERSION, LWS_KIND),  # multi-node roles, where LWS is installed
         ):
-            for item in self.items(api_version, kind, selector):
+            try:
+                items = self.items(api_version, kind, selector)
+            except ResourceNotFoundError:  # a plane without LWS
+                continue
+            for item in items:
                 out[(kind, item["metadata"]["name"])] = item
         return out
 
