@@ -234,6 +234,16 @@ def tap_process(
         proc.wait(10)
 
 
+# The incident's leaking configuration: bf16 index-K + HiCache (a transfer-format change too),
+# admitted under safety policy Warn; the double corrupts responses under it at ENGINE_LOAD.
+LEAKING = {
+    "engine.indexKDtype": "bf16",
+    "engine.hicache": {"enabled": True},
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+    "safety.policy": "Warn",
+}
+
+
 def wait_baked(cluster: Cluster, timeout: float = 180) -> str:
     """The revision served once it is the last known good one (baked)."""
 

@@ -30,6 +30,7 @@ from .cluster_support import statefulset_policy
 from .guard_support import (
     ENGINE_LOAD,
     ENTRYPOINT_LENGTH,
+    LEAKING,
     EngineKubelet,
     wait_baked,
     wait_good_revision_served,
@@ -125,16 +126,7 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
     cluster.apply(_guarded(cluster.namespace, url))
     good = _baked(cluster)
     assert engine.env["DSV4_DOUBLE_LOAD"] == str(ENGINE_LOAD)
-    bad_spec = _guarded(
-        cluster.namespace,
-        url,
-        **{
-            "engine.indexKDtype": "bf16",
-            "engine.hicache": {"enabled": True},
-            "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
-            "safety.policy": "Warn",
-        },
-    )
+    bad_spec = _guarded(cluster.namespace, url, **LEAKING)
     cluster.apply(bad_spec)
     wait_for(
         "the bad revision to be served",

@@ -33,7 +33,7 @@ from dsv4_operator.names import DEPLOYMENT_LABEL, FORMAT_LABEL, ROLE_LABEL, ROUT
 from dsv4_operator.render.children import render_spec
 
 from .cluster_support import dry_run_apply
-from .guard_support import EngineKubelet, wait_baked, wait_good_revision_served
+from .guard_support import LEAKING, EngineKubelet, wait_baked, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 # Each role: TP16 over two nodes of 8 GPUs, one group per role.
@@ -325,18 +325,7 @@ def test_a_leaking_revision_of_groups_is_rolled_back_to_the_previous_groups(
         assert good_group[0] == good
         # The double runs the group leader's argv as a kubelet expands it.
         assert engine.running is not None and "--node-rank" in engine.running[0]
-        cluster.apply(
-            _guarded(
-                cluster.namespace,
-                url,
-                **{
-                    "engine.indexKDtype": "bf16",
-                    "engine.hicache": {"enabled": True},
-                    "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
-                    "safety.policy": "Warn",
-                },
-            )
-        )
+        cluster.apply(_guarded(cluster.namespace, url, **LEAKING))
 
         def rolled_back() -> dict[str, Any] | None:
             obj = cluster.get()
