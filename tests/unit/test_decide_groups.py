@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dsv4_operator.guard.oom import oom_events
+from dsv4_operator.pods import PodView
 from dsv4_operator.reconcile.decide import decide
-from tests.support.builders import as_live, make_world
+from dsv4_operator.reconcile.groups import new_group_restarts
+from tests.support.builders import NOW, as_live, make_world
 
 TWO_NODES = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
 Variant = Callable[..., dict[str, Any]]
@@ -104,13 +107,15 @@ def test_bluegreen_for_groups_new_pair_then_router_then_old_groups_last(variant:
     assert order[-2:] == [("LeaderWorkerSet", "x-prefill"), ("LeaderWorkerSet", "x-decode")]
 
 
-def _group_pod(worker: int, revision: str, restarts: int = 0, message: str = "") -> dict[str, Any]:
+def _group_pod(
+    worker: int, revision: str, restarts: int = 0, message: str = "", reason: str = "OOMKilled"
+) -> dict[str, Any]:
     """A pod of group 0 of x-decode (worker 0 is the leader), its container restarted so."""
     name = "x-decode-0" if worker == 0 else f"x-decode-0-{worker}"
     container: dict[str, Any] = {"name": "engine", "restartCount": restarts, "state": {}}
     if restarts:
         container["lastState"] = {
-            "terminated": {"reason": "OOMKilled", "exitCode": 137, "message": message}
+            "terminated": {"reason": reason, "exitCode": 137, "message": message}
         }
     return {
         "metadata": {
@@ -153,3 +158,23 @@ def test_a_worker_failure_keeps_every_pod_of_its_group_in_status_once(variant: V
     assert not [n for n in again.events if n.reason == "GroupRestarted"]
     after = decide(make_world(spec, status=again.status, revisions=first.create, **live))
     assert after.status.group_restarts == seen.status.group_restarts
+
+
+def test_a_group_counts_one_oom_whichever_of_its_pods_ran_out_and_after_they_are_gone() -> None:
+    oom = "torch.OutOfMemoryError: CUDA out of memory."
+    # Both ranks of the group ran out of memory (TP ranks fail together).
+    pods = [
+        PodView.of(_group_pod(0, "r1", restarts=1, message=oom)),
+        PodView.of(_group_pod(1, "r1", restarts=1, message=oom)),
+    ]
+    restarts = new_group_restarts(pods, [], NOW)
+    [event] = oom_events(pods, restarts)
+    assert (event.pod, event.role, event.revision) == ("x-decode-0", "decode", "r1")
+    # The group's pods alone (before the pass recorded the restart) count nothing twice, and
+    # once the LWS controller has replaced them the recorded restart still counts.
+    assert oom_events(pods) == []
+    assert oom_events([], restarts) == [event]
+    # A group restart without a memory signature is no OOM.
+    crash = [PodView.of(_group_pod(1, "r1", restarts=1, message="NCCL error", reason="Error"))]
+    assert len(new_group_restarts(crash, [], NOW)) == 1
+    assert oom_events([], new_group_restarts(crash, [], NOW)) == []
