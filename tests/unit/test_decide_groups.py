@@ -178,3 +178,28 @@ def test_a_group_counts_one_oom_whichever_of_its_pods_ran_out_and_after_they_are
     crash = [PodView.of(_group_pod(1, "r1", restarts=1, message="NCCL error", reason="Error"))]
     assert len(new_group_restarts(crash, [], NOW)) == 1
     assert oom_events([], new_group_restarts(crash, [], NOW)) == []
+
+
+def test_the_status_names_the_stuck_pod_of_a_stuck_group_and_why(variant: Variant) -> None:
+    spec = variant(TWO_NODES)
+    first = decide(make_world(spec))
+    live = as_live(first.apply, ready=False)
+    revision = live["statefulsets"][0]["metadata"]["labels"]["dsv4.io/revision"]
+    leader, worker = _group_pod(0, revision), _group_pod(1, revision)
+    worker["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    }
+    for pod in (leader, worker):
+        pod["metadata"]["labels"]["dsv4.io/pair"] = "main"
+    stuck = decide(make_world(spec, revisions=first.create, pods=[leader, worker], **live))
+    message = _condition(stuck, "Ready").message
+    assert "decode 0/1 groups ready" in message
+    assert "pod x-decode-0-1" in message and "Insufficient nvidia.com/gpu" in message
