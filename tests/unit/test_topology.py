@@ -145,3 +145,14 @@ def test_single_node_argv_has_no_multi_node_flags(variant: Callable[..., dict[st
     argv = _argv(variant({}), "prefill")
     for flag in ("--nnodes", "--ep-size", "--moe-a2a-backend", "--attn-dp-size"):
         assert flag not in argv
+
+
+def test_eager_fallback_counts_each_attention_group_s_batch(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    # each DP-attention group runs maxRunningRequests / dp requests under its own graphs
+    base = {**H200, "decode.tensorParallel": 16, "engine.cudaGraphMaxBs": 16}
+    quiet = variant({**base, "decode.attentionDataParallel": 16, "engine.maxRunningRequests": 256})
+    loud = variant({**base, "decode.attentionDataParallel": 8, "engine.maxRunningRequests": 256})
+    assert "DSV4-R006" not in {f.rule for f in validate_spec(quiet).findings}
+    assert "DSV4-R006" in {f.rule for f in validate_spec(loud).findings}

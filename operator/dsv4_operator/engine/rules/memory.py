@@ -106,11 +106,13 @@ def workload_exceeds_capacity(ctx: RuleContext) -> Iterator[Hit]:
     plan = ctx.plan.roles["decode"]
     wanted = ctx.spec.workload.concurrent_sessions
     if plan.fits and plan.sessions_capacity < wanted:
+        dp = plan.attention_data_parallel
+        groups = f" x {dp} attention-DP groups" if dp > 1 else ""
         yield Hit(
             "spec.workload.concurrentSessions",
             f"decode holds {plan.sessions_capacity} sessions of "
             f"{ctx.spec.workload.context_tokens} tokens ({plan.max_total_tokens} tokens per "
-            f"rank x {plan.replicas} replicas) but the workload wants {wanted}: expect "
+            f"rank x {plan.replicas} replicas{groups}) but the workload wants {wanted}: expect "
             "retraction churn (sglang:num_retracted_requests_total). Add decode replicas or "
             "lower contextTokens.",
         )
