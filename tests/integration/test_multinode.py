@@ -1,7 +1,10 @@
 """Multi-node roles on the real LeaderWorkerSet controller (sigs.k8s.io/lws v0.9.0, its webhooks
-on) and kwok GPU nodes: the rendered groups pass the API server's dry run, a deployment whose
-prefill and decode each span 2 nodes x 8 GPUs reaches Ready, and a transfer-format change
-under BlueGreen never has the router targeting two formats, checked on every watch event.
+on) and kwok GPU nodes: the rendered groups pass the API server's dry run; DSV4-Pro with
+prefill and decode each on 2 nodes x 8 H200 reaches Ready, and a transfer-format change under
+BlueGreen never has the router targeting two formats (checked on every Pod watch event); a
+killed worker restarts its group and the status keeps what each pod said, a worker's OOM
+counts once for its group; a leaking revision of groups is rolled back to the previous groups;
+a multi-node spec on a cluster without LWS says so.
 
 These tests run on the LWS control plane (conftest `lws_control_plane`): the session's has no
 LWS, on purpose, so that the tests of single-node deployments show that they need none.
@@ -11,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import watch
 from urllib3.exceptions import ProtocolError
 
@@ -31,6 +36,8 @@ from dsv4_devcluster.process import free_port
 from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.names import DEPLOYMENT_LABEL, FORMAT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.render.children import render_spec
+from tests.support.builders import with_changes
+from tests.support.paths import REPO
 
 from .cluster_support import dry_run_apply
 from .guard_support import LEAKING, EngineKubelet, wait_baked, wait_good_revision_served
@@ -40,18 +47,31 @@ pytestmark = pytest.mark.integration
 TWO_NODES = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
 BF16 = {"engine.indexKDtype": "bf16"}  # another transfer format (the example image has it)
 LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
-NODES = 8  # two pairs of two groups of two pods: a BlueGreen switch holds both pairs
+PRO = "dsv4-pro"
+PRO_EXAMPLE = REPO / "examples" / "dsv4-pro-pd-h200.yaml"
+
+
+def _nodes(cp: ControlPlane, namespace: str, count: int, product: str) -> None:
+    """`count` 8-GPU nodes of `product` for the test alone (the tests share the LWS plane: each
+    pins its pods to its own nodes by a pool label)."""
+    for i in range(count):
+        cp.add_gpu_node(f"{namespace}-{i}", gpus=8, product=product, labels={POOL_LABEL: namespace})
 
 
 @pytest.fixture
 def lws_cluster(lws_control_plane: ControlPlane, lws_dyn: Any, lws_namespace: str) -> Cluster:
-    """The test's namespace on the LWS control plane, with eight 8-GPU RTX PRO nodes of its
-    own (the tests share the plane: each pins its pods to its nodes by a pool label)."""
-    for i in range(NODES):
-        lws_control_plane.add_gpu_node(
-            f"{lws_namespace}-{i}", gpus=8, product=RTX, labels={POOL_LABEL: lws_namespace}
-        )
+    """The test's namespace on the LWS control plane, with four 8-GPU RTX PRO nodes."""
+    _nodes(lws_control_plane, lws_namespace, 4, RTX)
     weights_volume(lws_dyn, lws_namespace)
+    return Cluster(lws_dyn, lws_namespace)
+
+
+@pytest.fixture
+def pro_cluster(lws_control_plane: ControlPlane, lws_dyn: Any, lws_namespace: str) -> Cluster:
+    """The test's namespace on the LWS control plane, with eight 8-GPU H200 nodes (a
+    BlueGreen switch of DSV4-Pro holds two pairs of two 2-node groups) and its weights claim."""
+    _nodes(lws_control_plane, lws_namespace, 8, "NVIDIA-H200")
+    weights_volume(lws_dyn, lws_namespace, claim="dsv4-pro-weights")
     return Cluster(lws_dyn, lws_namespace)
 
 
@@ -78,17 +98,28 @@ def _multi_node(namespace: str, **changes: Any) -> dict[str, Any]:
     return example(namespace, **TWO_NODES, **pool, **changes)
 
 
-def _groups(cluster: Cluster) -> dict[str, dict[str, Any]]:
-    items = cluster.items(*LWS, f"{DEPLOYMENT_LABEL}=dsv4-flash")
+def _pro(namespace: str, **changes: Any) -> dict[str, Any]:
+    """examples/dsv4-pro-pd-h200.yaml (DSV4-Pro, prefill and decode each 2 nodes x 8 H200)
+    in `namespace`, pinned to the test's nodes, with `{"a.b": value}` changes."""
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "dsv4-pro-pd-h200.yaml").read_text())
+    doc["metadata"] = {"name": PRO, "namespace": namespace}
+    changes = {
+        f"{r}.nodeSelector": {POOL_LABEL: namespace} for r in ("prefill", "decode")
+    } | changes
+    return with_changes(doc, {f"spec.{k}": v for k, v in changes.items()})
+
+
+def _groups(cluster: Cluster, name: str = "dsv4-flash") -> dict[str, dict[str, Any]]:
+    items = cluster.items(*LWS, f"{DEPLOYMENT_LABEL}={name}")
     return {o["metadata"]["name"]: o for o in items}
 
 
 def test_every_child_of_a_multi_node_spec_passes_a_server_side_dry_run(
     lws_dyn: Any, lws_namespace: str
 ) -> None:
-    validation = validate_object(_multi_node(lws_namespace))
+    validation = validate_object(_pro(lws_namespace))
     assert validation.valid and validation.spec is not None, validation.errors
-    children = render_spec("dsv4-flash", lws_namespace, validation.spec)
+    children = render_spec(PRO, lws_namespace, validation.spec)
     assert sum(c["kind"] == "LeaderWorkerSet" for c in children) == 2
     for child in children:
         # The LWS webhooks run on a dry run too: nothing refused, their defaults come back.
@@ -163,16 +194,18 @@ class RouterWatch:
                 self.mixed.append(f"{kind} {name}: {router['metadata']['name']} -> {formats}")
 
 
-def test_two_nodes_per_role_reach_ready_and_a_bluegreen_switch_never_mixes_formats(
-    lws_cluster: Cluster, lws_operator: OperatorProcess
+def test_dsv4_pro_on_two_nodes_per_role_reaches_ready_and_bluegreen_never_mixes_formats(
+    pro_cluster: Cluster, lws_operator: OperatorProcess
 ) -> None:
-    cluster = lws_cluster
-    cluster.apply(_multi_node(cluster.namespace, **{"rollout.strategy": "BlueGreen"}))
-    ready = cluster.wait_phase("Ready", timeout=240)
+    cluster = pro_cluster
+    started = time.monotonic()
+    cluster.apply(_pro(cluster.namespace, **{"rollout.strategy": "BlueGreen"}))
+    ready = cluster.wait_phase("Ready", name=PRO, timeout=240)
+    created = time.monotonic() - started
     old = ready["status"]["currentRevision"]
     assert ready["status"]["roles"]["prefill"]["ready"] == 1
-    groups = _groups(cluster)
-    assert set(groups) == {"dsv4-flash-prefill", "dsv4-flash-decode"}
+    groups = _groups(cluster, PRO)
+    assert set(groups) == {"dsv4-pro-prefill", "dsv4-pro-decode"}
     assert not [k for k in cluster.children() if k[0] == "StatefulSet"]
     engines = cluster.pods("dsv4.io/role in (prefill,decode)")
     # Two groups of a leader and a worker, each pod on a node of its own (8 GPUs each).
@@ -189,34 +222,42 @@ def test_two_nodes_per_role_reach_ready_and_a_bluegreen_switch_never_mixes_forma
     served = {
         e["targetRef"]["name"]
         for s in endpoints
-        if s["metadata"]["labels"].get("kubernetes.io/service-name") == "dsv4-flash-decode"
+        if s["metadata"]["labels"].get("kubernetes.io/service-name") == "dsv4-pro-decode"
         for e in s.get("endpoints") or []
     }
-    assert served == {"dsv4-flash-decode-0"}  # the leader only
+    assert served == {"dsv4-pro-decode-0"}  # the leader only
 
     with RouterWatch(cluster.dyn, cluster.namespace) as seen:
-        cluster.apply(_multi_node(cluster.namespace, **BF16, **{"rollout.strategy": "BlueGreen"}))
+        switch_started = time.monotonic()
+        cluster.apply(_pro(cluster.namespace, **BF16, **{"rollout.strategy": "BlueGreen"}))
 
         def switched() -> dict[str, Any] | None:
-            obj = cluster.get()
+            obj = cluster.get(PRO)
             status = obj.get("status", {})
             done = (
                 status.get("phase") == "Ready"
                 and status.get("observedGeneration") == 2
                 and status.get("currentRevision") != old
-                and len(_groups(cluster)) == 2
+                and len(_groups(cluster, PRO)) == 2
             )
             return obj if done else None
 
         new = wait_for("the BlueGreen switch of groups", switched, timeout=300)
     revision = new["status"]["currentRevision"]
-    assert set(_groups(cluster)) == {
-        f"dsv4-flash-prefill-{revision}",
-        f"dsv4-flash-decode-{revision}",
+    assert set(_groups(cluster, PRO)) == {
+        f"dsv4-pro-prefill-{revision}",
+        f"dsv4-pro-decode-{revision}",
     }
-    cluster.wait_events("BlueGreenStarted", "RouterSwitched", "OldPairDeleted")
+    switched_after = time.monotonic() - switch_started
+    cluster.wait_events("BlueGreenStarted", "RouterSwitched", "OldPairDeleted", name=PRO)
     assert seen.events > 0 and seen.router_checks > 0
     assert seen.mixed == [], seen.mixed[:5]
+    # The figures of one rollout (the issue's closing note), shown with -s.
+    print(
+        f"DSV4-Pro 2x8 per role: Ready {created:.1f}s after create; BlueGreen switch "
+        f"{switched_after:.1f}s, {seen.events} Pod watch events, {seen.router_checks} router "
+        f"checks, 0 mixed; {len(engines)} engine pods on {len(engines)} nodes"
+    )
 
 
 def _leader_uid(cluster: Cluster) -> str | None:
