@@ -112,6 +112,7 @@ class Cluster:
     def __init__(self, dyn: Any, namespace: str) -> None:
         self.dyn, self.namespace = dyn, namespace
         self.dsv4 = dyn.resources.get(api_version=API_VERSION, kind=KIND)
+        self.unserved: set[str] = set()  # kinds the API server does not serve
 
     def apply(self, doc: dict[str, Any]) -> None:
         self.dsv4.server_side_apply(
@@ -141,9 +142,12 @@ class Cluster:
             ("policy/v1", "PodDisruptionBudget"),
             (LWS_API_VERSION, LWS_KIND),  # multi-node roles, where LWS is installed
         ):
+            if kind in self.unserved:
+                continue
             try:
                 items = self.items(api_version, kind, selector)
-            except ResourceNotFoundError:  # a plane without LWS
+            except ResourceNotFoundError:  # a plane without LWS: asked once, not every poll
+                self.unserved.add(kind)
                 continue
             for item in items:
                 out[(kind, item["metadata"]["name"])] = item
