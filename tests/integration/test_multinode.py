@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
 from dsv4_devcluster import (
@@ -140,6 +141,7 @@ class RouterWatch:
         self.events = 0
         self.mixed: list[str] = []
         self.router_checks = 0  # router pods checked, over all events
+        self.restarts = 0  # watches begun again (each lists every pod again: none is missed)
         self._stop = threading.Event()
         self._watch = watch.Watch()
         self._core = dyn.resources.get(api_version="v1", kind="Pod")
@@ -164,8 +166,8 @@ class RouterWatch:
                     self._seen(event["type"], event["raw_object"])
                     if self._stop.is_set():
                         return
-            except ProtocolError:  # the stream ended (stopped, or the server closed it)
-                continue
+            except (ProtocolError, ApiException):  # the stream ended or expired: watch again
+                self.restarts += 1
 
     def _seen(self, kind: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
