@@ -156,3 +156,14 @@ def test_eager_fallback_counts_each_attention_group_s_batch(
     loud = variant({**base, "decode.attentionDataParallel": 8, "engine.maxRunningRequests": 256})
     assert "DSV4-R006" not in {f.rule for f in validate_spec(quiet).findings}
     assert "DSV4-R006" in {f.rule for f in validate_spec(loud).findings}
+
+
+def test_expert_parallel_that_does_not_divide_tp_is_refused(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    # distributed/parallel_state.py floors moe_tp_size = tp // ep: the MoE groups break
+    loud = variant({**H200, "decode.tensorParallel": 16, "decode.expertParallel": 6})
+    quiet = variant({**H200, "decode.tensorParallel": 16, "decode.expertParallel": 8})
+    findings = validate_spec(loud).findings
+    assert any(f.rule == "DSV4-R025" and "expert-parallel" in f.message for f in findings)
+    assert "DSV4-R025" not in {f.rule for f in validate_spec(quiet).findings}
