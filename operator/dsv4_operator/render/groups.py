@@ -15,7 +15,6 @@ from dsv4_operator.api.roles import Role
 from dsv4_operator.engine.topology import dist_init_addr
 from dsv4_operator.names import (
     LWS_API_VERSION,
-    LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION,
     LWS_GROUP_SIZE_ENV,
     LWS_KIND,
     LWS_LEADER_ADDRESS_ENV,
@@ -69,12 +68,6 @@ def worker_template(leader: Manifest) -> Manifest:
     return worker
 
 
-def exclusive_topology(ctx: RenderContext, role: Role) -> str | None:
-    """The node label whose value marks one fabric domain (an NVLink clique, a rack), when
-    the cluster labels one: every pod of a group then lands in one domain, one group each."""
-    return None
-
-
 def leader_worker_set(ctx: RenderContext, role: Role) -> Manifest:
     """One role's replicas as LeaderWorkerSet groups of `ctx.nodes_of(role)` pods each.
 
@@ -85,10 +78,6 @@ def leader_worker_set(ctx: RenderContext, role: Role) -> Manifest:
     LWS rolls one group at a time inside one format only.
     """
     leader = leader_template(ctx, role)
-    meta = workload_metadata(ctx, role)
-    topology = exclusive_topology(ctx, role)
-    if topology is not None:
-        meta["annotations"][LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION] = topology
     spec: Manifest = {
         "startupPolicy": "LeaderCreated",
         "rolloutStrategy": {
@@ -109,6 +98,6 @@ def leader_worker_set(ctx: RenderContext, role: Role) -> Manifest:
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": meta,
+        "metadata": workload_metadata(ctx, role),
         "spec": with_replicas(ctx, role, spec),
     }
