@@ -210,6 +210,11 @@ def validate(path: str, output: str) -> None:
 
 _PLAN_ROWS: list[tuple[str, Callable[[RolePlan], str]]] = [
     ("tensor parallel", lambda p: str(p.tensor_parallel)),
+    (
+        "attention DP / expert parallel",
+        lambda p: f"{p.attention_data_parallel} / {p.expert_parallel}",
+    ),
+    ("nodes per group x GPUs per pod", lambda p: f"{p.nodes_per_replica} x {p.gpus_per_pod}"),
     ("GPU memory GiB", lambda p: f"{p.gpu_memory_bytes / GIB:.1f}"),
     ("static budget GiB", lambda p: f"{p.static_budget_bytes / GIB:.2f}"),
     ("weights GiB", lambda p: f"{p.weights_bytes / GIB:.2f}"),

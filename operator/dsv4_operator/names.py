@@ -67,6 +67,18 @@ CLEAR_QUARANTINE_ANNOTATION = f"{LABEL_PREFIX}/clear-quarantine"
 # classifies (the canary counts its samples itself).
 PROBE_HEADER = {"X-DSV4-Probe": "1"}
 
+# LeaderWorkerSet (sigs.k8s.io/lws v0.9.0, api/leaderworkerset/v1): a multi-node role's groups.
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
+LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
+LWS_GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
+LWS_WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"  # "0" on a group's leader
+# The environment the LWS pod webhook injects into every container of a group.
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+
 # Components and pairs.
 ROUTER = "router"
 ENGINE_COMPONENTS = ("prefill", "decode")

@@ -292,6 +292,18 @@ class EventReason(Reason):
         "Warning: a ServiceMonitor is asked for but its CRD is not served. Install the "
         "prometheus-operator CRDs or disable `spec.monitoring.serviceMonitor`.",
     )
+    GROUP_RESTARTED = (
+        "GroupRestarted",
+        "Warning: a pod of a multi-node group failed, so the LeaderWorkerSet recreates the whole "
+        "group; the message and `status.groupRestarts` keep the last termination of every pod "
+        "of it (the restart deletes them). Read them as an engine crash of the role.",
+    )
+    GROUPS_UNAVAILABLE = (
+        "GroupsUnavailable",
+        "Warning: a role's replica spans nodes (LeaderWorkerSet groups) but the API server does "
+        "not serve `leaderworkerset.x-k8s.io/v1`. Install LWS v0.9.0 or later "
+        "(docs/multinode.md); nothing is rolled out until then, running children keep serving.",
+    )
     # The weights download: "Weights" + the WeightsReady reason (weights_event_reason); a
     # Warning for all but Pending, Downloading and Verifying. Never posted for Downloaded.
     WEIGHTS_PENDING = _weights_event(WeightsReason.PENDING)
@@ -346,6 +358,12 @@ class ConditionReason(Reason):
         "Progressing=True: the router rolls to the new pair before the old one is deleted.",
     )
     CLEANING_UP = "CleaningUp", "Progressing=True: pairs or objects no longer used are deleted."
+    GROUPS_UNAVAILABLE = (
+        "GroupsUnavailable",
+        "Progressing=True, Degraded=True: a role's replica spans nodes but LeaderWorkerSet is "
+        "not served. Install LWS v0.9.0 or later (docs/multinode.md), or fit each replica on "
+        "one node; running children keep serving.",
+    )
     WAITING_FOR_WEIGHTS = (
         "WaitingForWeights",
         "Progressing=True: the rollout waits for the weights download (see WeightsReady).",

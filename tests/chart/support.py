@@ -77,16 +77,10 @@ NAMESPACED_RULES = [
         "verbs": ["list", "watch", "create", "patch", "delete"],
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create", "patch"]},
-    # Multi-node roles: LWS groups (one LeaderWorkerSet per role, or a DisaggregatedSet),
-    # children like the StatefulSets above.
+    # Multi-node roles: one LeaderWorkerSet per role, a child like the StatefulSets above.
     {
         "apiGroups": ["leaderworkerset.x-k8s.io"],
         "resources": ["leaderworkersets"],
-        "verbs": ["list", "watch", "create", "patch", "delete"],
-    },
-    {
-        "apiGroups": ["disaggregatedset.x-k8s.io"],
-        "resources": ["disaggregatedsets"],
         "verbs": ["list", "watch", "create", "patch", "delete"],
     },
     {

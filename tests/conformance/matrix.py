@@ -89,10 +89,42 @@ def generated_specs(version: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield name, spec
 
 
+MULTINODE_PREFIX = "multinode/"
+# Parallel layouts of a DeepSeek-V4-Pro role across 2 nodes x 8 GPUs.
+MULTINODE_LAYOUTS: dict[str, dict[str, Any]] = {
+    "tp16": {"tensorParallel": 16},
+    "tp16-ep16-deepep": {"tensorParallel": 16, "expertParallel": 16, "moeAllToAll": "deepep"},
+    "tp16-dp16-ep16-deepep": {
+        "tensorParallel": 16,
+        "attentionDataParallel": 16,
+        "expertParallel": 16,
+        "moeAllToAll": "deepep",
+    },
+}
+
+
+def multinode_specs(version: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """examples/dsv4-pro-pd-h200.yaml on H200 and B200 with each layout on both roles, for one
+    release (unpatched: no capabilities; safety Warn as in generated_specs)."""
+    base = yaml.safe_load((EXAMPLES / "dsv4-pro-pd-h200.yaml").read_text())["spec"]
+    for gpu, (layout, parallel) in itertools.product(
+        ("NVIDIA-H200", "NVIDIA-B200"), MULTINODE_LAYOUTS.items()
+    ):
+        spec = copy.deepcopy(base)
+        _set(spec, "engine.sglangVersion", version)
+        _set(spec, "engine.capabilities", [])
+        _set(spec, "gpu.product", gpu)
+        for role in ROLES:
+            overrides = spec[role].get("overrides", {})
+            spec[role] = {"replicas": 1, **parallel, "overrides": overrides}
+        _set(spec, "safety.policy", "Warn")
+        yield f"{MULTINODE_PREFIX}{gpu}-{layout}", spec
+
+
 def cases(version: str) -> list[Case]:
     """Every valid spec of the matrix and the examples for `version`, rendered (invalid ones
     are skipped here: the unit tests cover refusals)."""
-    sources = list(generated_specs(version))
+    sources = list(generated_specs(version)) + list(multinode_specs(version))
     sources += [
         (name, spec)
         for name, spec in _example_specs()

@@ -116,7 +116,11 @@ def _kvc(args: Any, config: dict[str, Any]) -> SimpleNamespace:
         window_size=config["window_size"],
         hf_config=SimpleNamespace(kv_source_layer_ids=config.get("kv_source_layer_ids", [])),
     )
-    dp = args.dp_size if getattr(args, "enable_dp_attention", False) else 1
+    # Attention-DP groups as the release resolves them: 0.5.23 turns the deprecated
+    # `--dp-size N --enable-dp-attention` (and its own --attn-dp-size) into attn_dp_size.
+    dp = getattr(args, "attn_dp_size", 1) or 1
+    if dp == 1 and getattr(args, "enable_dp_attention", False):
+        dp = args.dp_size
     return SimpleNamespace(
         server_args=args,
         kv_cache_dtype_str=args.kv_cache_dtype,

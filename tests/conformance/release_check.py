@@ -44,6 +44,23 @@ def parse_engine(argv: list[str], model_dir: str, gpu_arch: str) -> dict[str, An
     return {"ok": True}
 
 
+def resolved_fields(item: dict[str, Any], model_dir: str) -> dict[str, Any]:
+    """The named fields of the server args the release resolves from an argv (what the engine
+    runs with, after its own overrides), or the error that stops it."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args = server_args(item["argv"], item.get("modelDir", model_dir), item["gpuArch"])
+    except BaseException as error:  # the release refusing the argv
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:800]}
+    try:  # 0.5.23 publishes resolved values on a view; 0.5.16 writes them onto the args
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        view = resolved_view(args)
+    except ImportError:
+        view = args
+    return {"ok": True, **{f: getattr(view, f, getattr(args, f, None)) for f in item["fields"]}}
+
+
 def parse_router(argv: list[str]) -> dict[str, Any]:
     from sglang_router.launch_router import parse_router_args
 
@@ -139,11 +156,15 @@ def main() -> None:
     model_dir = request.get("modelDir", "")
     answer: dict[str, Any] = {
         "engine": {
-            key: parse_engine(item["argv"], model_dir, item["gpuArch"])
+            key: parse_engine(item["argv"], item.get("modelDir", model_dir), item["gpuArch"])
             for key, item in request.get("engine", {}).items()
         },
         "router": {key: parse_router(argv) for key, argv in request.get("router", {}).items()},
     }
+    if request.get("resolved"):
+        answer["resolved"] = {
+            key: resolved_fields(item, model_dir) for key, item in request["resolved"].items()
+        }
     if request.get("env"):
         answer["env"] = env_names()
     if request.get("resolve"):

@@ -18,6 +18,14 @@ from dsv4_operator.engine.releases import supported_versions
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 MODEL_DIR = HERE / "data" / "deepseek-v4-flash"
+
+
+def model_dir(profile: str) -> Path:
+    """The config.json folder of a model profile (data/<profile>; README.md there says where
+    each number comes from)."""
+    return HERE / "data" / profile
+
+
 RELEASES = supported_versions()
 BUILD_TIMEOUT_S = 45 * 60
 ASK_TIMEOUT_S = 30 * 60

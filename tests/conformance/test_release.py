@@ -19,8 +19,8 @@ import pytest
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.engine.releases import FORK_ENV
 
-from .matrix import Case, cases
-from .release_env import MODEL_DIR, REPO, run_in_release
+from .matrix import MULTINODE_PREFIX, Case, cases
+from .release_env import MODEL_DIR, REPO, model_dir, run_in_release
 
 pytestmark = pytest.mark.conformance
 
@@ -30,9 +30,13 @@ Ask = Callable[[str, dict[str, Any]], dict[str, Any]]
 OPERATOR_ENV = {"HF_HOME", "HF_HUB_OFFLINE"}
 
 
-def _with_model_dir(argv: list[str]) -> list[str]:
+def _model_dir(case: Case) -> str:
+    return str(model_dir(case.plan.profiles.model.key))
+
+
+def _with_model_dir(argv: list[str], directory: str) -> list[str]:
     argv = list(argv)
-    argv[argv.index("--model-path") + 1] = str(MODEL_DIR)
+    argv[argv.index("--model-path") + 1] = directory
     return argv
 
 
@@ -63,8 +67,12 @@ def all_cases() -> dict[str, list[Case]]:
 
 def test_matrix_covers_every_combination(all_cases: dict[str, list[Case]], version: str) -> None:
     # 3 index-K x 2 HiCache x 2 overlap x 4 TP x 2 speculative, all valid, plus the examples
-    generated = [c for c in all_cases[version] if not c.id.startswith("examples/")]
+    generated = [
+        c for c in all_cases[version] if not c.id.startswith(("examples/", MULTINODE_PREFIX))
+    ]
     assert len(generated) == 96
+    # DeepSeek-V4-Pro across 2 nodes: 2 GPUs x 3 parallel layouts, all valid
+    assert len([c for c in all_cases[version] if c.id.startswith(MULTINODE_PREFIX)]) == 6
     assert any(c.id.startswith("examples/") for c in all_cases[version])
 
 
@@ -74,7 +82,11 @@ def test_every_engine_and_router_command_parses(
     request = {
         "modelDir": str(MODEL_DIR),
         "engine": {
-            f"{c.id}/{r}": {"argv": c.engine_argv(r), "gpuArch": _arch(c)}
+            f"{c.id}/{r}": {
+                "argv": c.engine_argv(r),
+                "gpuArch": _arch(c),
+                "modelDir": _model_dir(c),
+            }
             for c in all_cases[version]
             for r in ROLES
         },
@@ -97,6 +109,29 @@ def test_every_engine_and_router_command_parses(
                     assert name not in declared, f"{name} became upstream: retire FORK_ENV"
 
 
+def test_multi_node_argv_parses_on_every_node_of_a_group(
+    all_cases: dict[str, list[Case]], version: str, asker: Ask
+) -> None:
+    # what each pod of a LeaderWorkerSet group adds: its rank and the leader's rendezvous
+    wiring = ["--node-rank", "1", "--dist-init-addr", "dsv4-pro-decode-0.dsv4-pro:20000"]
+    multinode = [c for c in all_cases[version] if c.id.startswith(MULTINODE_PREFIX)]
+    request = {
+        "engine": {
+            f"{c.id}/{r}": {
+                "argv": [*c.engine_argv(r), *wiring],
+                "gpuArch": _arch(c),
+                "modelDir": _model_dir(c),
+            }
+            for c in multinode
+            for r in ROLES
+        }
+    }
+    assert all("--nnodes" in c.engine_argv(r) for c in multinode for r in ROLES)
+    answer = asker(version, request)["engine"]
+    refused = {k: v for k, v in answer.items() if not v["ok"]}
+    assert len(answer) == 2 * len(multinode) and not refused, refused
+
+
 def test_planner_equals_the_release_configurator_to_the_byte(
     all_cases: dict[str, list[Case]], version: str, asker: Ask
 ) -> None:
@@ -115,9 +150,9 @@ def test_planner_equals_the_release_configurator_to_the_byte(
             )
             key = f"{case.id}/{role}"
             request["pools"][key] = {
-                "argv": _with_model_dir(case.engine_argv(role)),
+                "argv": _with_model_dir(case.engine_argv(role), _model_dir(case)),
                 "env": dict(case.launches[role].env),
-                "modelDir": str(MODEL_DIR),
+                "modelDir": _model_dir(case),
                 "availableBytes": plan.available_bytes,
                 "gpuArch": _arch(case),
             }

@@ -6,9 +6,10 @@ dsv4_devcluster.operator and .deployments."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,21 @@ def exists(resource: Any, name: str, namespace: str | None = None) -> bool:
     except NotFoundError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def new_namespace(dyn: Any, name: str) -> Iterator[str]:
+    """Namespace `name` with its default ServiceAccount in place; deleted afterwards."""
+    namespaces = dyn.resources.get(api_version="v1", kind="Namespace")
+    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    service_accounts = dyn.resources.get(api_version="v1", kind="ServiceAccount")
+    wait_for(
+        f"ServiceAccount {name}/default",
+        lambda: exists(service_accounts, "default", name),
+        timeout=60,
+    )
+    yield name
+    namespaces.delete(name=name)
 
 
 def rejection(dyn: Any, body: dict[str, Any], **params: Any) -> tuple[int, str]:

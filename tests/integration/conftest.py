@@ -23,7 +23,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.operator import OperatorProcess
 from tests.support.paths import CRD_PATHS
 
-from .cluster_support import exists
+from .cluster_support import new_namespace
 from .network_support import AddressWatch, host_addresses
 
 _STARTUP_KEY = pytest.StashKey[float]()
@@ -139,17 +139,8 @@ def lws_namespace(lws_dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]
 
 def _test_namespace(dyn: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{slug}-{uuid.uuid4().hex[:6]}"
-    namespaces = dyn.resources.get(api_version="v1", kind="Namespace")
-    namespaces.create(body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    service_accounts = dyn.resources.get(api_version="v1", kind="ServiceAccount")
-    wait_for(
-        f"ServiceAccount {name}/default",
-        lambda: exists(service_accounts, "default", name),
-        timeout=60,
-    )
-    yield name
-    namespaces.delete(name=name)
+    with new_namespace(dyn, f"{slug}-{uuid.uuid4().hex[:6]}") as name:
+        yield name
 
 
 @pytest.fixture(scope="session")

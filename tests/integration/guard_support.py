@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -105,11 +106,11 @@ class EngineKubelet:
 
     def _desired(self) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]] | None:
         children = self.cluster.children(self.name)
-        sts = children.get(("StatefulSet", f"{self.name}-decode"))
-        if sts is None:
+        template = engine_template(children, self.name, "decode")
+        if template is None:
             return None
-        container = sts["spec"]["template"]["spec"]["containers"][0]
-        revision = sts["spec"]["template"]["metadata"]["labels"]["dsv4.io/revision"]
+        container = template["spec"]["containers"][0]
+        revision = template["metadata"]["labels"]["dsv4.io/revision"]
         prefill_command = paired_prefill_command(children, self.name, revision)
         if prefill_command is None:
             return None  # the pair is mid-rollout: serve nothing rather than half of it
@@ -130,6 +131,9 @@ class EngineKubelet:
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"  # no effect on verdicts; keeps canary runs short
         command = with_pair_hicache(list(container["command"]), prefill_command)
+        # What a kubelet does with `$(VAR)` in a command; a group's leader is this process.
+        known = {**group_env(children, self.name, "decode"), **env}
+        command = [VAR.sub(lambda m: known.get(m[1], m[0]), arg) for arg in command]
         return tuple(command), tuple(sorted(env.items()))
 
     def _run(self) -> None:
@@ -160,15 +164,41 @@ class EngineKubelet:
         self.starts += 1
 
 
-def paired_prefill_command(
-    children: dict[tuple[str, str], dict[str, Any]], name: str, revision: str
-) -> list[str] | None:
-    """The prefill StatefulSet's engine command when it runs `revision` too, else None (a
-    Recreate deletes both roles and creates both anew: the decode double waits for its pair)."""
-    prefill = children.get(("StatefulSet", f"{name}-prefill"))
-    if prefill is None:
+Children = dict[tuple[str, str], dict[str, Any]]
+# A Kubernetes variable reference in a container command.
+VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def engine_template(children: Children, name: str, role: str) -> dict[str, Any] | None:
+    """The engine pod template of a role of the main pair: its StatefulSet's, or for a
+    multi-node role its LeaderWorkerSet's leader's (the leader alone serves HTTP)."""
+    sts = children.get(("StatefulSet", f"{name}-{role}"))
+    if sts is not None:
+        template: dict[str, Any] = sts["spec"]["template"]
+        return template
+    lws = children.get(("LeaderWorkerSet", f"{name}-{role}"))
+    if lws is not None:
+        leader: dict[str, Any] = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+        return leader
+    return None
+
+
+def group_env(children: Children, name: str, role: str) -> dict[str, str]:
+    """The environment the LWS webhook gives a group's leader, this machine standing in for
+    it (empty for a single-node role)."""
+    lws = children.get(("LeaderWorkerSet", f"{name}-{role}"))
+    if lws is None:
+        return {}
+    size = str(lws["spec"]["leaderWorkerTemplate"].get("size", 1))
+    return {"LWS_LEADER_ADDRESS": "127.0.0.1", "LWS_GROUP_SIZE": size, "LWS_WORKER_INDEX": "0"}
+
+
+def paired_prefill_command(children: Children, name: str, revision: str) -> list[str] | None:
+    """The prefill engines' command when they run `revision` too, else None (a Recreate
+    deletes both roles and creates both anew: the decode double waits for its pair)."""
+    template = engine_template(children, name, "prefill")
+    if template is None:
         return None
-    template = prefill["spec"]["template"]
     if template["metadata"]["labels"]["dsv4.io/revision"] != revision:
         return None
     return list(template["spec"]["containers"][0]["command"])
@@ -202,6 +232,27 @@ def tap_process(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# The incident's leaking configuration: bf16 index-K + HiCache (a transfer-format change too),
+# admitted under safety policy Warn; the double corrupts responses under it at ENGINE_LOAD.
+LEAKING = {
+    "engine.indexKDtype": "bf16",
+    "engine.hicache": {"enabled": True},
+    "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
+    "safety.policy": "Warn",
+}
+
+
+def wait_baked(cluster: Cluster, timeout: float = 180) -> str:
+    """The revision served once it is the last known good one (baked)."""
+
+    def lkg() -> str | None:
+        status = cluster.get().get("status", {})
+        good = status.get("lastKnownGoodRevision")
+        return good if good and good == status.get("currentRevision") else None
+
+    return str(wait_for("a last known good revision", lkg, timeout=timeout))
 
 
 def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str) -> None:

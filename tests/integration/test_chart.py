@@ -279,10 +279,10 @@ def test_cluster_wide_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
         helm.uninstall(release, namespace)
 
 
-LWS_KINDS = (
-    ("leaderworkerset.x-k8s.io", "leaderworkersets"),
-    ("disaggregatedset.x-k8s.io", "disaggregatedsets"),
-)
+LWS_KINDS = (("leaderworkerset.x-k8s.io", "leaderworkersets"),)
+# The operator renders one LeaderWorkerSet per multi-node role, never a DisaggregatedSet
+# (docs/multinode.md): the chart grants nothing on them.
+UNUSED_LWS_KINDS = (("disaggregatedset.x-k8s.io", "disaggregatedsets"),)
 
 
 def sa_may(
@@ -349,6 +349,8 @@ def test_the_service_account_cannot_do_more_than_the_chart_grants(
             assert sa_may(control_plane, user, "patch", group, resource, work_namespace)
             assert sa_may(control_plane, user, "watch", group, resource, work_namespace)
             assert not sa_may(control_plane, user, "patch", group, resource, "default")
+        for group, resource in UNUSED_LWS_KINDS:
+            assert not sa_may(control_plane, user, "patch", group, resource, work_namespace)
         # A Secret by name (the Hub token's existence, read as metadata), never listed or
         # watched: the operator cannot enumerate the namespace's Secrets.
         assert can_i("get", "secrets", "-n", work_namespace)

@@ -27,7 +27,14 @@ from dsv4_devcluster.process import free_port
 from dsv4_engine_double.config import parse_config, session_corruption_probability
 
 from .cluster_support import statefulset_policy
-from .guard_support import ENGINE_LOAD, ENTRYPOINT_LENGTH, EngineKubelet, wait_good_revision_served
+from .guard_support import (
+    ENGINE_LOAD,
+    ENTRYPOINT_LENGTH,
+    LEAKING,
+    EngineKubelet,
+    wait_baked,
+    wait_good_revision_served,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -109,13 +116,7 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
 
-def _baked(cluster: Cluster, timeout: float = 180) -> str:
-    def lkg() -> str | None:
-        status = cluster.get().get("status", {})
-        good = status.get("lastKnownGoodRevision")
-        return good if good and good == status.get("currentRevision") else None
-
-    return str(wait_for("a last known good revision", lkg, timeout=timeout))
+_baked = wait_baked
 
 
 def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
@@ -125,16 +126,7 @@ def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
     cluster.apply(_guarded(cluster.namespace, url))
     good = _baked(cluster)
     assert engine.env["DSV4_DOUBLE_LOAD"] == str(ENGINE_LOAD)
-    bad_spec = _guarded(
-        cluster.namespace,
-        url,
-        **{
-            "engine.indexKDtype": "bf16",
-            "engine.hicache": {"enabled": True},
-            "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
-            "safety.policy": "Warn",
-        },
-    )
+    bad_spec = _guarded(cluster.namespace, url, **LEAKING)
     cluster.apply(bad_spec)
     wait_for(
         "the bad revision to be served",

@@ -71,6 +71,7 @@ def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:
     }
     key = {
         "StatefulSet": "statefulsets",
+        "LeaderWorkerSet": "statefulsets",  # the engine workloads of multi-node roles
         "Deployment": "deployments",
         "Service": "services",
         "PodDisruptionBudget": "pdbs",
@@ -79,6 +80,13 @@ def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:
         live = copy.deepcopy(obj)
         live["metadata"]["generation"] = 1
         replicas = live.get("spec", {}).get("replicas", 1)
+        if obj["kind"] == "LeaderWorkerSet":  # its replicas are groups; no revision fields
+            live["status"] = {
+                "observedGeneration": 1,
+                "replicas": replicas,
+                "readyReplicas": replicas if ready else 0,
+                "updatedReplicas": replicas,
+            }
         if obj["kind"] == "StatefulSet":
             n = replicas if ready else 0
             live["status"] = {

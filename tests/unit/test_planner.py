@@ -198,3 +198,37 @@ def test_unknown_profiles_name_the_field(
 def test_unknown_gpu_with_memory_is_planned(variant: Callable[..., dict[str, Any]]) -> None:
     p = _plan(variant({"gpu.product": "NVIDIA-A100", "gpu.memoryGiB": 80}))
     assert p.roles["decode"].gpu_memory_bytes == 80 * GIB
+
+
+PRO_H200 = "examples/dsv4-pro-pd-h200.yaml"
+
+
+def _pro_example() -> dict[str, Any]:
+    import yaml
+
+    from tests.support.paths import REPO
+
+    doc: dict[str, Any] = yaml.safe_load((REPO / PRO_H200).read_text("utf-8"))["spec"]
+    return doc
+
+
+def test_dp_attention_replicates_the_non_expert_weights_across_attention_groups() -> None:
+    pro = model_profiles()["deepseek-v4-pro"]
+    planned = _plan(_pro_example())
+    prefill, decode = planned.roles["prefill"], planned.roles["decode"]
+    weights = pro.checkpoints["fp4-experts"]
+    # prefill: attention TP16, every weight over 16 ranks
+    assert prefill.weights_bytes == int(weights * GIB / 16)
+    # decode: DP attention 16 leaves an attention-TP group of 1 rank holding all non-experts
+    expected = (weights - pro.non_expert_weights_gib) * GIB / 16 + pro.non_expert_weights_gib * GIB
+    assert decode.weights_bytes == int(expected)
+    assert (decode.nodes_per_replica, decode.gpus_per_pod, decode.attention_data_parallel) == (
+        2,
+        8,
+        16,
+    )
+
+
+def test_each_attention_dp_group_holds_its_own_sessions() -> None:
+    decode = _plan(_pro_example()).roles["decode"]
+    assert decode.sessions_capacity == 16 * (decode.max_total_tokens // 80000)

@@ -36,7 +36,7 @@ def test_every_gpu_number_has_a_source(key: str) -> None:
 
 
 def test_required_profiles_exist() -> None:
-    assert {"deepseek-v4-flash", "deepseek-v3.2"} <= set(model_profiles())
+    assert {"deepseek-v4-flash", "deepseek-v4-pro", "deepseek-v3.2"} <= set(model_profiles())
     products = set(gpu_profiles())
     assert {
         "NVIDIA-H100-80GB-HBM3",
@@ -47,9 +47,35 @@ def test_required_profiles_exist() -> None:
     } <= products
 
 
-def test_v4_layer_layout_adds_up() -> None:
-    v4 = model_profiles()["deepseek-v4-flash"]
+@pytest.mark.parametrize("key", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_v4_layer_layout_adds_up(key: str) -> None:
+    v4 = model_profiles()[key]
     assert v4.swa_only_layers + v4.c4_layers + v4.c128_layers == v4.layers
+
+
+def test_v4_pro_layers_are_the_published_config_json() -> None:
+    # config.json compress_ratios: the conformance tier feeds the same file to each release
+    import json
+
+    from tests.support.paths import REPO
+
+    config = json.loads(
+        (REPO / "tests/conformance/data/deepseek-v4-pro/config.json").read_text("utf-8")
+    )
+    pro = model_profiles()["deepseek-v4-pro"]
+    ratios = config["compress_ratios"][: config["num_hidden_layers"]]
+    assert (
+        (len(ratios), ratios.count(0), ratios.count(4), ratios.count(128))
+        == (
+            pro.layers,
+            pro.swa_only_layers,
+            pro.c4_layers,
+            pro.c128_layers,
+        )
+        == (61, 0, 30, 31)
+    )
+    assert config["qk_nope_head_dim"] + config["qk_rope_head_dim"] == 512
+    assert pro.non_expert_weights_gib < min(pro.checkpoints.values())
 
 
 def test_compute_capability_matches_the_architecture() -> None:

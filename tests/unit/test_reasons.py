@@ -63,6 +63,8 @@ WIRE = {
         "Invalid",
         "ChildRejected",
         "CRDMissing",
+        "GroupRestarted",
+        "GroupsUnavailable",
         "WeightsPending",
         "WeightsDownloading",
         "WeightsVerifying",
@@ -118,6 +120,7 @@ WIRE = {
         "DeletionWaits",
         "Disabled",
         "CRDMissing",
+        "GroupsUnavailable",
     },
     "WeightsReason": {
         "Pending",

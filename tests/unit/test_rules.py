@@ -151,6 +151,23 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "engine.env": [{"name": "SGLANG_DSV4_KV_LAYOUT", "value": "v41"}],
         },
     ),
+    # multi-node parallelism (engine/rules/multinode.py); both sides on the example's TP4
+    "DSV4-R025": (
+        {"decode.attentionDataParallel": 3},
+        {"decode.attentionDataParallel": 4, "decode.expertParallel": 2},
+    ),
+    "DSV4-R026": (
+        {"decode.expertParallel": 2, "decode.moeAllToAll": "deepep"},
+        {"decode.expertParallel": 4, "decode.moeAllToAll": "deepep"},
+    ),
+    "DSV4-R027": (
+        {"decode.expertParallel": 4, "decode.overrides": {"extraArgs": ["--ep", "4"]}},
+        {"decode.expertParallel": 4},
+    ),
+    "DSV4-R028": (
+        {"engine.memFractionStatic": 0.95},
+        {"engine.memFractionStatic": 0.89},
+    ),
 }
 
 

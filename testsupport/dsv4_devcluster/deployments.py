@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from dsv4_devcluster.process import wait_for
 from dsv4_operator.names import (
@@ -23,6 +24,8 @@ from dsv4_operator.names import (
     DEPLOYMENT_LABEL,
     FORMAT_LABEL,
     KIND,
+    LWS_API_VERSION,
+    LWS_KIND,
     ROLE_LABEL,
     ROUTER,
 )
@@ -109,6 +112,7 @@ class Cluster:
     def __init__(self, dyn: Any, namespace: str) -> None:
         self.dyn, self.namespace = dyn, namespace
         self.dsv4 = dyn.resources.get(api_version=API_VERSION, kind=KIND)
+        self.unserved: set[str] = set()  # kinds the API server does not serve
 
     def apply(self, doc: dict[str, Any]) -> None:
         self.dsv4.server_side_apply(
@@ -136,8 +140,16 @@ class Cluster:
             ("apps/v1", "Deployment"),
             ("v1", "Service"),
             ("policy/v1", "PodDisruptionBudget"),
+            (LWS_API_VERSION, LWS_KIND),  # multi-node roles, where LWS is installed
         ):
-            for item in self.items(api_version, kind, selector):
+            if kind in self.unserved:
+                continue
+            try:
+                items = self.items(api_version, kind, selector)
+            except ResourceNotFoundError:  # a plane without LWS: asked once, not every poll
+                self.unserved.add(kind)
+                continue
+            for item in items:
                 out[(kind, item["metadata"]["name"])] = item
         return out
 

@@ -16,6 +16,11 @@ ROUTER_METRICS_PORT = 29000
 # The leak tap sidecar of every router pod: its relay port and its /metrics port.
 TAP_PORT = 8100
 TAP_METRICS_PORT = 9100
+# The torch.distributed rendezvous port on the leader of a multi-node role
+# (`--dist-init-addr <leader>:20000`, the port of the LeaderWorkerSet SGLang example). Under DP
+# attention every node derives the 6 ports above it (sglang server_args.py PortArgs:
+# `port_base = dist_init_port + 1` .. `+ 5`), clear of the ports above.
+DIST_INIT_PORT = 20000
 
 # Durations, each with the range that keeps one object's cost to the operator bounded.
 # The canary's hard floor; the operator's configuration sets a higher one (10s by default,
@@ -31,6 +36,9 @@ TapInterval = Annotated[Duration, DurationBounds("1s", "5m")]
 MAX_ROLE_REPLICAS = 128
 MAX_ROUTER_REPLICAS = 32
 MAX_GPUS_PER_NODE = 64
+# A replica spans at most this many nodes (one LeaderWorkerSet group of leader + workers).
+MAX_NODES_PER_REPLICA = 16
+MAX_GPUS_PER_REPLICA = 256
 MAX_CONTEXT_TOKENS = 1 << 24
 MAX_CANARY_SESSIONS = 64
 MAX_CANARY_ROUNDS = 16

@@ -13,6 +13,7 @@ from dsv4_operator.api.limits import (
     MAX_ARG_LENGTH,
     MAX_CONTEXT_TOKENS,
     MAX_GPUS_PER_NODE,
+    MAX_GPUS_PER_REPLICA,
     MAX_LIST_ITEMS,
     MAX_ROLE_REPLICAS,
     MAX_ROUTER_REPLICAS,
@@ -22,6 +23,10 @@ from dsv4_operator.api.pod import PodSettings
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
+# --moe-a2a-backend values both supported releases accept on CUDA (sglang server_args.py
+# MOE_A2A_BACKEND_CHOICES in 0.5.16, arg_groups/fields/exec_.py in 0.5.23; the Ascend-only
+# values and 0.5.23's newer ones are left to extraArgs).
+MoeAllToAll = Literal["none", "deepep", "mooncake", "nixl", "mori", "flashinfer", "megamoe"]
 
 
 class GpuSpec(ApiModel):
@@ -42,7 +47,8 @@ class GpuSpec(ApiModel):
         default=8,
         ge=1,
         le=MAX_GPUS_PER_NODE,
-        description="GPUs per node; a role replica never spans nodes.",
+        description="GPUs per node. A role replica whose parallelism needs more GPUs spans "
+        "parallelism / perNode nodes (one LeaderWorkerSet group; docs/multinode.md).",
     )
 
 
@@ -109,7 +115,34 @@ class RoleSpec(ApiModel):
         "External leaves them to an autoscaler (HPA, KEDA) and never writes them.",
     )
     tensor_parallel: int = Field(
-        default=4, ge=1, le=MAX_GPUS_PER_NODE, description="--tp-size; GPUs per replica."
+        default=4,
+        ge=1,
+        le=MAX_GPUS_PER_REPLICA,
+        description="--tp-size; GPUs per replica. Above spec.gpu.perNode it must be a multiple "
+        "of it: the replica then spans tensorParallel / perNode nodes (--nnodes), rendered as "
+        "one LeaderWorkerSet group (docs/multinode.md).",
+    )
+    attention_data_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_REPLICA,
+        description="DP attention: attention data-parallel groups inside the TP group, one "
+        "scheduler each, while the MoE stays tensor or expert parallel; shares the TP GPUs and "
+        "must divide tensorParallel. Rendered as --dp-size N --enable-dp-attention (0.5.16) or "
+        "--attn-dp-size N (0.5.23). null: none beyond what extraArgs say.",
+    )
+    expert_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GPUS_PER_REPLICA,
+        description="--ep-size: MoE expert-parallel ranks inside the TP group; must divide "
+        "tensorParallel. null: the release's default (1, or what extraArgs say).",
+    )
+    moe_all_to_all: MoeAllToAll | None = Field(
+        default=None,
+        description="--moe-a2a-backend: how tokens reach the experts of other ranks under "
+        "expert parallelism (deepep for DeepEP across nodes). null: the release's default "
+        "(none) or what extraArgs say.",
     )
     overrides: RoleOverrides = Field(
         default_factory=RoleOverrides,

@@ -190,6 +190,35 @@ class QuarantineEntry(ApiModel):
     at: Timestamp = Field(description="RFC 3339 time.")
 
 
+class PodTermination(ApiModel):
+    """How one pod of a restarted group last ended (or that it was still running)."""
+
+    pod: str = Field(description="Pod name.")
+    worker_index: int = Field(description="Its index in the group: 0 is the leader.")
+    reason: str | None = Field(default=None, description="Termination reason (OOMKilled, Error).")
+    exit_code: int | None = Field(default=None, description="The container's exit code.")
+    message: str = Field(
+        default="",
+        description="The termination message (the log tail the kubelet kept; truncated); empty "
+        "for a pod that was still running.",
+    )
+
+
+class GroupRestart(ApiModel):
+    """A multi-node group restarted because one pod failed: what every pod of it said last,
+    kept before the restart replaced them (LeaderWorkerSet RecreateGroupOnPodRestart)."""
+
+    group: str = Field(description="The group's leader pod: `<LeaderWorkerSet>-<group index>`.")
+    role: str = Field(description="prefill or decode.")
+    revision: str | None = Field(default=None, description="Revision the group ran.")
+    cause: str = Field(description="The pod that failed, and how.")
+    at: Timestamp = Field(description="RFC 3339 time the operator saw it.")
+    key: str = Field(description="The failed pod's uid and restart count (one entry each).")
+    pods: list[PodTermination] = Field(
+        default_factory=list, description="Every pod of the group, leader first."
+    )
+
+
 class DSV4DeploymentStatus(ApiModel):
     """Observed state, rebuilt each pass (except lastKnownGoodRevision and quarantine)."""
 
@@ -213,6 +242,11 @@ class DSV4DeploymentStatus(ApiModel):
     guard: GuardStatus | None = Field(default=None, description="Guard state.")
     quarantine: list[QuarantineEntry] = Field(
         default_factory=list, description="Quarantined configs."
+    )
+    group_restarts: list[GroupRestart] = Field(
+        default_factory=list,
+        description="The last restarts of multi-node groups, oldest first, with the last "
+        "termination of every pod of each.",
     )
 
     def visible_wire(self) -> dict[str, object]:

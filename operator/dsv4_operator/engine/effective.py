@@ -79,6 +79,9 @@ class EffectiveRole:
     role: Role
     catalog: ParserCatalog | None
     tensor_parallel: int
+    attention_data_parallel: int | None
+    expert_parallel: int | None
+    moe_all_to_all: str | None
     overlap_scheduler: bool
     cuda_graph_max_bs: int
     max_running_requests: int
@@ -109,8 +112,28 @@ class EffectiveRole:
 
     @property
     def attention_dp(self) -> int:
-        """Attention data-parallel ranks: --dp-size under --enable-dp-attention, else 1."""
+        """Attention data-parallel groups: spec.<role>.attentionDataParallel, else 0.5.23's
+        --attn-dp-size, else --dp-size under --enable-dp-attention, else 1."""
+        if self.attention_data_parallel is not None:
+            return self.attention_data_parallel
+        if "--attn-dp-size" in self.flags:
+            return self.int_flag("--attn-dp-size")
         return self.int_flag("--dp-size") if "--enable-dp-attention" in self.flags else 1
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """MoE expert-parallel ranks: spec.<role>.expertParallel, else --ep-size, else 1."""
+        if self.expert_parallel is not None:
+            return self.expert_parallel
+        return self.int_flag("--ep-size")
+
+    @property
+    def moe_a2a_backend(self) -> str:
+        """The MoE all-to-all backend: spec.<role>.moeAllToAll, else --moe-a2a-backend, else
+        the releases' default `none`."""
+        if self.moe_all_to_all is not None:
+            return self.moe_all_to_all
+        return self.flags.get("--moe-a2a-backend", (0, None))[1] or "none"
 
 
 def effective_role(spec: DSV4DeploymentSpec, role: Role) -> EffectiveRole:
@@ -123,10 +146,14 @@ def effective_role(spec: DSV4DeploymentSpec, role: Role) -> EffectiveRole:
     env = {e.name: e.value for e in engine.env}
     env.update({e.name: e.value for e in overrides.env})
     engine_release = release(engine.sglang_version)
+    role_spec = spec.role(role)
     return EffectiveRole(
         role=role,
         catalog=engine_release.engine if engine_release is not None else None,
-        tensor_parallel=spec.role(role).tensor_parallel,
+        tensor_parallel=role_spec.tensor_parallel,
+        attention_data_parallel=role_spec.attention_data_parallel,
+        expert_parallel=role_spec.expert_parallel,
+        moe_all_to_all=role_spec.moe_all_to_all,
         overlap_scheduler=overlap,
         cuda_graph_max_bs=_pick(overrides.cuda_graph_max_bs, engine.cuda_graph_max_bs),
         max_running_requests=_pick(overrides.max_running_requests, engine.max_running_requests),
@@ -143,5 +170,8 @@ def _pick(override: T | None, default: T) -> T:
 
 def gpus_needed(eff: EffectiveRole) -> int:
     """GPUs one replica of a role needs: tp x pp x (dp unless DP attention shares the TP GPUs)."""
-    dp = 1 if "--enable-dp-attention" in eff.flags else eff.int_flag("--dp-size")
+    # 0.5.16's `--dp-size N --enable-dp-attention` (and the typed field, rendered that way
+    # there) counts attention groups inside TP; 0.5.23's bare --dp-size counts whole replicas.
+    attention = eff.attention_data_parallel is not None or "--enable-dp-attention" in eff.flags
+    dp = 1 if attention else eff.int_flag("--dp-size")
     return eff.tensor_parallel * eff.int_flag("--pp-size") * dp

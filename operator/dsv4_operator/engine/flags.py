@@ -8,14 +8,16 @@ from dsv4_operator.api.engine import Capability
 from dsv4_operator.api.limits import ENGINE_PORT, ROUTER_METRICS_PORT
 from dsv4_operator.api.roles import Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.engine.effective import effective_role
+from dsv4_operator.engine.effective import EffectiveRole, effective_role
 from dsv4_operator.engine.planner import MemoryPlan
 from dsv4_operator.engine.releases import EngineRelease
+from dsv4_operator.engine.topology import topology_of
 
 MODEL_MOUNT = "/models"  # where spec.model.cache is mounted; HF_HOME points here
 ENGINE_ENTRYPOINT = ("python3", "-m", "sglang.launch_server")
 ROUTER_ENTRYPOINT = ("python3", "-m", "sglang_router.launch_router")
 KV_CHECKSUM_FLAG = "--disaggregation-enable-kv-checksum"
+ATTN_DP_FLAG = "--attn-dp-size"  # 0.5.23; 0.5.16 spells it --dp-size N --enable-dp-attention
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ def engine_launch(
         "--host", "0.0.0.0",
         "--port", str(ENGINE_PORT),
         "--tp-size", str(eff.tensor_parallel),
+        *parallel_args(eff, release, spec.gpu.per_node),
         "--disaggregation-mode", role,
         "--disaggregation-transfer-backend", transfer.backend,
         "--disaggregation-bootstrap-port", str(transfer.bootstrap_port),
@@ -106,6 +109,26 @@ def engine_launch(
     if Capability.BF16_INDEX_K in engine.capabilities:
         env["SGLANG_DSV4_BF16_INDEX_K"] = "1" if engine.index_k_dtype == "bf16" else "0"
     return Launch(command=tuple(args), env=tuple(sorted(env.items())))
+
+
+def parallel_args(eff: EffectiveRole, release: EngineRelease, gpus_per_node: int) -> list[str]:
+    """The typed parallelism beyond --tp-size, spelled for the release, and --nnodes for a
+    replica that spans nodes (--node-rank and --dist-init-addr come from the group's pods)."""
+    args: list[str] = []
+    if eff.attention_data_parallel is not None:
+        size = str(eff.attention_data_parallel)
+        if release.has_flag(ATTN_DP_FLAG):
+            args += [ATTN_DP_FLAG, size]
+        else:
+            args += ["--dp-size", size, "--enable-dp-attention"]
+    if eff.expert_parallel is not None:
+        args += ["--ep-size", str(eff.expert_parallel)]
+    if eff.moe_all_to_all is not None:
+        args += ["--moe-a2a-backend", eff.moe_all_to_all]
+    nodes = topology_of(eff, gpus_per_node).nodes
+    if nodes > 1:
+        args += ["--nnodes", str(nodes)]
+    return args
 
 
 def router_launch(

@@ -3,7 +3,10 @@ release's `pairing`, engine/data/releases.yaml)."""
 
 from __future__ import annotations
 
-_ONE_NODE = "not supported: each role replica runs on one node (see spec.gpu.perNode)"
+_MULTI_NODE = (
+    "nothing: the operator sets it when a replica spans nodes "
+    "(spec.<role>.tensorParallel above spec.gpu.perNode)"
+)
 _OVERRIDABLE = "spec.engine.{field} (or spec.<role>.overrides.{field})"
 
 # Flag -> the spec field to use instead. Keyed by the canonical spelling (`--` + the parser's
@@ -13,10 +16,11 @@ OWNED_FLAGS: dict[str, str] = {
     "--model-path": "spec.model.name",
     "--served-model-name": "spec.model.servedName",
     "--tp-size": "spec.<role>.tensorParallel",
-    "--pp-size": _ONE_NODE,
-    "--nnodes": _ONE_NODE,
-    "--node-rank": _ONE_NODE,
-    "--dist-init-addr": _ONE_NODE,
+    "--pp-size": "not supported: a replica spans nodes by tensor parallelism "
+    "(spec.<role>.tensorParallel)",
+    "--nnodes": _MULTI_NODE,
+    "--node-rank": _MULTI_NODE,
+    "--dist-init-addr": _MULTI_NODE,
     "--host": "nothing: the operator binds 0.0.0.0",
     "--port": "nothing: the engine port is fixed at 30000",
     "--disaggregation-mode": "nothing: the role sets it",

@@ -31,6 +31,7 @@ from dsv4_operator.engine.pools import (
 )
 from dsv4_operator.engine.profiles import GpuProfile, ModelProfile, gpu_profiles, model_profiles
 from dsv4_operator.engine.releases import EngineRelease, PoolArithmetic, release, versions_text
+from dsv4_operator.engine.topology import topology_of
 
 GIB = 1 << 30
 # CUDA context, NCCL and custom all-reduce buffers live outside the weights but inside what the
@@ -113,6 +114,10 @@ class RolePlan:
     role: Role
     replicas: int
     tensor_parallel: int
+    attention_data_parallel: int
+    expert_parallel: int
+    nodes_per_replica: int
+    gpus_per_pod: int
     gpu_memory_bytes: int
     static_budget_bytes: int
     weights_bytes: int
@@ -155,6 +160,10 @@ class RolePlan:
         return {
             "replicas": self.replicas,
             "tensorParallel": self.tensor_parallel,
+            "attentionDataParallel": self.attention_data_parallel,
+            "expertParallel": self.expert_parallel,
+            "nodesPerReplica": self.nodes_per_replica,
+            "gpusPerPod": self.gpus_per_pod,
             "gpuMemoryGiB": round(self.gpu_memory_bytes / GIB, 3),
             "staticBudgetGiB": round(self.static_budget_bytes / GIB, 3),
             "weightsPerRankGiB": round(self.weights_bytes / GIB, 3),
@@ -235,6 +244,16 @@ def pool_settings(
     )
 
 
+def weights_per_rank_bytes(profiles: Profiles, eff: EffectiveRole) -> int:
+    """Weight bytes on one rank: the routed experts split over all TP ranks (expert-parallel
+    ranks x MoE-TP ranks = tp_size, sglang runtime_context moe_tp_size_of), everything else over
+    the attention-TP group (tp_size / attention DP), which DP attention narrows."""
+    total = profiles.weights_gib * GIB
+    non_expert = min(profiles.model.non_expert_weights_gib * GIB, total)
+    attention_tp = max(eff.tensor_parallel // max(eff.attention_dp, 1), 1)
+    return int((total - non_expert) / eff.tensor_parallel + non_expert / attention_tp)
+
+
 def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RolePlan:
     """Plan one role per rank."""
     model, arithmetic = profiles.model, profiles.release.pool_arithmetic
@@ -257,7 +276,7 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
 
     gpu_bytes = int(profiles.gpu_memory_gib * GIB)
     static_budget = int(eff.mem_fraction_static * gpu_bytes)
-    weights = int(profiles.weights_gib * GIB / eff.tensor_parallel)
+    weights = weights_per_rank_bytes(profiles, eff)
     slots = settings.max_running_requests + 1
     outside = (
         int(RUNTIME_OVERHEAD_GIB * GIB) + slots * spec.engine.context_length * REQ_TO_TOKEN_BYTES
@@ -270,12 +289,20 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
     tokens = min(true_tokens, engine_tokens)
     context = spec.workload.context_tokens
     replicas = role_spec.replicas
-    sessions_per_replica = math.ceil(spec.workload.concurrent_sessions / max(replicas, 1))
+    # Each attention-DP group holds the KV of its own requests in its own pool; without DP
+    # attention every TP rank holds the same (MLA) KV, so a replica holds one rank's tokens.
+    pools = max(replicas, 1) * eff.attention_dp
+    sessions_per_pool = math.ceil(spec.workload.concurrent_sessions / pools)
     overcommit = engine_tokens * (sizing.bytes_per_full_token - engine_sizing.bytes_per_full_token)
+    topology = topology_of(eff, spec.gpu.per_node)
     return RolePlan(
         role=role,
         replicas=replicas,
         tensor_parallel=eff.tensor_parallel,
+        attention_data_parallel=eff.attention_dp,
+        expert_parallel=eff.expert_parallel_size,
+        nodes_per_replica=topology.nodes,
+        gpus_per_pod=topology.gpus_per_pod,
         gpu_memory_bytes=gpu_bytes,
         static_budget_bytes=static_budget,
         weights_bytes=weights,
@@ -286,8 +313,8 @@ def plan_role(spec: DSV4DeploymentSpec, profiles: Profiles, role: Role) -> RoleP
         indexer_bytes_per_token=actual_indexer,
         max_total_tokens=tokens,
         swa_tokens=sizing.swa_tokens(tokens, model.page_size),
-        sessions_capacity=replicas * (tokens // context),
-        workload_bytes=int(sessions_per_replica * context * sizing.bytes_per_full_token),
+        sessions_capacity=replicas * eff.attention_dp * (tokens // context),
+        workload_bytes=int(sessions_per_pool * context * sizing.bytes_per_full_token),
         unpatched_overcommit_bytes=max(int(overcommit), 0),
     )
 

@@ -46,6 +46,13 @@ class ModelProfile(_Profile):
     checkpoints: dict[str, float] = Field(
         description="Weight GiB (all ranks) per checkpoint format."
     )
+    non_expert_weights_gib: float = Field(
+        default=0.0,
+        alias="nonExpertWeightsGiB",
+        description="GiB of every weight but the routed experts (attention, shared experts, "
+        "embeddings): split over the attention-TP group rather than all TP ranks under DP "
+        "attention. 0: not known, all weights are split over the TP ranks.",
+    )
 
 
 class GpuProfile(_Profile):

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from dsv4_operator.api.guard import GuardSpec
-from dsv4_operator.api.status import Condition, ConditionType, GuardStatus, QuarantineEntry
+from dsv4_operator.api.status import (
+    Condition,
+    ConditionType,
+    GroupRestart,
+    GuardStatus,
+    QuarantineEntry,
+)
 from dsv4_operator.api.times import Timestamp
 from dsv4_operator.events import Note
 from dsv4_operator.guard.engine import EngineCounts
@@ -54,6 +60,9 @@ class GuardInput:
     # Revisions whose engines report other numbers than their plan (PlanVerified=False,
     # PlanMismatch), with why: such a revision is never baked.
     plan_mismatch: Mapping[str, str] = field(default_factory=dict)
+    # Multi-node groups' restarts (status.groupRestarts and this pass's): their pods, OOMs
+    # included, are gone once the group restarts, so a group's OOM is read from here.
+    group_restarts: list[GroupRestart] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -106,7 +115,7 @@ def _judge(
     policy: GuardSpec,
     previous: GuardStatus | None,
     snapshot: Snapshot | None,
-    pods: list[PodView],
+    seen: list[OomEvent],
     subject: str,
     baked: bool,
     settled: bool,
@@ -130,7 +139,7 @@ def _judge(
         samples, leaks, traffic = 0, 0, (0, 0)
     engine = _engine_counts(previous if same_window else None, snapshot, subject)
     errors = snapshot.consecutive_errors if snapshot else 0
-    ooms = within(oom_events(pods), subject, now, policy.oom.window.delta)
+    ooms = within(seen, subject, now, policy.oom.window.delta)
     evidence = Evidence(
         samples=samples,
         leaks=leaks,
@@ -232,7 +241,7 @@ def decide_guard(given: GuardInput) -> GuardDecision:
             policy,
             previous_guard,
             snapshot,
-            given.pods,
+            oom_events(given.pods, given.group_restarts),
             target,
             baked=lkg == target,
             settled=given.settled_revision == target,

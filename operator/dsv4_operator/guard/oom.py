@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from dsv4_operator.api.roles import ROLES
+from dsv4_operator.api.status import GroupRestart
+from dsv4_operator.names import LWS_GROUP_INDEX_LABEL
 from dsv4_operator.pods import PodView, Terminated
 
 # docs/engine-notes.md: how memory failures show up
@@ -36,22 +38,36 @@ class OomEvent:
 
 
 def _kind(terminated: Terminated) -> str | None:
-    if terminated.reason == "OOMKilled":
+    return _kind_of(terminated.reason, terminated.message)
+
+
+def _kind_of(reason: str | None, message: str | None) -> str | None:
+    if reason == "OOMKilled":
         return "OOMKilled"
-    message = str(terminated.message or "")
+    message = str(message or "")
     for needle, kind in SIGNATURES:
         if needle in message:
             return kind
     return None
 
 
-def oom_events(pods: Iterable[PodView]) -> list[OomEvent]:
-    """Every memory-caused termination the pods still report (current or last state)."""
+def oom_events(pods: Iterable[PodView], restarts: Iterable[GroupRestart] = ()) -> list[OomEvent]:
+    """Every memory-caused termination the pods still report (current or last state), and
+    one per restart of a multi-node group whose pods said so: a group counts once, whichever
+    of its pods ran out of memory (a worker's OOM is its group's, and every rank of a group
+    often fails together), and its pods are gone once it restarts."""
     events: dict[str, OomEvent] = {}
+    for restart in restarts:
+        kinds = [k for p in restart.pods if (k := _kind_of(p.reason, p.message)) is not None]
+        if kinds and restart.role in ROLES and restart.revision:
+            key = f"group/{restart.key}"
+            events[key] = OomEvent(
+                restart.group, restart.role, restart.revision, kinds[0], restart.at.at, key
+            )
     for pod in pods:
         role, revision = pod.role, pod.revision
-        if role not in ROLES or not revision:
-            continue
+        if role not in ROLES or not revision or LWS_GROUP_INDEX_LABEL in pod.labels:
+            continue  # a group's pods count through its restarts above
         for container in pod.containers:
             for terminated in (container.terminated, container.last_terminated):
                 if terminated is None:

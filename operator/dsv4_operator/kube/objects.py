@@ -58,9 +58,12 @@ def _rolled_out(obj: Obj, ready: str) -> bool:
 
 @dataclass(frozen=True)
 class StatefulSetView:
-    """An engine StatefulSet: one role of one prefill/decode pair."""
+    """An engine workload: one role of one prefill/decode pair. A StatefulSet, or for a role
+    whose replica spans nodes a LeaderWorkerSet, whose replicas are groups: `ready` counts
+    the groups whose leader is ready and every worker runs (the LWS controller's count)."""
 
     raw: Obj
+    kind: str  # StatefulSet or LeaderWorkerSet
     name: str
     labels: dict[str, str]
     annotations: dict[str, str]
@@ -72,9 +75,11 @@ class StatefulSetView:
     def of(cls, sts: Obj) -> StatefulSetView:
         status = sts.get("status", {})
         # ... and no pod is left on an older revision of the template.
+        # (A LeaderWorkerSet has neither field: its updatedReplicas say the same.)
         current = status.get("currentRevision") == status.get("updateRevision")
         return cls(
             raw=sts,
+            kind=str(sts.get("kind") or "StatefulSet"),
             name=name_of(sts),
             labels=labels_of(sts),
             annotations=annotations_of(sts),

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_operator.names import API_VERSION, KIND, MODEL_KIND, MODEL_PLURAL, PLURAL
+from dsv4_operator.names import (
+    API_VERSION,
+    KIND,
+    LWS_API_VERSION,
+    LWS_KIND,
+    MODEL_KIND,
+    MODEL_PLURAL,
+    PLURAL,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,10 @@ DSV4 = Resource(API_VERSION, KIND, PLURAL)
 DSV4_MODEL = Resource(API_VERSION, MODEL_KIND, MODEL_PLURAL)
 STATEFULSET = Resource("apps/v1", "StatefulSet", "statefulsets")
 DEPLOYMENT = Resource("apps/v1", "Deployment", "deployments")
+# A multi-node role's groups (render/groups.py); served only where LWS is installed.
+LEADER_WORKER_SET = Resource(LWS_API_VERSION, LWS_KIND, "leaderworkersets")
+# The kinds an engine role runs as, by kind.
+WORKLOADS = {r.kind: r for r in (STATEFULSET, LEADER_WORKER_SET)}
 CONTROLLER_REVISION = Resource("apps/v1", "ControllerRevision", "controllerrevisions")
 SERVICE = Resource("v1", "Service", "services")
 POD = Resource("v1", "Pod", "pods")
@@ -54,6 +66,7 @@ BY_KIND: dict[tuple[str, str], Resource] = {
         DSV4,
         DSV4_MODEL,
         STATEFULSET,
+        LEADER_WORKER_SET,
         DEPLOYMENT,
         CONTROLLER_REVISION,
         SERVICE,

@@ -25,7 +25,7 @@ from dsv4_operator.kube.resources import (
     PDB,
     SERVICE,
     SERVICE_MONITOR,
-    STATEFULSET,
+    WORKLOADS,
     Resource,
 )
 from dsv4_operator.names import (
@@ -40,6 +40,7 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.reasons import ConditionReason, EventReason, weights_event_reason
 from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
+from dsv4_operator.reconcile.groups import groups_unavailable, with_group_restarts
 from dsv4_operator.reconcile.guarding import guard_pass, plan_check
 from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY, Health, seconds_to_deadline
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
@@ -65,7 +66,13 @@ def _remove_pair(actions: Actions, ctx: RenderContext, pair: str) -> None:
         actions.remove(SERVICE, name)
         actions.remove(PDB, name)
     for name in names:
-        actions.remove(STATEFULSET, name)
+        _remove_workload(actions, name)
+
+
+def _remove_workload(actions: Actions, name: str) -> None:
+    """Delete a role's workload, whichever kind it is (StatefulSet or LeaderWorkerSet)."""
+    for res in WORKLOADS.values():
+        actions.remove(res, name)
 
 
 def _orphans(world: World, pairs: dict[str, Pair]) -> list[tuple[Resource, str]]:
@@ -167,7 +174,7 @@ def _recreate(actions: Actions, ctx: RenderContext, active: Pair, old_format: st
     """Incompatible change, Recreate: router and both old roles go first, together."""
     actions.remove(DEPLOYMENT, router_name(ctx.name))
     for role in ROLES:
-        actions.remove(STATEFULSET, _with_pair(ctx, active.id).role_name(role))
+        _remove_workload(actions, _with_pair(ctx, active.id).role_name(role))
     actions.note(
         "Normal",
         EventReason.RECREATE,
@@ -206,6 +213,9 @@ def _blue_green(actions: Actions, ctx: RenderContext, active: Pair) -> Progress:
 
 def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> Progress:
     world = actions.world
+    unavailable = groups_unavailable(actions, ctx)
+    if unavailable is not None:
+        return unavailable
     if not spec.monitoring.service_monitor.enabled:
         actions.remove(SERVICE_MONITOR, ctx.name)
     pairs = world.pairs()
@@ -318,6 +328,10 @@ def _bake_wake(world: World, spec: DSV4DeploymentSpec, guard: GuardDecision) -> 
     return max((due - world.now).total_seconds(), 1.0)
 
 
+# How often a multi-node spec looks for LeaderWorkerSet again while it is not served.
+GROUPS_RECHECK_SECONDS = 60.0
+
+
 def _deadline_wake(
     status: DSV4DeploymentStatus, world: World, spec: DSV4DeploymentSpec
 ) -> float | None:
@@ -378,8 +392,8 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     validation = world.validation
     if not validation.valid or validation.spec is None:
         _invalid(actions, validation)
-        actions.decision.status = invalid_spec_status(
-            world, validation, _invalid_message(validation)
+        actions.decision.status = with_group_restarts(
+            actions, invalid_spec_status(world, validation, _invalid_message(validation))
         )
         return actions.decision
     # A referenced DSV4Model's revision is the engines' (--revision) and part of the config.
@@ -406,13 +420,17 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     keep |= {str(guard.last_known_good or ""), user.revision}
     _revisions(actions, [target, user], settings, keep)
     decision.plan = plan_check(world, spec, target)
-    decision.status = rollout_status(
-        world, validation, target, progress, guard, weights, decision.plan
+    decision.status = with_group_restarts(
+        actions,
+        rollout_status(world, validation, target, progress, guard, weights, decision.plan),
     )
     _monitoring_event(actions, decision.status)
     _plan_event(actions, decision.status)
     decision.requeue_after = _earliest(
-        _bake_wake(world, spec, guard), _deadline_wake(decision.status, world, spec)
+        _bake_wake(world, spec, guard),
+        _deadline_wake(decision.status, world, spec),
+        # No watch on CRDs: look for LeaderWorkerSet again (the watch cache rediscovers it).
+        GROUPS_RECHECK_SECONDS if progress.reason == ConditionReason.GROUPS_UNAVAILABLE else None,
     )
     return decision
 

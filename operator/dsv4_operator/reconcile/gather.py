@@ -20,6 +20,7 @@ from dsv4_operator.kube.resources import (
     DEPLOYMENT,
     DSV4,
     DSV4_MODEL,
+    LEADER_WORKER_SET,
     PDB,
     POD,
     SERVICE,
@@ -27,7 +28,7 @@ from dsv4_operator.kube.resources import (
     STATEFULSET,
     Resource,
 )
-from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
+from dsv4_operator.names import DEPLOYMENT_LABEL, LWS_KIND, ROLE_LABEL
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.weights import WEIGHTS_COMPONENT
 from dsv4_operator.trust import Placement, TrustPolicy
@@ -62,6 +63,11 @@ async def gather(
 
     # Listed even when disabled, so a monitor left from before is deleted (404 -> none).
     monitors = await owned(SERVICE_MONITOR)
+    # Multi-node roles' LeaderWorkerSets, where LWS is installed; a list item has no kind.
+    groups_served = await client.serves(LEADER_WORKER_SET)
+    groups = (
+        [{**o, "kind": LWS_KIND} for o in await owned(LEADER_WORKER_SET)] if groups_served else []
+    )
     pods = await client.list(POD, namespace, selector)
     # The DSV4Model whose weights it uses (docs/models.md): not a child, never owned by it.
     model_name = model_name_of(owner)
@@ -76,17 +82,20 @@ async def gather(
         validation=validate_spec(owner.get("spec") or {}, Placement(name, namespace), policy),
         status=parse_status(owner.get("status")),
         now=now,
-        statefulsets=await owned(STATEFULSET),
+        statefulsets=[{**o, "kind": "StatefulSet"} for o in await owned(STATEFULSET)]
+        + [{**o, "kind": LWS_KIND} for o in groups],
         deployments=await owned(DEPLOYMENT),
         services=await owned(SERVICE),
         pdbs=await owned(PDB),
         service_monitors=monitors,
         revisions=await owned(CONTROLLER_REVISION),
-        # Pods are owned by StatefulSets, not by us: select by label only. A download Job's
-        # pods (an operator before models) are no engine (no OOM, no leftover).
+        # Pods are owned by StatefulSets (ours, or the LWS controller's), not by us: select by
+        # label only. A download Job's pods (an operator before models) are no engine (no OOM,
+        # no leftover).
         pods=[p for p in pods if labels_of(p).get(ROLE_LABEL) != WEIGHTS_COMPONENT],
         weights=weights,
         annotations=dict(owner["metadata"].get("annotations") or {}),
         canary=observations.snapshot((namespace, name)) if observations else None,
         monitoring_served=await client.serves(SERVICE_MONITOR),
+        groups_served=groups_served,
     )

@@ -79,6 +79,8 @@ def find_fault(health: Health) -> Fault | None:
             f"weights {weights}: {health.weights_message}",
             terminal=True,
         )
+    if health.progress_reason == ConditionReason.GROUPS_UNAVAILABLE:
+        return Fault(ConditionReason.GROUPS_UNAVAILABLE, health.progress_message)
     left = seconds_to_deadline(health)
     if left is not None and left <= 0:
         cause = f"; {health.pod_fault[1]}" if health.pod_fault else ""

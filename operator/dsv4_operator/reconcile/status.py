@@ -23,7 +23,8 @@ from dsv4_operator.engine.planner import GIB
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.decision import GuardDecision
 from dsv4_operator.guard.plan import PlanCheck
-from dsv4_operator.names import ROUTER
+from dsv4_operator.kube.objects import StatefulSetView
+from dsv4_operator.names import LWS_KIND, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
 from dsv4_operator.reconcile.health import Fault, Health, find_fault, no_fault_message, phase
@@ -82,6 +83,11 @@ def _pods(world: World, component: str, pair: str | None) -> list[PodView]:
     ]
 
 
+def _unit(workload: StatefulSetView | None) -> str:
+    """ " groups" for a multi-node role (a LeaderWorkerSet's replicas are groups of pods)."""
+    return " groups" if workload is not None and workload.kind == LWS_KIND else ""
+
+
 def _because(what: str, problem: str | None) -> str:
     return f"{what} ({problem})" if problem else what
 
@@ -119,7 +125,10 @@ def _observed(world: World) -> Observed:
             pods = _pods(world, role, active.id if active else None)
             stuck += pods
             missing.append(
-                _because(f"{role} {ready}/{want} ready", first_problem(pods, world.pod_events))
+                _because(
+                    f"{role} {ready}/{want}{_unit(sts)} ready",
+                    first_problem(pods, world.pod_events),
+                )
             )
     router = world.router()
     router_want = (router.replicas or 0) if router else 0

@@ -24,6 +24,7 @@ from dsv4_operator.kube.objects import (
     StatefulSetView,
     name_of,
 )
+from dsv4_operator.kube.resources import WORKLOADS
 from dsv4_operator.names import MAIN_PAIR, router_name
 from dsv4_operator.pods import PodView
 
@@ -65,6 +66,7 @@ class World:
     validation: Validation
     status: DSV4DeploymentStatus  # the previous status (the guard's durable memory)
     now: datetime
+    # The engine workloads: StatefulSets and (multi-node roles) LeaderWorkerSets.
     statefulsets: list[StatefulSetView] = field(default_factory=list)
     deployments: list[DeploymentView] = field(default_factory=list)
     services: list[Obj] = field(default_factory=list)
@@ -80,6 +82,8 @@ class World:
     canary: Snapshot | None = None
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
     monitoring_served: bool = True
+    # Whether the API server serves LeaderWorkerSet (the LWS CRDs): multi-node roles need it.
+    groups_served: bool = True
 
     @classmethod
     def from_objects(
@@ -109,8 +113,11 @@ class World:
     def live(self, kind: str, name: str) -> Obj | None:
         """The object of that kind and name as the API server holds it (what an apply is
         compared with), or None."""
-        views: dict[str, list[StatefulSetView] | list[DeploymentView] | list[RevisionView]] = {
-            "StatefulSet": self.statefulsets,
+        if kind in WORKLOADS:  # an engine StatefulSet or LeaderWorkerSet, never both
+            return next(
+                (v.raw for v in self.statefulsets if (v.kind, v.name) == (kind, name)), None
+            )
+        views: dict[str, list[DeploymentView] | list[RevisionView]] = {
             "Deployment": self.deployments,
             "ControllerRevision": self.revisions,
         }

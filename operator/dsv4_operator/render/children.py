@@ -15,7 +15,7 @@ from dsv4_operator.names import (
     revision_name,
     service_monitor_name,
 )
-from dsv4_operator.render import engine, router
+from dsv4_operator.render import engine, groups, router
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
 from dsv4_operator.render.weights import inline_model, model_context, render_weights
 from dsv4_operator.series import engine_relabelings
@@ -51,11 +51,18 @@ def service_monitor(ctx: RenderContext) -> Manifest:
     }
 
 
+def workload(ctx: RenderContext, role: Role) -> Manifest:
+    """A role's engines: a StatefulSet, or LeaderWorkerSet groups when a replica spans nodes."""
+    if ctx.multi_node(role):
+        return groups.leader_worker_set(ctx, role)
+    return engine.statefulset(ctx, role)
+
+
 def render_role(ctx: RenderContext, role: Role) -> list[Manifest]:
-    """One engine role of ctx's pair: headless Service, StatefulSet, PodDisruptionBudget."""
+    """One engine role of ctx's pair: headless Service, workload, PodDisruptionBudget."""
     return [
         engine.headless_service(ctx, role),
-        engine.statefulset(ctx, role),
+        workload(ctx, role),
         engine.disruption_budget(ctx, role),
     ]
 

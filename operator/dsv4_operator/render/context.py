@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dsv4_operator.api.limits import ENGINE_PORT
@@ -11,12 +11,14 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.effective import effective_role, gpus_needed
 from dsv4_operator.engine.flags import Launch, engine_launch, router_launch, served_name
 from dsv4_operator.engine.planner import MemoryPlan, plan
+from dsv4_operator.engine.topology import nodes_per_replica
 from dsv4_operator.names import (
     APP_NAME,
     COMPONENT_LABEL,
     DEFAULT_OPERATOR_IMAGE,
     DEPLOYMENT_LABEL,
     INSTANCE_LABEL,
+    LWS_WORKER_INDEX_LABEL,
     MAIN_PAIR,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -68,6 +70,19 @@ class RenderContext:
     pair: str = MAIN_PAIR
     # The operator's image: the weights download Job and the leak tap sidecar run it.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
+    # Nodes one replica of a role spans; a role missing here fits on one node (a StatefulSet).
+    nodes: dict[Role, int] = field(default_factory=dict)
+
+    def nodes_of(self, role: Role) -> int:
+        """Nodes one replica of `role` spans: more than one makes it a LeaderWorkerSet group."""
+        return self.nodes.get(role, 1)
+
+    def multi_node(self, role: Role | str) -> bool:
+        return role in ROLES and self.nodes_of(role) > 1
+
+    def gpus_per_pod(self, role: Role) -> int:
+        """GPUs each pod of a role holds: all of a replica's, or one node's share of them."""
+        return self.gpus[role] // self.nodes_of(role)
 
     def role_name(self, role: Role | str) -> str:
         """Engine objects carry the pair suffix; the router is one per deployment."""
@@ -99,6 +114,13 @@ class RenderContext:
             selector[PAIR_LABEL] = self.pair
         return selector
 
+    def service_selector(self, role: Role) -> dict[str, str]:
+        """The pods a role's Service targets: a group's leader only (it alone serves HTTP)."""
+        selector = self.selector(role)
+        if self.multi_node(role):
+            selector[LWS_WORKER_INDEX_LABEL] = "0"
+        return selector
+
     def metadata(self, name: str, component: str | None = None) -> Manifest:
         labels = self.labels(component)
         if component in ROLES:
@@ -125,6 +147,7 @@ def build_context(
     served = served_name(spec, the_plan.profiles.model.served_name)
     launches = {role: engine_launch(spec, the_plan, role, served) for role in ROLES}
     gpus = {role: gpus_needed(effective_role(spec, role)) for role in ROLES}
+    nodes = {role: nodes_per_replica(spec, role) for role in ROLES}
     return RenderContext(
         name=name,
         namespace=namespace,
@@ -136,6 +159,7 @@ def build_context(
         transfer_format=transfer_format_key(spec),
         owner=owner,
         pair=pair,
+        nodes={role: n for role, n in nodes.items() if n > 1},
     )
 
 

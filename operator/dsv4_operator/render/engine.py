@@ -1,4 +1,7 @@
-"""Builders for one engine role: StatefulSet, headless Service, PodDisruptionBudget."""
+"""Builders for one engine role: StatefulSet, headless Service, PodDisruptionBudget.
+
+A role whose replica spans nodes runs as LeaderWorkerSet groups instead (render/groups.py),
+from the same pod template."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def _volume(ctx: RenderContext) -> Manifest:
 
 def _resources(ctx: RenderContext, role: Role) -> Manifest:
     user = ctx.spec.role(role).resources
-    gpus = ctx.gpus[role]
+    gpus = ctx.gpus_per_pod(role)
     requests = {k: v for k, v in user.requests.items() if k != GPU_RESOURCE}
     limits = {k: v for k, v in user.limits.items() if k != GPU_RESOURCE}
     requests[GPU_RESOURCE] = gpus
@@ -66,7 +69,8 @@ def _resources(ctx: RenderContext, role: Role) -> Manifest:
     return {"requests": dict(sorted(requests.items())), "limits": dict(sorted(limits.items()))}
 
 
-def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
+def pod_template(ctx: RenderContext, role: Role) -> Manifest:
+    """The engine pod of one role (of a group: its leader), pinned to the GPU product."""
     role_spec = ctx.spec.role(role)
     launch = ctx.launches[role]
     ports: list[Manifest] = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
@@ -131,8 +135,9 @@ def _pod_template(ctx: RenderContext, role: Role) -> Manifest:
     return with_pod_settings(template, ctx.spec.pod_settings(role))
 
 
-def statefulset(ctx: RenderContext, role: Role) -> Manifest:
-    """The engine pods of one role, pinned to GPU nodes of the requested product."""
+def workload_metadata(ctx: RenderContext, role: Role) -> Manifest:
+    """Metadata of a role's workload (StatefulSet or LeaderWorkerSet): its revision, transfer
+    format, planned token budget and release, which the reconcile pass reads back."""
     meta = ctx.metadata(ctx.role_name(role), role)
     meta["labels"][REVISION_LABEL] = ctx.revision
     meta["annotations"] = {
@@ -140,18 +145,32 @@ def statefulset(ctx: RenderContext, role: Role) -> Manifest:
         MAX_TOTAL_TOKENS_ANNOTATION: str(ctx.plan.roles[role].max_total_tokens),
         SGLANG_VERSION_ANNOTATION: ctx.spec.engine.sglang_version,
     }
+    return meta
+
+
+def with_replicas(ctx: RenderContext, role: Role, spec: Manifest) -> Manifest:
+    """`spec` with the role's replicas, unless an autoscaler owns them: then the field is
+    not in the applied manifest, so the operator does not own it and an autoscaler's writes
+    are never undone (a new workload starts at the default 1)."""
+    if ctx.spec.role(role).scaling != "External":
+        spec["replicas"] = ctx.spec.role(role).replicas
+    return spec
+
+
+def statefulset(ctx: RenderContext, role: Role) -> Manifest:
+    """The engine pods of one role, pinned to GPU nodes of the requested product."""
     spec: Manifest = {
         "serviceName": ctx.role_name(role),
-        "replicas": ctx.spec.role(role).replicas,
         "podManagementPolicy": "Parallel",
         "selector": {"matchLabels": ctx.selector(role)},
-        "template": _pod_template(ctx, role),
+        "template": pod_template(ctx, role),
     }
-    if ctx.spec.role(role).scaling == "External":
-        # Not in the applied manifest, so the operator does not own the field and an
-        # autoscaler's writes are never undone (a new StatefulSet starts at the default 1).
-        del spec["replicas"]
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": workload_metadata(ctx, role),
+        "spec": with_replicas(ctx, role, spec),
+    }
 
 
 def headless_service(ctx: RenderContext, role: Role) -> Manifest:
@@ -172,7 +191,7 @@ def headless_service(ctx: RenderContext, role: Role) -> Manifest:
             "clusterIP": "None",
             # The router waits for workers itself; DNS must resolve while they load.
             "publishNotReadyAddresses": True,
-            "selector": ctx.selector(role),
+            "selector": ctx.service_selector(role),
             "ports": ports,
         },
     }

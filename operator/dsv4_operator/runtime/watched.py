@@ -13,6 +13,7 @@ from dsv4_operator.kube.resources import (
     DEPLOYMENT,
     DSV4,
     DSV4_MODEL,
+    LEADER_WORKER_SET,
     PDB,
     POD,
     SERVICE,
@@ -57,12 +58,21 @@ WATCHED = (
     Watched(POD, label_selector=POD_SELECTOR),
     *(Watched(res, label_selector=MODEL_CHILD_SELECTOR) for res in WEIGHTS_KINDS),
     Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
+    # Only multi-node roles need LWS: a cluster without it runs every single-node spec.
+    Watched(LEADER_WORKER_SET, label_selector=CHILD_SELECTOR, optional=True),
 )
 
 
 def model_key(namespace: str, name: str) -> tuple[str, str]:
     """The work queue's key of a DSV4Model (names.MODEL_KEY_PREFIX)."""
     return (namespace, MODEL_KEY_PREFIX + name)
+
+
+_UNWATCHED = {
+    SERVICE_MONITOR.kind: "(chart value rbac.serviceMonitors) "
+    "spec.monitoring.serviceMonitor cannot be applied",
+    LEADER_WORKER_SET.kind: "multi-node roles cannot be rolled out",
+}
 
 
 def watchable(client: KubeClient, namespaces: list[str]) -> Discover:
@@ -77,9 +87,9 @@ def watchable(client: KubeClient, namespaces: list[str]) -> Discover:
                 await client.list(res, namespace, {MANAGED_BY_LABEL: MANAGED_BY})
         except Forbidden:
             log.warning(
-                "not watching %s: RBAC does not allow listing them (chart value "
-                "rbac.serviceMonitors); spec.monitoring.serviceMonitor cannot be applied",
+                "not watching %s: RBAC does not allow listing them; %s",
                 res.plural,
+                _UNWATCHED.get(res.kind, "they cannot be applied"),
             )
             return False
         return True

@@ -9,7 +9,15 @@ Sources cite sglang issue/PR numbers and docs/engine-notes.md sections, which ho
 
 from __future__ import annotations
 
-from dsv4_operator.engine.rules import index_k, memory, model, overlap, pairing, passthrough
+from dsv4_operator.engine.rules import (
+    index_k,
+    memory,
+    model,
+    multinode,
+    overlap,
+    pairing,
+    passthrough,
+)
 from dsv4_operator.engine.rules.catalogue import (
     CATALOGUE,
     RULES_BY_ID,
@@ -20,7 +28,7 @@ from dsv4_operator.engine.rules.catalogue import (
     run_rules,
 )
 
-FAMILIES = (index_k, overlap, memory, pairing, passthrough, model)
+FAMILIES = (index_k, overlap, memory, pairing, passthrough, model, multinode)
 
 __all__ = [
     "CATALOGUE",

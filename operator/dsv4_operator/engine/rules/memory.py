@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsv4_operator.api.engine import Capability
+from dsv4_operator.api.limits import MAX_NODES_PER_REPLICA
 from dsv4_operator.engine.effective import gpus_needed
 from dsv4_operator.engine.kv_layout import (
     ATTN_BACKEND_FLAG,
@@ -15,15 +16,17 @@ from dsv4_operator.engine.kv_layout import (
 from dsv4_operator.engine.planner import GIB, select_role_layouts
 from dsv4_operator.engine.releases import SourceLine
 from dsv4_operator.engine.rules.catalogue import NOTES, Change, Hit, RuleContext, rule
+from dsv4_operator.engine.topology import topology_of
 
 
 @rule(
     "DSV4-R007",
     "GPUs requested differ from what the parallelism needs",
     "error",
-    reference=f"{NOTES}#one-replica-one-node",
+    reference=f"{NOTES}#replicas-and-nodes",
     reads=(
         "<role>.tensorParallel",
+        "<role>.attentionDataParallel",
         "<role>.resources",
         "gpu.perNode",
         "extraArgs --dp-size/--pp-size/--enable-dp-attention",
@@ -34,11 +37,31 @@ def gpus_differ_from_parallelism(ctx: RuleContext) -> Iterator[Hit]:
     per_node = ctx.spec.gpu.per_node
     for role, eff in ctx.roles.items():
         needed = gpus_needed(eff)
-        if needed > per_node:
+        topology = topology_of(eff, per_node)
+        if not topology.spans_whole_nodes:
             yield Hit(
                 f"spec.{role}.tensorParallel",
-                f"{role} needs {needed} GPUs per replica but a node has {per_node} "
-                "(spec.gpu.perNode); a replica cannot span nodes. Lower the parallelism.",
+                f"{role} needs {needed} GPUs per replica, more than a node has ({per_node}, "
+                "spec.gpu.perNode) and not a multiple of it: sglang runs the same number of "
+                f"ranks on every node of a replica. Use {per_node * (needed // per_node)} or "
+                f"{per_node * topology.nodes} GPUs (tensorParallel x pp x dp), or fit one node.",
+            )
+        elif topology.multi_node and needed > eff.tensor_parallel * eff.int_flag("--pp-size"):
+            # sglang server_args.py check_server_args: "multi-node data parallel is not
+            # supported unless dp attention!"
+            yield Hit(
+                f"spec.{role}.tensorParallel",
+                f"{role} needs {needed} GPUs per replica for data parallelism without DP "
+                f"attention, more than a node has ({per_node}, spec.gpu.perNode): sglang refuses "
+                "multi-node data parallelism unless DP attention runs. Use "
+                f"spec.{role}.attentionDataParallel, or more replicas instead of --dp-size.",
+            )
+        elif topology.nodes > MAX_NODES_PER_REPLICA:
+            yield Hit(
+                f"spec.{role}.tensorParallel",
+                f"{role} needs {topology.nodes} nodes per replica ({needed} GPUs over "
+                f"{per_node} per node); the operator supports at most {MAX_NODES_PER_REPLICA}. "
+                "Lower the parallelism.",
             )
         resources = ctx.spec.role(role).resources
         for kind, amounts in (("limits", resources.limits), ("requests", resources.requests)):
@@ -83,11 +106,13 @@ def workload_exceeds_capacity(ctx: RuleContext) -> Iterator[Hit]:
     plan = ctx.plan.roles["decode"]
     wanted = ctx.spec.workload.concurrent_sessions
     if plan.fits and plan.sessions_capacity < wanted:
+        dp = plan.attention_data_parallel
+        groups = f" x {dp} attention-DP groups" if dp > 1 else ""
         yield Hit(
             "spec.workload.concurrentSessions",
             f"decode holds {plan.sessions_capacity} sessions of "
             f"{ctx.spec.workload.context_tokens} tokens ({plan.max_total_tokens} tokens per "
-            f"rank x {plan.replicas} replicas) but the workload wants {wanted}: expect "
+            f"rank x {plan.replicas} replicas{groups}) but the workload wants {wanted}: expect "
             "retraction churn (sglang:num_retracted_requests_total). Add decode replicas or "
             "lower contextTokens.",
         )

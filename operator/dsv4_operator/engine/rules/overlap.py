@@ -53,15 +53,24 @@ def overlap_scheduler_with_pd(ctx: RuleContext) -> Iterator[Hit]:
     "maxRunningRequests above cudaGraphMaxBs (eager fallback)",
     "warning",
     reference=f"{NOTES}#eager-decode-fallback",
-    reads=("engine.maxRunningRequests", "engine.cudaGraphMaxBs", "decode.overrides"),
+    reads=(
+        "engine.maxRunningRequests",
+        "engine.cudaGraphMaxBs",
+        "decode.overrides",
+        "decode.attentionDataParallel",
+    ),
 )
 def running_requests_above_graph_size(ctx: RuleContext) -> Iterator[Hit]:
     eff = ctx.roles["decode"]  # the decode graph size is what bounds eager fallback
-    if eff.max_running_requests > eff.cuda_graph_max_bs:
+    # Under DP attention each attention group runs its own batch of maxRunningRequests / dp
+    # (pool_configurator.py requested_max_running_requests_per_worker) and its own graphs.
+    per_group = eff.max_running_requests // max(eff.attention_dp, 1)
+    if per_group > eff.cuda_graph_max_bs:
         flag = ctx.release.cuda_graph_max_bs_flag.get("decode", "--cuda-graph-max-bs")
+        groups = f" / {eff.attention_dp} attention groups" if eff.attention_dp > 1 else ""
         yield Hit(
             "spec.engine.maxRunningRequests",
-            f"decode maxRunningRequests {eff.max_running_requests} > cudaGraphMaxBs "
+            f"decode maxRunningRequests {eff.max_running_requests}{groups} > cudaGraphMaxBs "
             f"{eff.cuda_graph_max_bs} ({flag}): batches above the captured size run the slow "
             'eager path (sglang:cuda_graph_passes_total{mode="decode_none"}). Raise '
             "cudaGraphMaxBs or lower maxRunningRequests.",
