@@ -44,11 +44,41 @@ def parse_engine(argv: list[str], model_dir: str, gpu_arch: str) -> dict[str, An
     return {"ok": True}
 
 
+@contextlib.contextmanager
+def device_memory(mib: float | None) -> Any:
+    """Answer the release's question for the GPU's memory (MiB) with the declared GPU's, where
+    it picks settings from it (0.5.16 server_args.py, 0.5.23 arg_groups/memory_hook.py); there
+    is no GPU here."""
+    if mib is None:
+        yield
+        return
+    import importlib
+
+    patched = []
+    for name in ("sglang.srt.server_args", "sglang.srt.arg_groups.memory_hook"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_device_memory_capacity"):
+            patched.append((module, module.get_device_memory_capacity))
+            module.get_device_memory_capacity = lambda *_: mib
+    try:
+        yield
+    finally:
+        for module, saved in patched:
+            module.get_device_memory_capacity = saved
+
+
 def resolved_fields(item: dict[str, Any], model_dir: str) -> dict[str, Any]:
     """The named fields of the server args the release resolves from an argv (what the engine
     runs with, after its own overrides), or the error that stops it."""
     try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        with (
+            contextlib.redirect_stderr(io.StringIO()),
+            contextlib.redirect_stdout(io.StringIO()),
+            device_memory(item.get("gpuMemMiB")),
+        ):
             args = server_args(item["argv"], item.get("modelDir", model_dir), item["gpuArch"])
     except BaseException as error:  # the release refusing the argv
         return {"ok": False, "error": f"{type(error).__name__}: {error}"[:800]}

@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.engine.effective import effective_role
+from dsv4_operator.engine.rules.multinode import release_decode_reserve_mib
 from dsv4_operator.engine.validation import validate_spec
 
 from .matrix import EXAMPLES, Case, _rendered
@@ -61,3 +64,33 @@ def test_an_ep_spanning_all_to_all_backend_overrides_expert_parallel(
     fixed, rules = _decode_case(version, {"expertParallel": 16, "moeAllToAll": "deepep"})
     assert "DSV4-R026" not in rules
     assert _resolve(version, asker, fixed, ["ep_size"]) == {"ok": True, "ep_size": 16}
+
+
+@pytest.mark.parametrize(
+    ("gpu", "decode"),
+    [
+        (
+            "NVIDIA-H200",
+            {"attentionDataParallel": 16, "expertParallel": 16, "moeAllToAll": "deepep"},
+        ),
+        ("NVIDIA-B200", {}),
+    ],
+)
+def test_the_decode_reserve_is_the_fraction_the_release_picks_itself(
+    version: str, asker: Ask, gpu: str, decode: dict[str, Any]
+) -> None:
+    # DSV4-R028's bound: without --mem-fraction-static the release keeps exactly this much
+    # outside the static pool for the declared GPU (sglang #23769 ran above it)
+    case, _ = _decode_case(version, decode)
+    spec = DSV4DeploymentSpec.model_validate({**case.spec, "gpu": {"product": gpu}})
+    gpu_mib = {"NVIDIA-H200": 141, "NVIDIA-B200": 180}[gpu] * 1024
+    reserve = release_decode_reserve_mib(effective_role(spec, "decode"), gpu_mib)
+    argv = case.engine_argv("decode")
+    at = argv.index("--mem-fraction-static")
+    del argv[at : at + 2]
+    directory = str(model_dir("deepseek-v4-pro"))
+    argv[argv.index("--model-path") + 1] = directory
+    item = {"argv": argv, "gpuArch": "sm90", "modelDir": directory, "gpuMemMiB": gpu_mib}
+    item["fields"] = ["mem_fraction_static"]
+    answer = asker(version, {"resolved": {"d": item}})["resolved"]["d"]
+    assert answer == {"ok": True, "mem_fraction_static": round((gpu_mib - reserve) / gpu_mib, 3)}
