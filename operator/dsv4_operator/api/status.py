@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema
 
 from dsv4_operator.api.base import ApiModel
+from dsv4_operator.api.bisect import BisectState, CulpritStatus
 from dsv4_operator.api.times import Timestamp
 from dsv4_operator.reasons import GuardReason, GuardResult, Reason, RollbackReason
 
@@ -157,6 +158,14 @@ class GuardStatus(ApiModel):
     consecutive_errors: int = Field(default=0, description="Source errors in a row.")
     passing_since: Timestamp | None = Field(
         default=None, description="Start of the current run of Pass verdicts (baking)."
+    )
+    bisect: BisectState | None = Field(
+        default=None,
+        description="The running culprit search (spec.guard.bisect), kept so it resumes.",
+    )
+    culprit: CulpritStatus | None = Field(
+        default=None,
+        description="What the last culprit search found: the settings, or why none.",
     )
 
 
