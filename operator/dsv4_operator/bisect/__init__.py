@@ -1,0 +1,1 @@
+"""Culprit bisection: the configuration delta, the ddmin search and probe outcomes (pure)."""
