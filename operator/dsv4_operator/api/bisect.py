@@ -61,7 +61,9 @@ class BisectSpec(ApiModel):
 
 
 ProbeOutcome = Literal["pass", "fail", "inconclusive"]
-CulpritResult = Literal["Found", "NotReproduced", "Inconclusive", "Budget", "TimeLimit", "Stopped"]
+CulpritResult = Literal[
+    "Found", "NotReproduced", "NoDelta", "Inconclusive", "Budget", "TimeLimit", "Stopped"
+]
 Setting = Annotated[str, Field(max_length=1024)]
 
 
@@ -88,7 +90,8 @@ class CulpritStatus(ApiModel):
 
     result: CulpritResult = Field(
         description="Found; NotReproduced (the rejected configuration did not leak again: "
-        "nothing is blamed); Inconclusive, Budget, TimeLimit or Stopped (no answer)."
+        "nothing is blamed); NoDelta (both revisions run the same engines); Inconclusive, Budget, "
+        "TimeLimit or Stopped (no answer)."
     )
     settings: list[Setting] = Field(
         default_factory=list,

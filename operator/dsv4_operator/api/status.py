@@ -27,6 +27,7 @@ ConditionType = Literal[
     "WeightsReady",
     "PlanVerified",
     "LeakShapesVisible",
+    "Bisected",
 ]
 Severity = Literal["error", "warning"]
 # Guard verdicts typed with the catalogue's enums (reasons.py) and written as their values; the
@@ -188,6 +189,10 @@ LIVE_GUARD_FIELDS = frozenset(
 )
 
 
+# status.guard's fields the culprit search writes (signals/bisector.py), not the reconcile pass.
+BISECT_FIELDS = ("bisect", "culprit")
+
+
 class QuarantineEntry(ApiModel):
     """A configuration that was rolled back and is not rolled out again."""
 
@@ -211,7 +216,7 @@ class DSV4DeploymentStatus(ApiModel):
         default_factory=list,
         description=(
             "Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind, MonitoringReady, "
-            "WeightsReady, PlanVerified, LeakShapesVisible."
+            "WeightsReady, PlanVerified, LeakShapesVisible, Bisected."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
@@ -222,6 +227,16 @@ class DSV4DeploymentStatus(ApiModel):
     quarantine: list[QuarantineEntry] = Field(
         default_factory=list, description="Quarantined configs."
     )
+
+    def reconciled_wire(self) -> dict[str, object]:
+        """What the reconcile pass applies: all but status.guard's culprit search
+        (BISECT_FIELDS), which the search applies under its own field manager, so a pass that
+        read an older status never writes an older search back."""
+        wire = self.to_wire()
+        guard = wire.get("guard")
+        if isinstance(guard, dict):
+            wire["guard"] = {k: v for k, v in guard.items() if k not in BISECT_FIELDS}
+        return wire
 
     def visible_wire(self) -> dict[str, object]:
         """The stored form without status.guard's live fields (LIVE_GUARD_FIELDS): a status
