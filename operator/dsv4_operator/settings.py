@@ -74,6 +74,12 @@ class OperatorSettings(BaseSettings):
         "spec.guard.bisect.priorityClassName is unset (the chart creates it: below serving, "
         "preemptionPolicy Never; docs/bisect.md).",
     )
+    bisect_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="How often a culprit search checks whether a shadow pair is Ready.",
+    )
     prometheus_url: str = Field(
         default="", description="The Prometheus the guard queries when a spec has queries."
     )

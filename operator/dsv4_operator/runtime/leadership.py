@@ -51,6 +51,7 @@ class Leadership:
             if owner is not None:
                 self.guards.ensure((namespace, name), self.specs.spec(owner))
                 self.guards.saw_status((namespace, name), owner.get("status"))
+                self.guards.saw_owner((namespace, name), owner)  # resumes a culprit search
                 self.queue.add((namespace, name), owner["metadata"].get("generation"))
         self.work = work = asyncio.create_task(self.queue.run())
         if self.elector is None:

@@ -82,7 +82,7 @@ def enqueue_owner(
             key = (namespace, meta["name"])
             if deleted:
                 queue.forget(key)
-                guards.stop(key)
+                guards.deleted(key)
                 specs.forget(key)
                 reconciler.forget(key)  # its canary window and metric series
             else:
@@ -90,6 +90,7 @@ def enqueue_owner(
                 if leadership.leading.is_set():  # a standby runs no canary
                     guards.ensure(key, specs.spec(obj))
                     guards.saw_status(key, obj.get("status"))  # the served revision's changes
+                    guards.saw_owner(key, obj)  # a rollback's culprit search
             return
         owner = (meta.get("labels") or {}).get(DEPLOYMENT_LABEL)
         if owner:
