@@ -157,7 +157,8 @@ def culprit(
     blamed = answer.culprit if answer is not None and result == "Found" else []
     settings = [setting(delta, u) for u in blamed] if delta is not None else list(blamed)
     if result == "Found":
-        message = f"{' + '.join(settings)} leak together on {gpu_product}, SGLang {release}"
+        verb = "leaks" if len(settings) == 1 else "leak together"
+        message = f"{' + '.join(settings)} {verb} on {gpu_product}, SGLang {release}"
     return CulpritStatus(
         result=result,
         settings=settings,

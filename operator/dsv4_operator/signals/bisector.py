@@ -59,8 +59,9 @@ from dsv4_operator.signals.canary_runner import CanaryRunner
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = f"{OPERATOR}-bisect"
-# Canary runs in a row in which nothing answered before a probe is inconclusive.
-MAX_SILENT_RUNS = 3
+# Canary runs in a row in which nothing answered (each after a poll interval) before a probe
+# is inconclusive: an engine that is Ready but never answers.
+MAX_SILENT_RUNS = 10
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,14 @@ class Bisector:
             else:
                 outcome, evidence = result
             metrics.BISECT_PROBES.labels(*key, outcome.value).inc()
+            log.info(
+                "%s/%s: probe %s (%s) %s: %s",
+                *key,
+                probe.probe_id,
+                ", ".join(probe.units),
+                outcome.value,
+                evidence.detail if evidence else "no evidence",
+            )
             running = search.record(running, probe.probe_id, outcome, evidence)
         await self._write(key, with_machine(state, running, []), None)
 
@@ -247,16 +256,19 @@ class Bisector:
             for manifest in render_shadow_pair(ctx, probe.probe_id, priority):
                 await self.client.apply(manifest)
             await self._count_pairs(key)
-            endpoint = await self._ready_endpoint(key, probe.probe_id)
             model = spec.model.served_name or spec.model.profile
             rule = ProbeJudge.from_guard(spec.guard)
             leaks = responses = silent = 0
             while True:
+                # Looked up for every run: a pod that restarted answers at its new IP.
+                endpoint = await self._ready_endpoint(key, probe.probe_id)
                 run = await self.runner(endpoint, model, spec)
                 answered = sum(c for v, c in run.counts.items() if v != VerdictKind.ERROR)
                 leaks += sum(run.counts.get(v, 0) for v in LEAK_KINDS)
                 responses += answered
                 silent = 0 if answered else silent + 1
+                if silent:
+                    await asyncio.sleep(self.timing.poll_seconds)
                 outcome, evidence = judge(leaks, responses, rule)
                 if outcome is None and silent >= MAX_SILENT_RUNS:
                     detail = f"the shadow pair did not answer {silent} canary runs in a row"
@@ -319,6 +331,7 @@ class Bisector:
         answer = culprit(state, running, delta, release, gpu, self.now(), stopped)
         await self._write(key, None, answer)
         severity, reason, message = event(answer)
+        log.info("%s/%s: culprit search ended %s: %s", *key, answer.result, answer.message)
         await self._post(owner, Note(severity, reason, message))
 
     async def _write(
