@@ -53,10 +53,13 @@ class PodEngines:
         log_dir: Path,
         name: str = "dsv4-flash",
         knobs: dict[str, str] | None = None,
+        revision_knobs: dict[str, dict[str, str]] | None = None,
     ):
-        """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs."""
+        """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs;
+        `revision_knobs`: more, for the engines of one revision."""
         self.cluster, self.ips, self.log_dir, self.name = cluster, ips, log_dir, name
         self.knobs = dict(knobs or {})
+        self.revision_knobs = dict(revision_knobs or {})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
         self.starts = 0
@@ -139,6 +142,7 @@ class PodEngines:
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"
         env.update(self.knobs)
+        env.update(self.revision_knobs.get(revision, {}))
         command = list(container["command"])
         if role == "decode":
             # As EngineKubelet: the decode double stands for the pair, HiCache included.

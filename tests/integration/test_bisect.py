@@ -18,6 +18,9 @@ import pytest
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_operator.api.limits import ENGINE_PORT
+from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.render.context import build_context
 
 from .engine_support import PodEngines, ShadowEngines, baked_revision, loopback_ips
 
@@ -242,22 +245,25 @@ def test_a_leak_that_does_not_reproduce_blames_nothing(
 ) -> None:
     # The bad revision's serving engine leaks in its first requests only (noise), whatever
     # its settings; the shadow pairs never get the knob: the leak does not come back there.
+    namespace = cluster.namespace
+    bad_spec = _spec(namespace, f"http://{ips['decode']}:{ENGINE_PORT}", **DELTA)
+    bad = build_context(
+        "dsv4-flash", namespace, DSV4DeploymentSpec.model_validate(bad_spec["spec"])
+    ).revision
     noise = {"DSV4_DOUBLE_LEAK_RATE": LEAK_RATE}
-    with _doubles(cluster, ips, tmp_path, noise) as (engines, shadows):
-        namespace = cluster.namespace
-        cluster.apply(_spec(namespace, engines.url))
-        good = baked_revision(cluster)
-        engines.knobs["DSV4_DOUBLE_LEAK_FIRST"] = "400"
-        cluster.apply(_spec(namespace, engines.url, **DELTA))
-        bad = wait_for(
-            "the bad revision's decode engine started",
-            lambda: next((r for _, role, r in engines.launches if r != good), None),
-            timeout=120,
-        )
-        del engines.knobs["DSV4_DOUBLE_LEAK_FIRST"]  # the good revision's engines are clean
-        _rolled_back_and_settled(cluster, good)
-        answer = _culprit(cluster)
-        assert shadows.pods_seen
+    engines = PodEngines(
+        cluster, ips, tmp_path, knobs=noise, revision_knobs={bad: {"DSV4_DOUBLE_LEAK_FIRST": "400"}}
+    ).start()
+    try:
+        with ShadowEngines(cluster, tmp_path, noise) as shadows:
+            cluster.apply(_spec(namespace, engines.url))
+            good = baked_revision(cluster)
+            cluster.apply(bad_spec)
+            _rolled_back_and_settled(cluster, good)
+            answer = _culprit(cluster)
+            assert shadows.pods_seen
+    finally:
+        engines.stop()
     print(answer)
     assert answer["result"] == "NotReproduced", answer
     assert answer["settings"] == [] and answer["badRevision"] == bad
