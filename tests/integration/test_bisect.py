@@ -310,3 +310,32 @@ def test_killing_the_operator_mid_search_resumes_it(
     recorded = {p["id"] for p in answer["probes"]}
     assert {p["probe_id"] for p in done_before} <= recorded
     assert [e["reason"] for e in cluster.events()].count("BisectStarted") == 1
+
+
+@pytest.mark.long(seconds=70)
+def test_a_spec_change_stops_the_search_and_deletes_its_shadow_pairs(
+    cluster: Cluster, operator: OperatorProcess, ips: dict[str, str], tmp_path: Path
+) -> None:
+    with _doubles(cluster, ips, tmp_path, _leaking("--enable-hierarchical-cache")) as doubles:
+        engines = doubles[0]
+        namespace = cluster.namespace
+        cluster.apply(_spec(namespace, engines.url))
+        good = baked_revision(cluster)
+        cluster.apply(_spec(namespace, engines.url, **DELTA))
+        _rolled_back_and_settled(cluster, good)
+        wait_for(
+            "a shadow pair",
+            lambda: cluster.items("apps/v1", "StatefulSet", "dsv4.io/shadow-of=dsv4-flash"),
+            timeout=60,
+        )
+        # The user fixes the spec: back to the good settings (a new generation).
+        cluster.apply(_spec(namespace, engines.url))
+        answer = _culprit(cluster, timeout=60)
+        wait_for(
+            "every shadow pair deleted",
+            lambda: not cluster.items("apps/v1", "StatefulSet", "dsv4.io/shadow-of=dsv4-flash"),
+            timeout=60,
+        )
+    assert answer["result"] == "Stopped", answer
+    assert answer["settings"] == [] and "the spec changed" in answer["message"]
+    assert "bisect" not in cluster.get()["status"]["guard"]
