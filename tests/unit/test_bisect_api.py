@@ -23,10 +23,6 @@ STATE = {
     "startedAt": "2026-01-01T00:00:00Z",
     "search": {"units": [["--enable-hierarchical-cache"]], "granularity": 2, "tested": {}},
     "active": ["p3"],
-    "probes": [
-        {"id": "p1", "settings": ["a"], "outcome": "pass", "responses": 40, "leaks": 0},
-        {"id": "p2", "settings": ["b"], "outcome": "inconclusive", "statistic": 1.5},
-    ],
 }
 CULPRIT = {
     "result": "Found",

@@ -120,16 +120,12 @@ class BisectState(ApiModel):
     started_at: Timestamp = Field(description="When the search started.")
     search: dict[str, Any] = Field(
         default_factory=dict,
-        description="The delta-debugging state (units, tested subsets, the current split).",
+        description="The delta-debugging state (bisect/search.py): units, every probe with its "
+        "outcome and evidence, the current failing set and granularity.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     active: list[Annotated[str, Field(max_length=63)]] = Field(
         default_factory=list,
         max_length=MAX_BISECT_PARALLEL,
-        description="Probes whose shadow pairs exist (deleted and rerun after a restart).",
-    )
-    probes: list[ProbeEvidence] = Field(
-        default_factory=list,
-        max_length=MAX_BISECT_PROBES,
-        description="Finished probes with their evidence.",
+        description="Probes whose shadow pairs exist (run again from their start after a restart).",
     )

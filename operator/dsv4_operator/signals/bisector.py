@@ -87,7 +87,7 @@ class Bisector:
         self.now = now
         self.recorder = EventRecorder(client)
         self._tasks: dict[Key, tuple[int, asyncio.Task[None]]] = {}
-        self._deltas: dict[tuple[str, str, str], Delta] = {}
+        self._deltas: dict[tuple[str, str, str, str], Delta] = {}
 
     def ensure(self, key: Key, generation: int) -> None:
         """Look at `key` now unless its task already runs for this generation (every change of
@@ -151,7 +151,7 @@ class Bisector:
 
     async def _delta(self, namespace: str, name: str, good: str, bad: str) -> Delta:
         """The units between the two stored configurations (computed once per pair)."""
-        cached = self._deltas.get((namespace, good, bad))
+        cached = self._deltas.get((namespace, name, good, bad))
         if cached is not None:
             return cached
         specs = []
@@ -163,7 +163,7 @@ class Bisector:
                 raise LookupError(f"revision {revision} of {name} is not stored")
             specs.append(stored["data"]["spec"])
         delta = compute_delta(specs[0], specs[1])
-        self._deltas[(namespace, good, bad)] = delta
+        self._deltas[(namespace, name, good, bad)] = delta
         return delta
 
     async def _start(
@@ -330,6 +330,7 @@ class Bisector:
         gpu = str((spec.get("gpu") or {}).get("product") or "")
         answer = culprit(state, running, delta, release, gpu, self.now(), stopped)
         await self._write(key, None, answer)
+        self._deltas.pop((*key, state.good_revision, state.bad_revision), None)
         severity, reason, message = event(answer)
         log.info("%s/%s: culprit search ended %s: %s", *key, answer.result, answer.message)
         await self._post(owner, Note(severity, reason, message))
