@@ -1,9 +1,10 @@
-"""The `dsv4` command line: validate, plan, render, crd, rules, probe, selftest (a contract other
-tools call).
+"""The `dsv4` command line: validate, plan, render, crd, rules, probe, bisect, selftest (a contract
+other tools call).
 
 `validate` and `plan` start in about half a second: the commands that talk to a cluster or an
-engine (`probe`, `selftest`, `run`, `tap`) import the Kubernetes client, httpx and the rest
-only when they run (`_LazyGroup`), and `tests/integration/test_cli_imports.py` holds them to it.
+engine (`probe`, `bisect`, `selftest`, `run`, `tap`) import the Kubernetes client, httpx and the
+rest only when they run (`_LazyGroup`), and `tests/integration/test_cli_imports.py` holds them to
+it.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class _LazyGroup(click.Group):
 @click.group(
     cls=_LazyGroup,
     lazy={
+        "bisect": "dsv4_operator.bisect_cli:bisect_command",
         "probe": "dsv4_operator.canary.cli:probe_command",
         "selftest": "dsv4_operator.selftest:selftest_command",
     },

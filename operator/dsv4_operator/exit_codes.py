@@ -13,6 +13,7 @@ EXIT_OK, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_CHECK_FAILED = 1  # `dsv4 selftest`: a check of the installation failed
 EXIT_LEAKING = 1  # `dsv4 probe`: a leak rate significantly above the threshold
 EXIT_INCONCLUSIVE = 3  # `dsv4 probe`: neither significantly above nor below the threshold
+EXIT_NOT_REPRODUCED = 1  # `dsv4 bisect`: the rejected configuration did not fail (no culprit)
 
 _UNUSABLE_FILE = (
     "FILE unreadable, not UTF-8 or not YAML (a control character such as NUL, a syntax error), "
@@ -77,6 +78,30 @@ EXIT_CODES: dict[str, ExitCodes] = {
             EXIT_INCONCLUSIVE,
             "INCONCLUSIVE: no endpoint is leaking, but one's leak rate is neither significantly "
             "above nor below the threshold (more sessions would tell)",
+        ),
+    ),
+    "bisect": (
+        (
+            EXIT_OK,
+            "a dry run printed the units and the probe plan; or the search found the culprit "
+            "settings and confirmed them (they failed on two probes)",
+        ),
+        (
+            EXIT_NOT_REPRODUCED,
+            "no culprit: the rejected configuration, or its smallest failing part, did not "
+            "fail again (not reproduced), or the two specs run the same engines",
+        ),
+        (
+            EXIT_BAD_INPUT,
+            "an unreadable file, not exactly one DSV4Deployment in it, or an invalid spec "
+            "(the field is named)",
+        ),
+        (
+            EXIT_INCONCLUSIVE,
+            "no culprit yet: the probe budget ran out, or the probes that would decide were "
+            "inconclusive or refused by the rules (a larger budget, or more responses per probe, "
+            "would tell), or the good spec failed its control probe too (the leak is not the "
+            "delta's)",
         ),
     ),
     "selftest": (

@@ -190,3 +190,12 @@ def test_the_alias_finder_finds_an_alias() -> None:
     # A finder that never finds one would pass the test above vacuously.
     assert "Obj" in _assigned_names(ast.parse("from typing import Any\nObj = dict[str, Any]\n"))
     assert "Obj" in _assigned_names(ast.parse("if True:\n    Obj: type = dict\n"))
+
+
+@pytest.mark.parametrize(
+    "forbidden", ["kube", "metrics", "signals", "reconcile", "handlers", "canary", "runtime"]
+)
+def test_the_bisection_is_pure(forbidden: str) -> None:
+    """bisect/ (the delta, the search, outcomes) is shared by the operator and `dsv4 bisect`:
+    it decides, the callers run probes."""
+    assert {m for m in _reach("bisect") if _within(m, forbidden)} == set()

@@ -14,21 +14,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, JsonValue, ValidationError
+from pydantic import Field, JsonValue, ValidationError
 
 from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.engine.effective import canonical_flag, effective_role, gpus_needed
+from dsv4_operator.bisect import BisectModel
+from dsv4_operator.bisect.entries import ARG_LISTS, ENV_LISTS, Entry, Wire, entries, pairing_groups
+from dsv4_operator.engine.effective import effective_role, gpus_needed
 from dsv4_operator.engine.flags import engine_launch, served_name
 from dsv4_operator.engine.planner import PlanningError, plan
-from dsv4_operator.engine.releases import EngineRelease, ParserCatalog, release
+from dsv4_operator.engine.releases import release
 from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.revisions.hashing import config_hash
 from dsv4_operator.trust import TrustPolicy
-
-Wire = dict[str, Any]
 
 # The spec sections that shape the engines; the rest (guard, rollout, replicas, placement)
 # never changes what a probe runs. A probe takes spec.safety from the rejected spec (the rule
@@ -38,12 +39,9 @@ ROLE_FIELDS = ("tensorParallel", "overrides")
 # The image and what it is built on and declares move as one: a label never changes alone.
 IMAGE_FIELDS = ("engine.image", "engine.sglangVersion", "engine.capabilities")
 IMAGE_UNIT = "engine.image"
-ARG_LISTS = ("engine.extraArgs", "prefill.overrides.extraArgs", "decode.overrides.extraArgs")
-ENV_LISTS = ("engine.env", "prefill.overrides.env", "decode.overrides.env")
-POSITIONAL = "<positional>"
 
 
-class Edit(BaseModel):
+class Edit(BisectModel):
     """One change a unit makes to the good spec's wire form."""
 
     kind: Literal["field", "arg", "env"]
@@ -53,7 +51,7 @@ class Edit(BaseModel):
     bad: JsonValue = Field(default=None, description="None: unset in the rejected spec.")
 
 
-class Unit(BaseModel):
+class Unit(BisectModel):
     """A setting that differs: stable id, the name a person knows it by, both values."""
 
     id: str
@@ -86,10 +84,19 @@ class Delta:
         """The probe configuration: the good spec with these units applied (wire form)."""
         return _apply(self.good, self.bad, [self.unit(i) for i in unit_ids])
 
+    @cached_property
+    def good_errors(self) -> frozenset[tuple[str, str]]:
+        """(rule, field) of every error the good spec itself has: not the units' doing."""
+        return frozenset(
+            (f.rule, f.field) for f in validate_spec(self.good, policy=self.policy).errors
+        )
+
     def refusal(self, unit_ids: Sequence[str]) -> str | None:
-        """Why the project's rules refuse the probe configuration, or None. Errors the good
-        spec already has are not the units' doing and do not count."""
-        return refusal(self.spec_for(unit_ids), self.good, self.policy)
+        """Why engine/validation.py (schema, CEL mirrors, rules, safety policy) refuses the
+        probe configuration, or None; errors the good spec already has do not count."""
+        probe = validate_spec(self.spec_for(unit_ids), policy=self.policy)
+        errors = [f for f in probe.errors if (f.rule, f.field) not in self.good_errors]
+        return "; ".join(f"{f.rule} {f.field}: {f.message}" for f in errors) or None
 
 
 def parse_spec(raw: Mapping[str, Any]) -> DSV4DeploymentSpec:
@@ -111,17 +118,6 @@ def compute_delta(
     units = [*_field_units(good_wire, bad_wire), *_list_units(good_spec, bad_spec)]
     candidate = Delta(good_wire, bad_wire, tuple(units), policy or TrustPolicy())
     return Delta(good_wire, bad_wire, tuple(_changes(candidate)), candidate.policy)
-
-
-def refusal(probe: Wire, good: Wire, policy: TrustPolicy | None = None) -> str | None:
-    """The errors engine/validation.py finds in `probe` that `good` does not have, or None."""
-    known = {(f.rule, f.field) for f in validate_spec(good, policy=policy).errors}
-    errors = [
-        f for f in validate_spec(probe, policy=policy).errors if (f.rule, f.field) not in known
-    ]
-    if not errors:
-        return None
-    return "; ".join(f"{f.rule} {f.field}: {f.message}" for f in errors)
 
 
 def fingerprint(wire: Wire) -> str | None:
@@ -209,90 +205,6 @@ def _field_units(good: Wire, bad: Wire) -> list[Unit]:
 # --- passthrough argv and env --------------------------------------------------------------
 
 
-@dataclass
-class _Entry:
-    """One flag (all its occurrences) or env var of a list: its tokens and comparable value."""
-
-    tokens: list[str] = field(default_factory=list)
-    values: list[str | None] = field(default_factory=list)
-
-
-def _catalog(wire: Wire) -> ParserCatalog | None:
-    engine_release = release(str(wire.get("engine", {}).get("sglangVersion", "")))
-    return engine_release.engine if engine_release is not None else None
-
-
-def _arg_entries(args: Sequence[str], catalog: ParserCatalog | None) -> dict[str, _Entry]:
-    """Canonical flag -> its tokens and values, as the release's parser reads the argv
-    (engine/effective.py parse_args, keeping every token so the argv can be rebuilt)."""
-    entries: dict[str, _Entry] = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
-        if not token.startswith("--"):
-            entry = entries.setdefault(POSITIONAL, _Entry())
-            entry.tokens.append(token)
-            entry.values.append(token)
-            i += 1
-            continue
-        name, eq, inline = token.partition("=")
-        flag, option = canonical_flag(name, catalog)
-        entry = entries.setdefault(flag, _Entry())
-        entry.tokens.append(token)
-        switch = option is not None and not option.takes_value
-        if eq:
-            entry.values.append(inline)
-        elif not switch and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            entry.tokens.append(args[i + 1])
-            entry.values.append(args[i + 1])
-            i += 1
-        else:
-            entry.values.append(None)
-        i += 1
-    return entries
-
-
-def _env_entries(env: Sequence[Mapping[str, Any]]) -> dict[str, _Entry]:
-    entries: dict[str, _Entry] = {}
-    for item in env:
-        value = str(item.get("value", ""))
-        entries[str(item["name"])] = _Entry(tokens=[value], values=[value])
-    return entries
-
-
-def _list_at(wire: Wire, path: str) -> list[Any]:
-    node: Any = wire
-    for part in path.split("."):
-        node = node.get(part, {}) if isinstance(node, dict) else {}
-    return node if isinstance(node, list) else []
-
-
-def _entries(wire: Wire, path: str) -> dict[str, _Entry]:
-    items = _list_at(wire, path)
-    return _arg_entries(items, _catalog(wire)) if path in ARG_LISTS else _env_entries(items)
-
-
-def _pairing_groups(releases: Iterable[EngineRelease | None]) -> dict[str, str]:
-    """Flag or env name -> the id of its pairing group (settings sharing a name are one)."""
-    parent: dict[str, str] = {}
-
-    def root(name: str) -> str:
-        while parent.setdefault(name, name) != name:
-            name = parent[name]
-        return name
-
-    for engine_release in releases:
-        for setting in engine_release.pairing if engine_release is not None else ():
-            for name in (*setting.flags, *setting.env):
-                parent[root(f"name:{name}")] = root(setting.setting)
-    names = [n for n in parent if n.startswith("name:")]
-    members: dict[str, list[str]] = {}
-    for node in parent:
-        if not node.startswith("name:"):
-            members.setdefault(root(node), []).append(node)
-    return {n.removeprefix("name:"): "+".join(sorted(members[root(n)])) for n in names}
-
-
 def _scope(path: str) -> str:
     return path.split(".")[0]
 
@@ -302,19 +214,34 @@ def _describe(edit: Edit, bad: bool) -> str | None:
     if value is None:
         return None
     if edit.kind == "arg" and isinstance(value, list):
-        return " ".join(str(v) for v in value)
+        return _arg_text([str(v) for v in value])
     return str(value)
+
+
+def _arg_text(tokens: Sequence[str]) -> str:
+    """A flag's value(s) as a person reads them: `4096`, `on` for a switch, `off` for --no-x."""
+    out: list[str] = []
+    for i, token in enumerate(tokens):
+        if not token.startswith("--"):
+            out.append(token)
+            continue
+        name, eq, inline = token.partition("=")
+        if eq:
+            out.append(inline)
+        elif i + 1 == len(tokens) or tokens[i + 1].startswith("--"):
+            out.append("off" if name.startswith("--no-") else "on")
+    return " ".join(out)
 
 
 def _list_units(good: DSV4DeploymentSpec, bad: DSV4DeploymentSpec) -> list[Unit]:
     good_wire, bad_wire = good.to_wire(), bad.to_wire()
-    paired = _pairing_groups(
+    paired = pairing_groups(
         [release(good.engine.sglang_version), release(bad.engine.sglang_version)]
     )
     grouped: dict[str, list[Edit]] = {}
     for path in (*ARG_LISTS, *ENV_LISTS):
         kind: Literal["arg", "env"] = "arg" if path in ARG_LISTS else "env"
-        old, new = _entries(good_wire, path), _entries(bad_wire, path)
+        old, new = entries(good_wire, path), entries(bad_wire, path)
         for key in [*old, *(k for k in new if k not in old)]:
             before, after = old.get(key), new.get(key)
             if (before.values if before else None) == (after.values if after else None):
@@ -331,7 +258,7 @@ def _list_units(good: DSV4DeploymentSpec, bad: DSV4DeploymentSpec) -> list[Unit]
     return [_list_unit(unit_id, edits) for unit_id, edits in grouped.items()]
 
 
-def _tokens(entry: _Entry | None, kind: str) -> JsonValue:
+def _tokens(entry: Entry | None, kind: str) -> JsonValue:
     if entry is None:
         return None
     if kind == "env":
@@ -397,14 +324,14 @@ def _apply(good: Wire, bad: Wire, units: Sequence[Unit]) -> Wire:
 
 def _rebuilt(good: Wire, path: str, edits: Mapping[str, Edit]) -> list[Any]:
     """The good spec's list at `path` with these entries replaced, removed or added."""
-    entries = _entries(good, path)
-    keys = [*entries, *(k for k in edits if k not in entries)]
+    present = entries(good, path)
+    keys = [*present, *(k for k in edits if k not in present)]
     out: list[Any] = []
     for key in keys:
         if key in edits:
             value = edits[key].bad
         else:
-            value = _tokens(entries[key], "arg" if path in ARG_LISTS else "env")
+            value = _tokens(present[key], "arg" if path in ARG_LISTS else "env")
         if value is None:
             continue
         if path in ARG_LISTS and isinstance(value, list):

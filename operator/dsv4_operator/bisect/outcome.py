@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from dsv4_operator.api.guard import GuardSpec
+from dsv4_operator.bisect import BisectModel
 from dsv4_operator.guard.sequential import LeakRateTest, Sequential
 
 # Canary responses a probe may take before it is inconclusive when the caller sets none: the
@@ -24,10 +25,10 @@ class Outcome(StrEnum):
     INCONCLUSIVE = "inconclusive"
 
 
-class ProbeEvidence(BaseModel):
+class ProbeEvidence(BisectModel):
     """What a probe's outcome rests on (kept in status, printed by `dsv4 bisect`)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = BisectModel.model_config | {"frozen": True}
 
     responses: int = Field(ge=0, description="Canary responses judged.")
     leaks: int = Field(ge=0, description="Responses that leaked a tool call.")
@@ -42,10 +43,10 @@ class ProbeEvidence(BaseModel):
     detail: str = Field(default="", description="Why, in words.")
 
 
-class ProbeJudge(BaseModel):
+class ProbeJudge(BisectModel):
     """The rule a probe is judged by: the guard's threshold and alpha, and a response budget."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = BisectModel.model_config | {"frozen": True}
 
     threshold: float = Field(gt=0.0, lt=1.0)
     alpha: float = Field(gt=0.0, lt=1.0)

@@ -19,8 +19,9 @@ import math
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from dsv4_operator.bisect import BisectModel
 from dsv4_operator.bisect.outcome import Outcome, ProbeEvidence
 
 # Given a probe's unit ids: why the project's rules refuse that configuration, or None.
@@ -34,6 +35,7 @@ class Purpose(StrEnum):
     SUBSET = "subset"  # one part of the current failing set (ddmin "reduce to subset")
     COMPLEMENT = "complement"  # the current set without one part ("reduce to complement")
     CONFIRM = "confirm"  # the minimal failing set again, before anything is blamed
+    CONTROL = "control"  # no unit: the good spec on a fresh probe must not fail (opt-in)
 
 
 class ProbeStatus(StrEnum):
@@ -60,7 +62,7 @@ class Reason(StrEnum):
     NO_DELTA = "noDelta"
 
 
-class ProbeRequest(BaseModel):
+class ProbeRequest(BisectModel):
     """A probe to run: the good spec with these units applied (bisect/delta.py)."""
 
     probe_id: str
@@ -68,7 +70,7 @@ class ProbeRequest(BaseModel):
     purpose: Purpose
 
 
-class ProbeRecord(BaseModel):
+class ProbeRecord(BisectModel):
     """One probe of the search, with its outcome and evidence once known."""
 
     probe_id: str
@@ -80,7 +82,7 @@ class ProbeRecord(BaseModel):
     reason: str = Field(default="", description="Why it was refused or cancelled.")
 
 
-class BisectAnswer(BaseModel):
+class BisectAnswer(BisectModel):
     """The culprit units, or why there is none (then `culprit` is empty: nothing is blamed)."""
 
     reason: Reason
@@ -99,7 +101,7 @@ class BisectAnswer(BaseModel):
     detail: str = ""
 
 
-class BisectState(BaseModel):
+class BisectState(BisectModel):
     """Everything the search needs to resume: JSON in, JSON out."""
 
     units: list[str]
@@ -107,6 +109,11 @@ class BisectState(BaseModel):
     phase: Phase = Phase.REPRODUCE
     current: list[str] = Field(default_factory=list, description="The current failing set.")
     granularity: int = 2
+    control: bool = Field(
+        default=False,
+        description="Probe the good spec too (no unit) before reducing: if it fails, the leak "
+        "is not the delta's and nothing is blamed.",
+    )
     probes: list[ProbeRecord] = Field(default_factory=list)
     answer: BisectAnswer | None = None
 
@@ -119,11 +126,12 @@ class BisectState(BaseModel):
         return [p for p in self.probes if p.status is ProbeStatus.PENDING]
 
 
-def start(units: Sequence[str], budget: int) -> BisectState:
-    """A new search over `units` (ordered, unique), at most `budget` probes started."""
+def start(units: Sequence[str], budget: int, control: bool = False) -> BisectState:
+    """A new search over `units` (ordered, unique), at most `budget` probes started. With
+    `control`, the good spec is probed beside the reproduction (ddmin assumes it passes)."""
     if len(set(units)) != len(units):
         raise ValueError("unit ids must be unique")
-    state = BisectState(units=list(units), budget=budget, current=list(units))
+    state = BisectState(units=list(units), budget=budget, current=list(units), control=control)
     if not units:
         state.phase = Phase.DONE
         state.answer = BisectAnswer(
@@ -215,13 +223,15 @@ def lower_bound(candidates: int) -> float:
 
 
 def preview(
-    units: Sequence[str], max_parallel: int, refuses: Refuses | None = None
+    units: Sequence[str], max_parallel: int, refuses: Refuses | None = None, control: bool = False
 ) -> list[ProbeRequest]:
-    """The first probes of a search: the reproduction, then (if it fails) the first round."""
-    state, first = next_probes(start(units, budget=worst_case_probes(len(units))), 1, refuses)
-    if not first:
-        return []
-    state = record(state, first[0].probe_id, Outcome.FAIL)
+    """The first probes of a search: the reproduction (and the control), then, should the
+    reproduction fail (and the control pass), the first round."""
+    budget = max(1, worst_case_probes(len(units)) + control)
+    state, first = next_probes(start(units, budget, control), 2, refuses)
+    for probe in first:
+        failed = probe.purpose is Purpose.REPRODUCE
+        state = record(state, probe.probe_id, Outcome.FAIL if failed else Outcome.PASS)
     _, round_one = next_probes(state, max_parallel, refuses)
     return [*first, *round_one]
 
@@ -282,12 +292,9 @@ def _advance(state: BisectState) -> list[tuple[Purpose, list[str]]]:
     answer does not depend on how many probes ran in parallel or in which order they ended)."""
     while state.answer is None:
         if state.phase is Phase.REPRODUCE:
-            probe = next((p for p in state.probes if p.purpose is Purpose.REPRODUCE), None)
-            if probe is None:
-                return [(Purpose.REPRODUCE, list(state.units))]
-            if probe.status is ProbeStatus.PENDING:
-                return []
-            _after_reproduce(state, probe)
+            wanted = _reproduce(state)
+            if wanted is not None:
+                return wanted
         elif state.phase is Phase.REDUCE:
             wanted = _reduce(state)
             if wanted is not None:
@@ -314,6 +321,36 @@ def _settle(state: BisectState) -> None:
     wanted = _advance(state)
     if wanted and not state.pending and state.started >= state.budget:
         _end(state, Reason.BUDGET_EXHAUSTED, f"all {state.budget} probes of the budget were used")
+
+
+def _first(state: BisectState, purpose: Purpose) -> ProbeRecord | None:
+    return next((p for p in state.probes if p.purpose is purpose), None)
+
+
+def _reproduce(state: BisectState) -> list[tuple[Purpose, list[str]]] | None:
+    """The reproduction (and the control, side by side); None once they decided."""
+    probe, control = _first(state, Purpose.REPRODUCE), _first(state, Purpose.CONTROL)
+    wanted: list[tuple[Purpose, list[str]]] = []
+    if probe is None:
+        wanted.append((Purpose.REPRODUCE, list(state.units)))
+    if state.control and control is None:
+        wanted.append((Purpose.CONTROL, []))
+    if probe is None or probe.status is ProbeStatus.PENDING:
+        return wanted
+    if probe.outcome is Outcome.FAIL and state.control:
+        if control is None or control.status is ProbeStatus.PENDING:
+            return wanted
+        if control.outcome is Outcome.FAIL:
+            _end(
+                state,
+                Reason.INCONCLUSIVE,
+                "the last known good configuration failed on its own probe too: the leak is "
+                "not the delta's (the environment, or engines that leak as they start), so "
+                "nothing is blamed",
+            )
+            return None
+    _after_reproduce(state, probe)
+    return None
 
 
 def _after_reproduce(state: BisectState, probe: ProbeRecord) -> None:
@@ -416,6 +453,8 @@ def _minimal(state: BisectState, culprit: list[str]) -> bool:
 
 
 def _end(state: BisectState, reason: Reason, detail: str) -> None:
+    for probe in state.pending:
+        probe.status, probe.reason = ProbeStatus.CANCELLED, "the search ended"
     state.phase = Phase.DONE
     state.answer = BisectAnswer(
         reason=reason,
