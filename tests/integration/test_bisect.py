@@ -20,6 +20,7 @@ from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volu
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_operator.api.limits import ENGINE_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.bisect import search
 from dsv4_operator.render.context import build_context
 
 from .engine_support import PodEngines, ShadowEngines, baked_revision, loopback_ips
@@ -290,10 +291,12 @@ def test_killing_the_operator_mid_search_resumes_it(
         cluster.apply(_spec(namespace, engines.url, **DELTA))
         _rolled_back_and_settled(cluster, good)
 
-        def probes_done() -> list[dict[str, Any]] | None:
-            bisect = (cluster.get()["status"].get("guard") or {}).get("bisect") or {}
-            done = [p for p in bisect.get("search", {}).get("probes", []) if p.get("outcome")]
-            return done or None
+        def probes_done() -> set[str] | None:
+            bisect = (cluster.get()["status"].get("guard") or {}).get("bisect")
+            if not bisect:
+                return None
+            stored = search.BisectState.model_validate(bisect["search"])
+            return {p.probe_id for p in stored.probes if p.outcome is not None} or None
 
         done_before = wait_for("a first probe recorded", probes_done, timeout=120)
         operator.kill()
@@ -308,7 +311,7 @@ def test_killing_the_operator_mid_search_resumes_it(
     assert len(answer["settings"]) == 1 and "hicache" in answer["settings"][0].lower()
     # Resumed, not restarted: the probes recorded before the kill are part of the answer.
     recorded = {p["id"] for p in answer["probes"]}
-    assert {p["probe_id"] for p in done_before} <= recorded
+    assert done_before <= recorded
     assert [e["reason"] for e in cluster.events()].count("BisectStarted") == 1
 
 
