@@ -100,6 +100,14 @@ REVISION_INFO = Gauge(
     "1 for the revision being served, labelled from the engine config stored with it.",
     [*SCOPE, "revision", "index_k_dtype", "hicache", "multi_stream"],
 )
+BISECT_PROBES = Counter(
+    "dsv4_bisect_probes",
+    "Culprit-search probes finished, by outcome (pass, fail, inconclusive).",
+    [*SCOPE, "outcome"],
+)
+SHADOW_PAIRS = Gauge(
+    "dsv4_bisect_shadow_pairs", "Culprit-search shadow pairs that exist now.", list(SCOPE)
+)
 OUTCOMES = tuple(o.value for o in GuardResult)
 # A deployment: (namespace, name), the values of series.SCOPE.
 Key = tuple[str, str]

@@ -7,6 +7,7 @@ rather than spell them (kubebuilder's `groupversion_info.go`, cert-manager's `co
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 # The custom resource.
@@ -63,6 +64,16 @@ TARGET_PAIR_ANNOTATION = f"{LABEL_PREFIX}/target-pair"
 APPLIED_ANNOTATION = f"{LABEL_PREFIX}/applied-hash"
 # Set by a user on the DSV4Deployment to release a quarantined config hash.
 CLEAR_QUARANTINE_ANNOTATION = f"{LABEL_PREFIX}/clear-quarantine"
+# On a culprit search's shadow pairs (docs/bisect.md), instead of DEPLOYMENT_LABEL: the
+# deployment they probe for and the probe. Nothing that selects serving objects (the router,
+# the engine Services, the ServiceMonitor, the guard's pod lists, the watch cache's children)
+# selects these.
+SHADOW_OF_LABEL = f"{LABEL_PREFIX}/shadow-of"
+PROBE_LABEL = f"{LABEL_PREFIX}/probe"
+# The PriorityClass the chart ships for shadow pairs (lower than serving, never preempting).
+DEFAULT_BISECT_PRIORITY_CLASS = "dsv4-bisect"
+# A probe id: the pair suffix of its shadow objects, so it fits REVISION_HASH_LENGTH.
+PROBE_ID_PATTERN = r"^[a-z0-9]{1,9}$"
 # On the canary's own requests: the leak tap leaves them out of the production traffic it
 # classifies (the canary counts its samples itself).
 PROBE_HEADER = {"X-DSV4-Probe": "1"}
@@ -106,6 +117,14 @@ def child_name(deployment: str, component: str, pair: str = MAIN_PAIR) -> str:
     if pair == MAIN_PAIR or component == ROUTER:
         return f"{deployment}-{component}"
     return f"{deployment}-{component}-{pair}"
+
+
+def shadow_pair(probe_id: str) -> str:
+    """The pair suffix of a probe's shadow objects: `<deployment>-<role>-b<probe>`, never a
+    serving pair's (those are `main` or a 10-hex revision hash)."""
+    if not re.fullmatch(PROBE_ID_PATTERN, probe_id):
+        raise ValueError(f"a probe id is 1 to 9 of [a-z0-9], got {probe_id!r}")
+    return f"b{probe_id}"
 
 
 def longest_child_name(deployment: str) -> str:

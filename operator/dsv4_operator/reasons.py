@@ -247,6 +247,22 @@ class EventReason(Reason):
         "a release other than the plan and the render; the revision is not baked while it "
         "stands. The message names the pod and both values.",
     )
+    # The culprit search (docs/bisect.md)
+    BISECT_STARTED = (
+        "BisectStarted",
+        "After a rollback, `spec.guard.bisect` started searching the configuration delta for "
+        "the settings to blame, on shadow pairs beside the serving one. Nothing to do.",
+    )
+    CULPRIT_FOUND = (
+        "CulpritFound",
+        "Warning: the culprit search found the smallest set of settings that leaks on this GPU "
+        "product and release (`status.guard.culprit`). Leave it out of the spec.",
+    )
+    CULPRIT_NOT_FOUND = (
+        "CulpritNotFound",
+        "The culprit search ended blaming nothing; the message says why (the leak did not "
+        "reproduce, inconclusive probes, the budget or the time limit, or the spec changed).",
+    )
     # The rollout
     CREATING = "Creating", "The first pair of a revision is being created."
     ROLLING_UPDATE = (
@@ -495,6 +511,26 @@ class ConditionReason(Reason):
         "InUse=True: the DSV4Model was deleted while DSV4Deployments reference it (named in "
         "the message): it and its weights stay until they are deleted or reference another "
         "model.",
+    )
+    # Bisected
+    BISECTING = (
+        "Bisecting",
+        "Bisected=False: a culprit search runs on shadow pairs; the message counts its probes.",
+    )
+    CULPRIT_IDENTIFIED = (
+        "CulpritIdentified",
+        "Bisected=True: the search found the settings to blame (`status.guard.culprit`); leave "
+        "them out of the spec.",
+    )
+    NOT_REPRODUCED = (
+        "NotReproduced",
+        "Bisected=False: the rejected configuration did not leak again on a shadow pair, so no "
+        "setting is blamed (noise, or a load the canary does not reach).",
+    )
+    NO_CULPRIT = (
+        "NoCulprit",
+        "Bisected=False: the search ended without an answer (inconclusive probes, the budget, "
+        "the time limit, or a spec change); the message says which. Raise the budget to retry.",
     )
     # MonitoringReady
     APPLIED = "Applied", "MonitoringReady=True: the ServiceMonitor is applied."

@@ -13,7 +13,12 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dsv4_operator.api.times import DURATION_PATTERN
-from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE, GROUP, OPERATOR
+from dsv4_operator.names import (
+    DEFAULT_BISECT_PRIORITY_CLASS,
+    DEFAULT_OPERATOR_IMAGE,
+    GROUP,
+    OPERATOR,
+)
 from dsv4_operator.trust import TrustPolicy, split_list
 
 
@@ -62,6 +67,18 @@ class OperatorSettings(BaseSettings):
         default="",
         description="Comma-separated URL prefixes a canary may probe besides the deployment's "
         "own router Service (docs/security.md).",
+    )
+    bisect_priority_class: str = Field(
+        default=DEFAULT_BISECT_PRIORITY_CLASS,
+        description="PriorityClass of culprit-search shadow pairs when "
+        "spec.guard.bisect.priorityClassName is unset (the chart creates it: below serving, "
+        "preemptionPolicy Never; docs/bisect.md).",
+    )
+    bisect_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="How often a culprit search checks whether a shadow pair is Ready.",
     )
     prometheus_url: str = Field(
         default="", description="The Prometheus the guard queries when a spec has queries."

@@ -134,6 +134,9 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "dsv4_guard_outcome",
         "dsv4_guard_blind",
         "dsv4_revision_info",
+        # the culprit search after a rollback (docs/bisect.md)
+        "dsv4_bisect_probes_total",
+        "dsv4_bisect_shadow_pairs",
         # per role: throughput, TTFT, inter-token latency, token usage, queue, retractions,
         # KV transfer latency and failures, CUDA graph vs eager passes
         "sglang:generation_tokens_total",

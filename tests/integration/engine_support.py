@@ -10,6 +10,7 @@ is that pod's revision's, and a rollout replaces it with the new pod's, as on a 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import subprocess
 import sys
@@ -18,9 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsv4_devcluster import report_pod_ip
+from dsv4_devcluster import report_pod_ip, wait_for
 from dsv4_devcluster.deployments import Cluster
+from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.limits import ENGINE_PORT
+from dsv4_operator.names import PROBE_LABEL, ROLE_LABEL, SHADOW_OF_LABEL
 
 from .guard_support import (
     ENGINE_LOAD,
@@ -50,10 +53,13 @@ class PodEngines:
         log_dir: Path,
         name: str = "dsv4-flash",
         knobs: dict[str, str] | None = None,
+        revision_knobs: dict[str, dict[str, str]] | None = None,
     ):
-        """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs."""
+        """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs;
+        `revision_knobs`: more, for the engines of one revision."""
         self.cluster, self.ips, self.log_dir, self.name = cluster, ips, log_dir, name
         self.knobs = dict(knobs or {})
+        self.revision_knobs = dict(revision_knobs or {})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
         self.starts = 0
@@ -136,6 +142,7 @@ class PodEngines:
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"
         env.update(self.knobs)
+        env.update(self.revision_knobs.get(revision, {}))
         command = list(container["command"])
         if role == "decode":
             # As EngineKubelet: the decode double stands for the pair, HiCache included.
@@ -177,3 +184,95 @@ class PodEngines:
         self.starts += 1
         self.launches.append((time.monotonic(), role, revision))
         report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)
+
+
+def baked_revision(cluster: Cluster) -> str:
+    """The last known good revision, once it is the one served."""
+
+    def lkg() -> str | None:
+        status = cluster.get().get("status", {})
+        good = status.get("lastKnownGoodRevision")
+        return good if good and good == status.get("currentRevision") else None
+
+    return str(wait_for("a last known good revision", lkg, timeout=180))
+
+
+class ShadowEngines:
+    """An engine double behind each culprit-search shadow pair (docs/bisect.md), as PodEngines
+    does for the serving pair: every Running shadow pod gets a loopback address of its own;
+    the decode pod's runs the double with its StatefulSet's argv and env (the prefill's HiCache
+    included, as the decode double stands for the pair), reported only once it listens."""
+
+    def __init__(
+        self, cluster: Cluster, log_dir: Path, knobs: dict[str, str], name: str = "dsv4-flash"
+    ) -> None:
+        self.cluster, self.log_dir, self.name, self.knobs = cluster, log_dir, name, dict(knobs)
+        self.base = f"127.{random.randrange(32, 250)}.{random.randrange(1, 250)}"
+        self.next_octet = 10
+        self.doubles: dict[str, DoubleProcess] = {}  # pod uid -> its double
+        self.addressed: set[str] = set()  # pod uids given an address
+        self.pods_seen: set[str] = set()  # shadow pod names ever seen
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ShadowEngines:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for double in self.doubles.values():
+            double.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # the API server is busy; look again
+                self._round()
+            time.sleep(0.2)
+
+    def _address(self) -> str:
+        self.next_octet += 1
+        return f"{self.base}.{self.next_octet}"
+
+    def _round(self) -> None:
+        pods = self.cluster.pods(f"{SHADOW_OF_LABEL}={self.name}")
+        running = {}
+        for pod in pods:
+            meta = pod["metadata"]
+            self.pods_seen.add(meta["name"])
+            if (pod.get("status") or {}).get("phase") == "Running" and not meta.get(
+                "deletionTimestamp"
+            ):
+                running[meta["uid"]] = pod
+        for uid in [u for u in self.doubles if u not in running]:
+            self.doubles.pop(uid).stop()
+        for uid, pod in running.items():
+            if uid in self.addressed:
+                continue
+            ip = self._address()
+            role = pod["metadata"]["labels"][ROLE_LABEL]
+            if role == "decode":
+                double = self._double(pod, ip)
+                if double is None:
+                    continue
+                self.doubles[uid] = double.start()
+            report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod["metadata"]["name"], ip)
+            self.addressed.add(uid)
+
+    def _double(self, pod: dict[str, Any], ip: str) -> DoubleProcess | None:
+        probe = pod["metadata"]["labels"][PROBE_LABEL]
+        statefulsets = {
+            s["metadata"]["labels"][ROLE_LABEL]: s
+            for s in self.cluster.items(
+                "apps/v1", "StatefulSet", f"{SHADOW_OF_LABEL}={self.name},{PROBE_LABEL}={probe}"
+            )
+        }
+        if set(statefulsets) != set(ROLES):
+            return None
+        args, env = launch_from_statefulset(statefulsets["decode"])
+        prefill, _ = launch_from_statefulset(statefulsets["prefill"])
+        args = with_pair_hicache(args, prefill)
+        args = replace_flag(replace_flag(args, "--host", ip), "--port", str(ENGINE_PORT))
+        env = {**env, "DSV4_DOUBLE_LOAD": str(ENGINE_LOAD), "DSV4_DOUBLE_LATENCY_MS": "20"}
+        return DoubleProcess(args, {**env, **self.knobs}, bind=False)

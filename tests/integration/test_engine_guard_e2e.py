@@ -40,7 +40,7 @@ from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volu
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 
-from .engine_support import PodEngines, loopback_ips
+from .engine_support import PodEngines, baked_revision, loopback_ips
 from .guard_support import Traffic, tap_process
 
 pytestmark = pytest.mark.integration
@@ -167,15 +167,6 @@ def _plan_verified(cluster: Cluster, reason: str) -> dict[str, Any]:
     return found
 
 
-def _baked(cluster: Cluster) -> str:
-    def lkg() -> str | None:
-        status = cluster.get().get("status", {})
-        good = status.get("lastKnownGoodRevision")
-        return good if good and good == status.get("currentRevision") else None
-
-    return str(wait_for("a last known good revision", lkg, timeout=180))
-
-
 class GuardWatch:
     """Every status.guard the operator writes, from a watch (a rollback's verdict stands in
     status for one pass only, then the window moves to the revision rolled back to)."""
@@ -247,7 +238,7 @@ def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
         Traffic(f"http://127.0.0.1:{ports['tap']}", SEED, rate=20) as traffic,
         GuardWatch(cluster) as guards,
     ):
-        good = _baked(cluster)
+        good = baked_revision(cluster)
         shapes = _condition(cluster.get(), "LeakShapesVisible")
         assert (shapes["status"], shapes["reason"]) == ("True", "EngineCounts")
         scope = {"namespace": namespace, "deployment": "dsv4-flash", "revision": good}
@@ -297,7 +288,7 @@ def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url, "2s"))
     with Traffic(engines.url) as traffic:
-        good = _baked(cluster)
+        good = baked_revision(cluster)
         decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
         command = decode["spec"]["template"]["spec"]["containers"][0]["command"]
         # spec.transfer.kvChecksum unset: on, where the release has the flag (0.5.23 does).
@@ -321,7 +312,7 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
 ) -> None:
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url, "2s"))
-    good = _baked(cluster)
+    good = baked_revision(cluster)
     verified = _plan_verified(cluster, "Verified")
     assert verified["status"] == "True"
     planned = cluster.get()["status"]["plan"]["maxTotalTokens"]

@@ -168,6 +168,9 @@ class _Idle:
     def stop(self, key: tuple[str, str]) -> None:
         pass
 
+    def deleted(self, key: tuple[str, str]) -> None:
+        pass
+
 
 def test_a_model_change_wakes_its_users_and_a_deployment_change_its_model() -> None:
     queue, idle = _Queue(), _Idle()

@@ -198,6 +198,7 @@ class _Guards:
         self.ensured: list[tuple[tuple[str, str], DSV4DeploymentSpec | None]] = []
         self.stopped: list[tuple[str, str]] = []
         self.statuses: list[tuple[tuple[str, str], object]] = []
+        self.owners: list[tuple[tuple[str, str], object]] = []  # (key, generation)
 
     def ensure(self, key: tuple[str, str], spec: DSV4DeploymentSpec | None) -> None:
         self.ensured.append((key, spec))
@@ -207,6 +208,12 @@ class _Guards:
 
     def saw_status(self, key: tuple[str, str], status: object) -> None:
         self.statuses.append((key, status))
+
+    def saw_owner(self, key: tuple[str, str], owner: dict[str, Any]) -> None:
+        self.owners.append((key, owner["metadata"].get("generation")))
+
+    def deleted(self, key: tuple[str, str]) -> None:
+        self.stopped.append(key)
 
 
 class _Queue:
@@ -243,6 +250,8 @@ def test_the_listener_hands_the_guards_the_spec_parsed_once_per_generation() -> 
     assert key == ("ns", "x") and isinstance(first, DSV4DeploymentSpec) and again is first
     # Every status seen goes to the guards: a change of the served revision cuts the tap reads.
     assert guards.statuses[-1] == (("ns", "x"), {"phase": "Ready"})
+    # ... and every change of the owner to its culprit search, with the generation it is at.
+    assert guards.owners == [(("ns", "x"), owner["metadata"]["generation"])] * 2
     listener(DSV4, _owner(with_changes(doc, {"guard.canary.interval": "soon"}), 2), False)
     assert guards.ensured[-1] == (("ns", "x"), None)  # invalid: the guard stops
     # A child's change enqueues its owner and leaves the guard alone.

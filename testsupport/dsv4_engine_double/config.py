@@ -51,6 +51,20 @@ Double-only knobs:
 - `DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS`: the KV pool size the engine reports
   (`/get_server_info`'s `max_total_num_tokens`, `sglang:max_total_num_tokens`) instead of
   `--max-total-tokens`: an engine that disagrees with its plan.
+- `DSV4_DOUBLE_LEAK_WHEN` (default unset): a comma list of conditions that must all hold for the
+  double to leak (the `configured-leak` fault), whatever the index-K and the capabilities: a
+  culprit made of any settings, for the bisection tests. A condition is `--flag` (the flag is in
+  the argv, as `--flag` or `--flag=...`), `--flag=value` (the flag has that value, as
+  `--flag value` or `--flag=value`), `NAME=value` (the env variable has that value) or `NAME`
+  (the env variable is set and not empty). `--enable-hierarchical-cache,SGLANG_DSV4_BF16_INDEX_K=1`
+  is a two-setting interaction: either alone is clean. A condition that is empty or starts
+  with `-` but not `--` is refused.
+- `DSV4_DOUBLE_LEAK_RATE` (default 0.2): the per-response corruption probability of the
+  `configured-leak` fault and of the `early-noise` fault below, at any load.
+- `DSV4_DOUBLE_LEAK_FIRST=N` (default 0): the `early-noise` fault: the first N chat requests this
+  process serves are corrupted with probability `DSV4_DOUBLE_LEAK_RATE` (a draw of the seed and
+  the conversation, like the others), whatever the settings; from request N+1 on it is gone. A
+  leak that does not reproduce ("flaky noise"), counted, not timed, so tests stay deterministic.
 - `DSV4_DOUBLE_LOAD=N` (default 1): the declared load, i.e. the number of chat requests the
   engine is to be taken as running (all clients together) while it serves each request. The
   corruption curve below reads this number; it never reads the clock or the requests actually
@@ -89,6 +103,8 @@ Corruption curve (per response; `c` = the load, declared as above, capped at
   `p = 0.032 * clamp((c - 8) / 72)`: 0 up to 8, linear to 3.2% at 80 (12% of 4-round
   sessions, the incident's "bf16 at rounds=4, HiCache off" figure), 2.3% (9%) at 60.
 - Both active: `1 - (1 - p1)(1 - p2)`. fp8 / fp4 index-K, or the fixes: 0.
+- `configured-leak` and `early-noise` (the knobs above): `DSV4_DOUBLE_LEAK_RATE` at any load,
+  compounded with the others the same way.
 """
 
 from __future__ import annotations
@@ -102,6 +118,9 @@ from typing import Any
 
 HICACHE_RACE = "hicache-index-k-race"
 MULTI_STREAM_ALIASING = "multi-stream-aliasing"
+CONFIGURED_LEAK = "configured-leak"
+EARLY_NOISE = "early-noise"
+DEFAULT_LEAK_RATE = 0.2
 
 HICACHE_P_MAX, HICACHE_LOW, HICACHE_HIGH = 0.0455, 4.0, 40.0
 MULTI_STREAM_P_MAX, MULTI_STREAM_LOW, MULTI_STREAM_HIGH = 0.032, 8.0, 80.0
@@ -164,6 +183,10 @@ class DoubleConfig:
     kv_checksum_mismatch_prob: float = 0.0
     bootstrap_failure_prob: float = 0.0
     reported_max_total_tokens: int | None = None
+    leak_when: tuple[str, ...] = ()  # DSV4_DOUBLE_LEAK_WHEN, as given
+    leak_when_met: bool = False  # every condition of leak_when holds for this argv and env
+    leak_rate: float = DEFAULT_LEAK_RATE
+    leak_first: int = 0  # DSV4_DOUBLE_LEAK_FIRST
 
     @property
     def parses_with_recipe(self) -> bool:
@@ -216,7 +239,17 @@ class DoubleConfig:
                 found.append(HICACHE_RACE)
             if self.multi_stream_overlap and "multiStreamIndexKFix" not in self.capabilities:
                 found.append(MULTI_STREAM_ALIASING)
+        if self.leak_when_met:
+            found.append(CONFIGURED_LEAK)
         return tuple(found)
+
+    def fault_probabilities(self, load: float, request_number: int = 0) -> dict[str, float]:
+        """Each active fault's per-response corruption probability at (declared) `load`, for
+        this process's `request_number`-th chat request (1-based; 0: past any early noise)."""
+        found = {f: fault_probability(f, load, self.leak_rate) for f in self.faults}
+        if 0 < request_number <= self.leak_first:
+            found[EARLY_NOISE] = self.leak_rate
+        return found
 
     def capped(self, load: int) -> int:
         """`load` capped at `--max-running-requests` (what the engine can run at once)."""
@@ -229,6 +262,7 @@ class DoubleConfig:
         info["unknown_args"] = list(self.unknown_args)
         info["index_k_dtype"] = self.index_k_dtype
         info["faults"] = list(self.faults)
+        info["leak_when"] = list(self.leak_when)
         info["max_total_num_tokens"] = self.reported_max_total
         info["version"] = self.sglang_version  # as SGLang's: its __version__
         return info
@@ -247,8 +281,11 @@ def _smoothstep(x: float) -> float:
     return t * t * (3 - 2 * t)
 
 
-def fault_probability(fault: str, load: float) -> float:
-    """Per-response corruption probability of one fault at (declared) `load`."""
+def fault_probability(fault: str, load: float, leak_rate: float = DEFAULT_LEAK_RATE) -> float:
+    """Per-response corruption probability of one fault at (declared) `load` (`leak_rate`: the
+    knobs' faults, which do not depend on the load)."""
+    if fault in (CONFIGURED_LEAK, EARLY_NOISE):
+        return leak_rate
     if fault == HICACHE_RACE:
         return HICACHE_P_MAX * _smoothstep((load - HICACHE_LOW) / (HICACHE_HIGH - HICACHE_LOW))
     if fault == MULTI_STREAM_ALIASING:
@@ -257,9 +294,10 @@ def fault_probability(fault: str, load: float) -> float:
     raise ValueError(f"unknown fault {fault!r}")
 
 
-def corruption_probability(config: DoubleConfig, load: float) -> float:
-    """Per-response probability that `config` corrupts a response at (declared) `load`."""
-    clean = math.prod(1 - fault_probability(f, load) for f in config.faults)
+def corruption_probability(config: DoubleConfig, load: float, request_number: int = 0) -> float:
+    """Per-response probability that `config` corrupts a response at (declared) `load` (of its
+    `request_number`-th chat request: the early noise; 0 means past it)."""
+    clean = math.prod(1 - p for p in config.fault_probabilities(load, request_number).values())
     return 1 - clean
 
 
@@ -340,6 +378,42 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _leak_conditions(raw: str) -> tuple[str, ...]:
+    conditions = tuple(c.strip() for c in raw.split(","))
+    if raw.strip() == "":
+        return ()
+    for condition in conditions:
+        if not condition or (condition.startswith("-") and not condition.startswith("--")):
+            raise SystemExit(
+                f"DSV4_DOUBLE_LEAK_WHEN: {condition!r} is not a condition: name `--flag`, "
+                "`--flag=value`, `ENV_NAME=value` or `ENV_NAME`, comma-separated"
+            )
+    return conditions
+
+
+def _argv_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value `flag` has in `argv` (the last one, as argparse), "" for a bare flag, None
+    when absent."""
+    found: str | None = None
+    for index, token in enumerate(argv):
+        if token == flag:
+            following = argv[index + 1] if index + 1 < len(argv) else ""
+            found = "" if following.startswith("--") else following
+        elif token.startswith(flag + "="):
+            found = token[len(flag) + 1 :]
+    return found
+
+
+def leak_condition_holds(condition: str, argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether one DSV4_DOUBLE_LEAK_WHEN condition holds for this argv and env."""
+    name, has_value, value = condition.partition("=")
+    if name.startswith("--"):
+        given = _argv_value(argv, name)
+        return given is not None and (not has_value or given == value)
+    actual = env.get(name)
+    return actual == value if has_value else bool(actual)
+
+
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> DoubleConfig:
     """Resolve argv (sglang flags; unknown ones tolerated) and env into a DoubleConfig."""
     env = os.environ if env is None else env
@@ -365,6 +439,10 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
     except ValueError as error:
         raise SystemExit(str(error)) from error
     reported = env.get("DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "").strip()
+    leak_when = _leak_conditions(env.get("DSV4_DOUBLE_LEAK_WHEN", ""))
+    leak_first_raw = env.get("DSV4_DOUBLE_LEAK_FIRST", "").strip() or "0"
+    if not leak_first_raw.isdigit():
+        raise SystemExit(f"DSV4_DOUBLE_LEAK_FIRST must be an integer >= 0, got {leak_first_raw!r}")
     return DoubleConfig(
         **{k: v for k, v in vars(args).items()},
         unknown_args=tuple(unknown),
@@ -383,4 +461,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         kv_checksum_mismatch_prob=_share(env, "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", 0.0),
         bootstrap_failure_prob=_share(env, "DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB", 0.0),
         reported_max_total_tokens=int(reported) if reported else None,
+        leak_when=leak_when,
+        leak_when_met=bool(leak_when)
+        and all(leak_condition_holds(c, list(argv), env) for c in leak_when),
+        leak_rate=_share(env, "DSV4_DOUBLE_LEAK_RATE", DEFAULT_LEAK_RATE),
+        leak_first=int(leak_first_raw),
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from dsv4_engine_double import outputs, parsers
-from dsv4_engine_double.config import DoubleConfig, corruption_probability, fault_probability
+from dsv4_engine_double.config import DoubleConfig, corruption_probability
 
 TAIL = 1e-4
 
@@ -32,7 +32,7 @@ def answer_corruption_probability(config: DoubleConfig, load: float) -> float:
     corrupt = corruption_probability(config, load)
     if corrupt == 0.0:
         return 0.0
-    weights = {fault: fault_probability(fault, load) for fault in config.faults}
+    weights = config.fault_probabilities(load)
     total = sum(weights.values())
     return corrupt * sum(w / total * _corrupted_share(config, f) for f, w in weights.items())
 

@@ -24,7 +24,12 @@ from enum import StrEnum
 from typing import Any
 
 from dsv4_engine_double import shapes
-from dsv4_engine_double.config import HICACHE_RACE, MULTI_STREAM_ALIASING
+from dsv4_engine_double.config import (
+    CONFIGURED_LEAK,
+    EARLY_NOISE,
+    HICACHE_RACE,
+    MULTI_STREAM_ALIASING,
+)
 from dsv4_engine_double.shapes import EOS, FW, Call, Tools
 
 
@@ -78,7 +83,13 @@ MULTI_STREAM_OUTPUTS: dict[Generated, int] = {
     Generated.REPEATED_CALLS: 1,
     Generated.PROSE_ONLY: 1,
 }
-FAULT_OUTPUTS = {HICACHE_RACE: HICACHE_OUTPUTS, MULTI_STREAM_ALIASING: MULTI_STREAM_OUTPUTS}
+# The knobs' faults (a configured culprit, early noise) leak as the incident's race did.
+FAULT_OUTPUTS = {
+    HICACHE_RACE: HICACHE_OUTPUTS,
+    MULTI_STREAM_ALIASING: MULTI_STREAM_OUTPUTS,
+    CONFIGURED_LEAK: HICACHE_OUTPUTS,
+    EARLY_NOISE: HICACHE_OUTPUTS,
+}
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ from dsv4_engine_double.config import (
     LOAD_HEADER,
     DoubleConfig,
     corruption_probability,
-    fault_probability,
     parse_config,
     parse_load,
 )
@@ -137,10 +136,16 @@ class Answer:
 
 
 def answer(
-    config: DoubleConfig, body: dict[str, Any], rng: random.Random, load: int, prompt_tokens: int
+    config: DoubleConfig,
+    body: dict[str, Any],
+    rng: random.Random,
+    load: int,
+    prompt_tokens: int,
+    request_number: int = 0,
 ) -> Answer:
-    """What a DSML-parsing SGLang with `config` answers at `load` (the declared load): a
-    corrupted model output goes through the parser of the release `config` runs as."""
+    """What a DSML-parsing SGLang with `config` answers at `load` (the declared load) as its
+    `request_number`-th chat request (0: past any early noise): a corrupted model output goes
+    through the parser of the release `config` runs as."""
     tools = [t for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
     u_corrupt, u_fault = rng.random(), rng.random()
     name = _tool_choice(body, tools)
@@ -153,10 +158,10 @@ def answer(
         )
     else:
         call = shapes.make_call(tools, name, rng)
-        if u_corrupt < corruption_probability(config, load):
-            weights = {f: fault_probability(f, load) for f in config.faults}
+        weights = config.fault_probabilities(load, request_number)
+        if u_corrupt < corruption_probability(config, load, request_number):
             total = sum(weights.values())
-            fault = config.faults[0]
+            fault = next(iter(weights))
             acc = 0.0
             for candidate, weight in weights.items():
                 acc += weight / total
@@ -319,6 +324,7 @@ class EngineDouble:
         elif not self.config.observe_load:
             declared = self.config.load
         self.chat_requests += 1
+        number = self.chat_requests
         oom_after = self.config.oom_after
         if oom_after is not None and self.chat_requests > oom_after:
             crash(self.config, f"at chat request {self.chat_requests}")
@@ -343,11 +349,11 @@ class EngineDouble:
             )
             if body.get("stream"):
                 return await self._stream(
-                    request, body, rng, slot, declared, latency, began, prompt_tokens
+                    request, body, rng, slot, declared, latency, began, prompt_tokens, number
                 )
             await asyncio.sleep(latency)
             load = self.config.capped(slot.peak if declared is None else declared)
-            result = answer(self.config, body, rng, load, prompt_tokens)
+            result = answer(self.config, body, rng, load, prompt_tokens, number)
             self._account(result, time.monotonic() - began, 0.4 * latency)
             self._parsed(body, result)
             return web.json_response(result.response, headers={LOAD_HEADER: str(result.load)})
@@ -362,11 +368,12 @@ class EngineDouble:
         latency: float,
         began: float,
         prompt_tokens: int,
+        request_number: int,
     ) -> web.StreamResponse:
         ttft = 0.4 * latency
         await asyncio.sleep(ttft)
         load = self.config.capped(slot.peak if declared is None else declared)
-        result = answer(self.config, body, rng, load, prompt_tokens)
+        result = answer(self.config, body, rng, load, prompt_tokens, request_number)
         options = body.get("stream_options") or {}
         chunks = shapes.stream_chunks(
             result.response, rng, include_usage=bool(options.get("include_usage"))

@@ -1,4 +1,5 @@
-"""The guard's settings (`spec.guard`): canary, leak tap, leak-rate and OOM verdicts, Prometheus."""
+"""The guard's settings (`spec.guard`): canary, leak tap, leak-rate and OOM verdicts, Prometheus,
+bisection."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from dsv4_operator.api.base import ApiModel
+from dsv4_operator.api.bisect import BisectSpec
 from dsv4_operator.api.limits import (
     MAX_CANARY_ROUNDS,
     MAX_CANARY_SESSIONS,
@@ -207,4 +209,8 @@ class GuardSpec(ApiModel):
     bake_time: BakeTime = Field(
         default=Duration("10m"),
         description="Passing time before a revision becomes last known good (0s to 168h).",
+    )
+    bisect: BisectSpec = Field(
+        default_factory=BisectSpec,
+        description="After a rollback, find the settings to blame (off by default).",
     )

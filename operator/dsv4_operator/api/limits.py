@@ -30,6 +30,7 @@ OomWindow = Annotated[Duration, DurationBounds("1m", "24h")]
 BakeTime = Annotated[Duration, DurationBounds("0s", "168h")]
 ScrapeInterval = Annotated[Duration, DurationBounds("5s", "1h")]
 TapInterval = Annotated[Duration, DurationBounds("1s", "5m")]
+BisectTimeLimit = Annotated[Duration, DurationBounds("10m", "168h")]
 
 # Upper bounds of the numbers (docs/security.md#bounds): far above any real deployment, low
 # enough that one object cannot make the operator render, probe or plan without end.

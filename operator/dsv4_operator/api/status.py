@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationError, WithJsonSchema
 
 from dsv4_operator.api.base import ApiModel
+from dsv4_operator.api.bisect import BisectState, CulpritStatus
 from dsv4_operator.api.times import Timestamp
 from dsv4_operator.reasons import GuardReason, GuardResult, Reason, RollbackReason
 
@@ -27,6 +28,7 @@ ConditionType = Literal[
     "PlanVerified",
     "LeakShapesVisible",
     "InUse",
+    "Bisected",
 ]
 Severity = Literal["error", "warning"]
 # Guard verdicts typed with the catalogue's enums (reasons.py) and written as their values; the
@@ -159,6 +161,14 @@ class GuardStatus(ApiModel):
     passing_since: Timestamp | None = Field(
         default=None, description="Start of the current run of Pass verdicts (baking)."
     )
+    bisect: BisectState | None = Field(
+        default=None,
+        description="The running culprit search (spec.guard.bisect), kept so it resumes.",
+    )
+    culprit: CulpritStatus | None = Field(
+        default=None,
+        description="What the last culprit search found: the settings, or why none.",
+    )
 
 
 # status.guard's fields that move with every canary run or tap read while nothing a user acts
@@ -178,6 +188,10 @@ LIVE_GUARD_FIELDS = frozenset(
         "last_message",
     }
 )
+
+
+# status.guard's fields the culprit search writes (signals/bisector.py), not the reconcile pass.
+BISECT_FIELDS = ("bisect", "culprit")
 
 
 class QuarantineEntry(ApiModel):
@@ -232,7 +246,7 @@ class DSV4DeploymentStatus(ApiModel):
         default_factory=list,
         description=(
             "Validated, Ready, Progressing, Degraded, RolledBack, GuardBlind, MonitoringReady, "
-            "WeightsReady, PlanVerified, LeakShapesVisible."
+            "WeightsReady, PlanVerified, LeakShapesVisible, Bisected."
         ),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
@@ -248,6 +262,16 @@ class DSV4DeploymentStatus(ApiModel):
         description="The last restarts of multi-node groups, oldest first, with the last "
         "termination of every pod of each.",
     )
+
+    def reconciled_wire(self) -> dict[str, object]:
+        """What the reconcile pass applies: all but status.guard's culprit search
+        (BISECT_FIELDS), which the search applies under its own field manager, so a pass that
+        read an older status never writes an older search back."""
+        wire = self.to_wire()
+        guard = wire.get("guard")
+        if isinstance(guard, dict):
+            wire["guard"] = {k: v for k, v in guard.items() if k not in BISECT_FIELDS}
+        return wire
 
     def visible_wire(self) -> dict[str, object]:
         """The stored form without status.guard's live fields (LIVE_GUARD_FIELDS): a status

@@ -249,6 +249,11 @@ def decide_guard(given: GuardInput) -> GuardDecision:
             plan_mismatch=given.plan_mismatch.get(target),
         )
         guard_status, blind, ooms = window.status, window.blind, window.ooms
+        if given.previous is not None:
+            # The culprit search's state and answer outlive the window (api/bisect.py).
+            guard_status = guard_status.model_copy(
+                update={"bisect": given.previous.bisect, "culprit": given.previous.culprit}
+            )
         verdict = window.verdict
         reason = verdict.rollback_reason
         if reason is not None and rolled_back is None:

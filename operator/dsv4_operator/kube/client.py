@@ -455,8 +455,16 @@ class KubeClient:
         except NotFound:
             return False
 
-    async def apply_status(self, res: Resource, namespace: str, name: str, status: Obj) -> Obj:
-        """Server-side apply of `.status` (fields this manager no longer sets are removed)."""
+    async def apply_status(
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        status: Obj,
+        field_manager: str | None = None,
+    ) -> Obj:
+        """Server-side apply of `.status` (fields this manager no longer sets are removed);
+        `field_manager`: another manager than the client's, owning only what it applies."""
         body = {
             "apiVersion": res.api_version,
             "kind": res.kind,
@@ -468,7 +476,7 @@ class KubeClient:
             res.path(namespace, name) + "/status",
             verb="patch",
             resource=f"{res.plural}/status",
-            params={"fieldManager": self.field_manager, "force": "true"},
+            params={"fieldManager": field_manager or self.field_manager, "force": "true"},
             body=body,
             content_type="application/apply-patch+yaml",
         )

@@ -37,7 +37,7 @@ async def act(
     `observe` gets every object the API server returns for a write, so a watch cache can
     fold it in before the watch event arrives.
     """
-    status = decision.status.to_wire()
+    status = decision.status.reconciled_wire()
     # Only a change a user would see is written: status.guard's live counts alone are not
     # (api/status.py LIVE_GUARD_FIELDS); they go with the next write and live in metrics.
     due = decision.status.visible_wire() != world.status.visible_wire()

@@ -27,6 +27,7 @@ from dsv4_operator.kube.objects import StatefulSetView
 from dsv4_operator.names import LWS_KIND, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
+from dsv4_operator.reconcile.bisecting import bisected_condition
 from dsv4_operator.reconcile.health import Fault, Health, find_fault, no_fault_message, phase
 from dsv4_operator.reconcile.pod_causes import first_fault, first_problem
 from dsv4_operator.reconcile.weights import WeightsState
@@ -365,6 +366,9 @@ def rollout_status(
     ]
     if plan is not None:
         conditions.append(plan_condition(world, plan))
+    bisected = bisected_condition(world.status)
+    if bisected is not None:
+        conditions.append(_condition(world, "Bisected", *bisected))
     if weights is not None:
         conditions.append(
             _condition(world, "WeightsReady", weights.ready, weights.reason, weights.message)

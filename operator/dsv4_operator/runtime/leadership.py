@@ -52,6 +52,7 @@ class Leadership:
             if owner is not None:
                 self.guards.ensure((namespace, name), self.specs.spec(owner))
                 self.guards.saw_status((namespace, name), owner.get("status"))
+                self.guards.saw_owner((namespace, name), owner)  # resumes a culprit search
                 self.queue.add((namespace, name), owner["metadata"].get("generation"))
         for namespace, name in self.cache.keys(DSV4_MODEL):
             self.queue.add((namespace, MODEL_KEY_PREFIX + name))

@@ -128,7 +128,7 @@ def enqueue_owner(
                 queue.add(model_key(namespace, model))
             if deleted:
                 queue.forget(key)
-                guards.stop(key)
+                guards.deleted(key)
                 specs.forget(key)
                 reconciler.forget(key)  # its canary window and metric series
             else:
@@ -136,6 +136,7 @@ def enqueue_owner(
                 if leadership.leading.is_set():  # a standby runs no canary
                     guards.ensure(key, specs.spec(obj))
                     guards.saw_status(key, obj.get("status"))  # the served revision's changes
+                    guards.saw_owner(key, obj)  # a rollback's culprit search
             return
         labels = meta.get("labels") or {}
         owner = labels.get(DEPLOYMENT_LABEL)

@@ -26,6 +26,8 @@ from dsv4_operator.runtime.queue import WorkQueue
 from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.runtime.watched import WATCHED, enqueue_owner, watchable
 from dsv4_operator.settings import OperatorSettings
+from dsv4_operator.signals.bisector import Bisector, BisectTiming
+from dsv4_operator.signals.canary_runner import probe_runner
 from dsv4_operator.signals.http import GuardHttp
 from dsv4_operator.signals.supervisor import GuardSupervisor
 
@@ -102,6 +104,12 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         http=http,
         policy=op.trust_policy,
         canaries_at_once=op.guard_canaries_at_once,
+        bisector=Bisector(
+            client,
+            probe_runner(http.pods),  # a shadow pair is reached at its pod's IP
+            op.bisect_priority_class,
+            BisectTiming(poll_seconds=op.bisect_poll_seconds),
+        ),
     )
     elector = (
         LeaderElector(

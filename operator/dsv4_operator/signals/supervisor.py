@@ -26,6 +26,7 @@ import logging
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 
@@ -48,6 +49,7 @@ from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.series import scope_labels
+from dsv4_operator.signals.bisector import Bisector
 from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
 from dsv4_operator.signals.engine import EngineReader
 from dsv4_operator.signals.http import GuardHttp
@@ -93,6 +95,7 @@ class GuardSupervisor:
         http: GuardHttp | None = None,
         policy: TrustPolicy | None = None,
         canaries_at_once: int = 16,
+        bisector: Bisector | None = None,
     ) -> None:
         """`http`: the operator's clients (made here, and closed by `close`, when not given);
         `canaries_at_once`: how many canary runs may be in flight across all deployments."""
@@ -114,6 +117,19 @@ class GuardSupervisor:
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
         self._started: dict[Key, datetime] = {}  # when each key's loops began
+        self.bisector = bisector  # the culprit search after a rollback (signals/bisector.py)
+
+    def saw_owner(self, key: Key, owner: Mapping[str, Any]) -> None:
+        """The watch saw `key` change (or a new leader starts): a rollback may start a culprit
+        search, a new generation stops the running one."""
+        if self.bisector is not None:
+            self.bisector.ensure(key, int(owner["metadata"].get("generation") or 0))
+
+    def deleted(self, key: Key) -> None:
+        """`key` is gone: its loops and its culprit search stop."""
+        self.stop(key)
+        if self.bisector is not None:
+            self.bisector.stop(key)
 
     def ensure(self, key: Key, spec: DSV4DeploymentSpec | None) -> None:
         """Start, restart or stop the loop of `key` for its current spec (parsed once per
@@ -190,6 +206,8 @@ class GuardSupervisor:
     async def close(self) -> None:
         for key in list(self._tasks):
             self.stop(key)
+        if self.bisector is not None:
+            await self.bisector.close()
         if self._own_http:
             await self.clients.close()
 
