@@ -127,6 +127,16 @@ def shadow_pair(probe_id: str) -> str:
     return f"b{probe_id}"
 
 
+def shadow_router_name(deployment: str, probe_id: str) -> str:
+    """A probe's own router (Deployment and Service): `<deployment>-router-b<probe>`."""
+    return f"{router_name(deployment)}-{shadow_pair(probe_id)}"
+
+
+def shadow_router_url(deployment: str, namespace: str, probe_id: str, port: int) -> str:
+    """The in-cluster URL of a probe's router Service: the culprit search's canary target."""
+    return f"http://{shadow_router_name(deployment, probe_id)}.{namespace}.svc:{port}"
+
+
 def longest_child_name(deployment: str) -> str:
     """The longest name derived from `deployment` (a BlueGreen pair's prefill StatefulSet)."""
     return child_name(deployment, max(ENGINE_COMPONENTS, key=len), "0" * REVISION_HASH_LENGTH)

@@ -72,8 +72,11 @@ def tap_container(ctx: RenderContext) -> Manifest:
     }
 
 
-def deployment(ctx: RenderContext) -> Manifest:
-    """sgl-model-gateway with --pd-disaggregation, pointed at this revision's engines."""
+def deployment(ctx: RenderContext, tap: bool | None = None) -> Manifest:
+    """sgl-model-gateway with --pd-disaggregation, pointed at `ctx`'s pair of engines (the
+    serving pair's, or a shadow pair's: render/shadow.py). `tap` False leaves the leak tap out
+    (default: as the spec says)."""
+    with_tap = tap_enabled(ctx) if tap is None else tap
     launch = router_command(ctx)
     # The format key (not the revision) is on the pods: a compatible change keeps the router.
     labels = {**ctx.labels(ROUTER), FORMAT_LABEL: ctx.transfer_format}
@@ -111,13 +114,9 @@ def deployment(ctx: RenderContext) -> Manifest:
                                     "periodSeconds": 20,
                                 },
                             },
-                            *([tap_container(ctx)] if tap_enabled(ctx) else []),
+                            *([tap_container(ctx)] if with_tap else []),
                         ],
-                        **(
-                            {"volumes": [{"name": "tap-tmp", "emptyDir": {}}]}
-                            if tap_enabled(ctx)
-                            else {}
-                        ),
+                        **({"volumes": [{"name": "tap-tmp", "emptyDir": {}}]} if with_tap else {}),
                     },
                 },
                 ctx.spec.pod_settings("router"),
@@ -126,8 +125,9 @@ def deployment(ctx: RenderContext) -> Manifest:
     }
 
 
-def service(ctx: RenderContext) -> Manifest:
-    """The OpenAI-compatible endpoint clients (and the canary) use."""
+def service(ctx: RenderContext, tap: bool | None = None) -> Manifest:
+    """The OpenAI-compatible endpoint clients (and the canary) use; `tap` as `deployment`'s."""
+    with_tap = tap_enabled(ctx) if tap is None else tap
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -139,12 +139,12 @@ def service(ctx: RenderContext) -> Manifest:
                 {
                     "name": "api",
                     "port": ctx.spec.router.port,
-                    "targetPort": "tap" if tap_enabled(ctx) else "api",
+                    "targetPort": "tap" if with_tap else "api",
                 },
                 {"name": "metrics", "port": ROUTER_METRICS_PORT, "targetPort": "metrics"},
                 *(
                     [{"name": "tap-metrics", "port": TAP_METRICS_PORT, "targetPort": "tap-metrics"}]
-                    if tap_enabled(ctx)
+                    if with_tap
                     else []
                 ),
             ],

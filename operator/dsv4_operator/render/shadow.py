@@ -1,5 +1,6 @@
 """A culprit search's shadow pair (pure): one probe configuration's prefill and decode, each a
-StatefulSet with its own headless Service, that nothing serving ever selects."""
+StatefulSet with its own headless Service, and the pair's own router (Deployment and Service,
+rendered as the serving router is), that nothing serving ever selects."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from dsv4_operator.names import (
     PROBE_LABEL,
     SHADOW_OF_LABEL,
     shadow_pair,
+    shadow_router_name,
 )
-from dsv4_operator.render import engine
+from dsv4_operator.render import engine, router
 from dsv4_operator.render.context import Manifest, OwnerRef, RenderContext, build_context
 
 
@@ -23,7 +25,10 @@ def probe_spec(spec: DSV4DeploymentSpec) -> DSV4DeploymentSpec:
     concurrency is the production one, its capacity one replica's) and the operator managing
     replicas (an autoscaler never sees it)."""
     one = {"replicas": 1, "scaling": "Operator"}
-    return spec.model_copy(update={role: spec.role(role).model_copy(update=one) for role in ROLES})
+    roles: dict[str, object] = {role: spec.role(role).model_copy(update=one) for role in ROLES}
+    return spec.model_copy(
+        update={**roles, "router": spec.router.model_copy(update={"replicas": 1})}
+    )
 
 
 def shadow_context(
@@ -56,7 +61,7 @@ def _shadowed(manifest: Manifest, deployment: str, probe_id: str) -> Manifest:
     meta = manifest["metadata"]
     meta["labels"] = _relabelled(meta["labels"], deployment, probe_id)
     spec = manifest["spec"]
-    if "selector" in spec and "matchLabels" in spec["selector"]:  # StatefulSet
+    if "selector" in spec and "matchLabels" in spec["selector"]:  # StatefulSet, Deployment
         selector = spec["selector"]["matchLabels"]
         spec["selector"]["matchLabels"] = _relabelled(selector, deployment, probe_id)
         template = spec["template"]["metadata"]
@@ -67,15 +72,29 @@ def _shadowed(manifest: Manifest, deployment: str, probe_id: str) -> Manifest:
 
 
 def render_shadow_pair(ctx: RenderContext, probe_id: str, priority_class: str) -> list[Manifest]:
-    """The probe's prefill and decode: headless Service and StatefulSet each, owned by the
-    DSV4Deployment (deleting it deletes them), their pods at `priority_class`."""
+    """The probe's prefill and decode (headless Service and StatefulSet each) and its router
+    (Service and Deployment), owned by the DSV4Deployment (deleting it deletes them), their
+    pods at `priority_class`."""
     manifests: list[Manifest] = []
     for role in ROLES:
         service = _shadowed(engine.headless_service(ctx, role), ctx.name, probe_id)
         statefulset = _shadowed(engine.statefulset(ctx, role), ctx.name, probe_id)
         statefulset["spec"]["template"]["spec"]["priorityClassName"] = priority_class
         manifests += [service, statefulset]
-    return manifests
+    return manifests + render_shadow_router(ctx, probe_id, priority_class)
+
+
+def render_shadow_router(ctx: RenderContext, probe_id: str, priority_class: str) -> list[Manifest]:
+    """The probe's router: the serving router's Deployment and Service (render/router.py) for
+    `ctx`, whose engine URLs are the shadow pair's, under the probe's own name, without the
+    leak tap (the search's canary classifies every reply itself, and a tap would count the
+    probe's leaks as the deployment's)."""
+    name = shadow_router_name(ctx.name, probe_id)
+    service = _shadowed(router.service(ctx, tap=False), ctx.name, probe_id)
+    deployment = _shadowed(router.deployment(ctx, tap=False), ctx.name, probe_id)
+    service["metadata"]["name"] = deployment["metadata"]["name"] = name
+    deployment["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    return [service, deployment]
 
 
 def shadow_selector(deployment: str, probe_id: str | None = None) -> dict[str, str]:
