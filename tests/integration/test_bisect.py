@@ -3,7 +3,10 @@ doubles in place of the serving pair's pods (engine_support.PodEngines) and of e
 pair's (engine_support.ShadowEngines). The doubles leak only when a configured combination of
 settings is present (DSV4_DOUBLE_LEAK_WHEN, testsupport/dsv4_engine_double/config.py), so the
 culprit is known: the search must find exactly it, and the serving pair and its router must
-see no write and no restart while it runs.
+see no write and no restart while it runs. The operator reaches each shadow pair through the
+pair's own router Service, as a real PD pair is served (shadow_router_support.ShadowRouters
+stands in for the router where kwok runs none), and the canary's requests must reach that
+probe's shadow engines only.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dsv4_operator.bisect import search
 from dsv4_operator.render.context import build_context
 
 from .engine_support import PodEngines, ShadowEngines, baked_revision, loopback_ips
+from .shadow_router_support import ShadowRouters
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +69,23 @@ def ips() -> dict[str, str]:
     return loopback_ips()
 
 
-def _operator(control_plane: ControlPlane, namespace: str, tmp_path: Path, decode: str) -> Any:
+@pytest.fixture
+def routers(cluster: Cluster) -> Iterator[ShadowRouters]:
+    with ShadowRouters(cluster) as proxy:
+        yield proxy
+    print(f"--- shadow routers refused: {proxy.refused[:10]}")
+
+
+def _operator(
+    control_plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    decode: str,
+    routers: ShadowRouters,
+) -> Any:
+    # Service names go through the shadow routers' stand-in; the serving canary (its endpoint
+    # the serving decode double's IP) goes direct.
+    direct = f"{decode},127.0.0.1,localhost"
     return OperatorProcess(
         control_plane.kubeconfig_path,
         namespace,
@@ -73,14 +93,22 @@ def _operator(control_plane: ControlPlane, namespace: str, tmp_path: Path, decod
         DSV4_CANARY_ENDPOINT_ALLOW=f"http://{decode}:30000",
         DSV4_MIN_CANARY_INTERVAL="1s",
         DSV4_BISECT_POLL_SECONDS="0.3",
+        HTTP_PROXY=routers.url,
+        http_proxy=routers.url,
+        NO_PROXY=direct,
+        no_proxy=direct,
     ).start()
 
 
 @pytest.fixture
 def operator(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path, ips: dict[str, str]
+    control_plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    ips: dict[str, str],
+    routers: ShadowRouters,
 ) -> Iterator[OperatorProcess]:
-    op = _operator(control_plane, namespace, tmp_path, ips["decode"])
+    op = _operator(control_plane, namespace, tmp_path, ips["decode"], routers)
     yield op
     op.stop()
     print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
@@ -150,6 +178,31 @@ def _culprit(cluster: Cluster, timeout: float = 240) -> dict[str, Any]:
     return found
 
 
+def _through_shadow_routers(
+    routers: ShadowRouters, answer: dict[str, Any], ips: dict[str, str]
+) -> None:
+    """Every probe that got answers got them through its own router, from its own engines."""
+    routed = list(routers.routed)
+    answered = {p["id"] for p in answer["probes"] if p["responses"]}
+    assert answered, answer
+    assert answered <= {r.probe for r in routed}, (answered, routed[:5])
+    for r in routed:
+        assert r.host == f"dsv4-flash-router-b{r.probe}.{routers.cluster.namespace}.svc:8000"
+        assert r.router_pod.startswith(f"dsv4-flash-router-b{r.probe}-"), r
+        assert r.prefill_pod == f"dsv4-flash-prefill-b{r.probe}-0", r
+        assert r.decode_pod == f"dsv4-flash-decode-b{r.probe}-0", r
+        assert r.decode_address.partition(":")[0] not in ips.values(), r
+
+
+def _no_shadow_objects(cluster: Cluster) -> bool:
+    """No shadow engine, router or Service left."""
+    selector = "dsv4.io/shadow-of=dsv4-flash"
+    return not any(
+        cluster.items(api_version, kind, selector)
+        for api_version, kind in (("apps/v1", "StatefulSet"), ("apps/v1", "Deployment"))
+    ) and not cluster.items("v1", "Service", selector)
+
+
 def _search(
     cluster: Cluster,
     engines: PodEngines,
@@ -157,7 +210,7 @@ def _search(
     bad: dict[str, Any],
 ) -> tuple[dict[str, Any], str]:
     """Bake the good spec, apply the bad one, and wait for the search's answer; the serving
-    pair is compared before and after the search."""
+    pair and its router are compared before and after the search."""
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url))
     good = baked_revision(cluster)
@@ -178,11 +231,7 @@ def _search(
     assert _serving(cluster) == before
     assert engines.starts == starts
     assert shadows.pods_seen, "no shadow pair ran"
-    wait_for(
-        "every shadow pair deleted",
-        lambda: not cluster.items("apps/v1", "StatefulSet", "dsv4.io/shadow-of=dsv4-flash"),
-        timeout=60,
-    )
+    wait_for("every shadow pair and router deleted", lambda: _no_shadow_objects(cluster), 60)
     return answer, good
 
 
@@ -205,11 +254,16 @@ def _leaking(when: str) -> dict[str, str]:
 
 @pytest.mark.long(seconds=90)
 def test_a_single_setting_culprit_is_found_exactly(
-    cluster: Cluster, operator: OperatorProcess, ips: dict[str, str], tmp_path: Path
+    cluster: Cluster,
+    operator: OperatorProcess,
+    routers: ShadowRouters,
+    ips: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     with _doubles(cluster, ips, tmp_path, _leaking("--enable-hierarchical-cache")) as doubles:
         answer, good = _search(cluster, *doubles, DELTA)
     print(answer)
+    _through_shadow_routers(routers, answer, ips)
     assert answer["result"] == "Found", answer
     [setting] = answer["settings"]
     assert "hicache" in setting.lower()
@@ -227,13 +281,18 @@ def test_a_single_setting_culprit_is_found_exactly(
 
 @pytest.mark.long(seconds=90)
 def test_a_two_setting_interaction_is_found_as_the_pair(
-    cluster: Cluster, operator: OperatorProcess, ips: dict[str, str], tmp_path: Path
+    cluster: Cluster,
+    operator: OperatorProcess,
+    routers: ShadowRouters,
+    ips: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     # Either setting alone is clean: only HiCache with multi-stream overlap leaks.
     pair = _leaking("--enable-hierarchical-cache,SGLANG_OPT_USE_MULTI_STREAM_OVERLAP=1")
     with _doubles(cluster, ips, tmp_path, pair) as doubles:
         answer, _ = _search(cluster, *doubles, DELTA)
     print(answer)
+    _through_shadow_routers(routers, answer, ips)
     assert answer["result"] == "Found", answer
     assert len(answer["settings"]) == 2
     assert any("hicache" in s.lower() for s in answer["settings"])
@@ -242,7 +301,11 @@ def test_a_two_setting_interaction_is_found_as_the_pair(
 
 @pytest.mark.long(seconds=90)
 def test_a_leak_that_does_not_reproduce_blames_nothing(
-    cluster: Cluster, operator: OperatorProcess, ips: dict[str, str], tmp_path: Path
+    cluster: Cluster,
+    operator: OperatorProcess,
+    routers: ShadowRouters,
+    ips: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     # The bad revision's serving engine leaks in its first requests only (noise), whatever
     # its settings; the shadow pairs never get the knob: the leak does not come back there.
@@ -266,6 +329,7 @@ def test_a_leak_that_does_not_reproduce_blames_nothing(
     finally:
         engines.stop()
     print(answer)
+    _through_shadow_routers(routers, answer, ips)
     assert answer["result"] == "NotReproduced", answer
     assert answer["settings"] == [] and answer["badRevision"] == bad
     [reproduce] = answer["probes"]  # the whole delta, clean on a shadow pair
@@ -280,6 +344,7 @@ def test_killing_the_operator_mid_search_resumes_it(
     control_plane: ControlPlane,
     cluster: Cluster,
     operator: OperatorProcess,
+    routers: ShadowRouters,
     ips: dict[str, str],
     tmp_path: Path,
 ) -> None:
@@ -300,7 +365,7 @@ def test_killing_the_operator_mid_search_resumes_it(
 
         done_before = wait_for("a first probe recorded", probes_done, timeout=120)
         operator.kill()
-        restarted = _operator(control_plane, namespace, tmp_path, ips["decode"])
+        restarted = _operator(control_plane, namespace, tmp_path, ips["decode"], routers)
         try:
             answer = _culprit(cluster)
         finally:
@@ -334,11 +399,7 @@ def test_a_spec_change_stops_the_search_and_deletes_its_shadow_pairs(
         # The user fixes the spec: back to the good settings (a new generation).
         cluster.apply(_spec(namespace, engines.url))
         answer = _culprit(cluster, timeout=60)
-        wait_for(
-            "every shadow pair deleted",
-            lambda: not cluster.items("apps/v1", "StatefulSet", "dsv4.io/shadow-of=dsv4-flash"),
-            timeout=60,
-        )
+        wait_for("every shadow pair and router deleted", lambda: _no_shadow_objects(cluster), 60)
     assert answer["result"] == "Stopped", answer
     assert answer["settings"] == [] and "the spec changed" in answer["message"]
     assert "bisect" not in cluster.get()["status"]["guard"]

@@ -106,7 +106,9 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         canaries_at_once=op.guard_canaries_at_once,
         bisector=Bisector(
             client,
-            probe_runner(http.pods),  # a shadow pair is reached at its pod's IP
+            # Through each shadow pair's router Service, as the guard's canary reaches the
+            # serving router: by name, with the environment's proxy settings.
+            probe_runner(http.spec_urls),
             op.bisect_priority_class,
             BisectTiming(poll_seconds=op.bisect_poll_seconds),
         ),

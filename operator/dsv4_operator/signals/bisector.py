@@ -2,9 +2,10 @@
 the configuration delta on shadow pairs and write what it found.
 
 Decisions are reconcile/bisecting.py's and the search is bisect/search.py's; this module only
-reads the owner and its ControllerRevisions, creates and deletes shadow pairs, runs the canary
-against them, and applies `status.guard.bisect` / `status.guard.culprit` under its own field
-manager (the reconcile pass never writes them: api/status.py BISECT_FIELDS). The state is
+reads the owner and its ControllerRevisions, creates and deletes shadow pairs (each with its own
+router), runs the canary against each through its router's Service, and applies
+`status.guard.bisect` / `status.guard.culprit` under its own field manager (the reconcile pass
+never writes them: api/status.py BISECT_FIELDS). The state is
 written after every probe, so a restarted operator resumes the search where it was: a probe
 that was running is run again from its start.
 """
@@ -23,7 +24,6 @@ from pydantic import ValidationError
 
 from dsv4_operator import metrics
 from dsv4_operator.api.bisect import BisectState, CulpritStatus
-from dsv4_operator.api.limits import ENGINE_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus, parse_status
 from dsv4_operator.bisect import search
@@ -33,9 +33,25 @@ from dsv4_operator.events import Note
 from dsv4_operator.guard.observations import Key
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.objects import Obj
-from dsv4_operator.kube.resources import CONTROLLER_REVISION, DSV4, POD, SERVICE, STATEFULSET
+from dsv4_operator.kube.resources import (
+    CONTROLLER_REVISION,
+    DEPLOYMENT,
+    DSV4,
+    POD,
+    SERVICE,
+    STATEFULSET,
+)
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
-from dsv4_operator.names import API_VERSION, KIND, OPERATOR, ROLE_LABEL, revision_name
+from dsv4_operator.names import (
+    API_VERSION,
+    KIND,
+    OPERATOR,
+    PROBE_LABEL,
+    ROLE_LABEL,
+    ROUTER,
+    revision_name,
+    shadow_router_url,
+)
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import EventReason
 from dsv4_operator.reconcile.bisecting import (
@@ -244,9 +260,9 @@ class Bisector:
         delta: Delta,
         probe: search.ProbeRequest,
     ) -> tuple[Outcome, ProbeEvidence | None]:
-        """Create the probe's shadow pair, wait until it is Ready, run the canary at the
-        production concurrency (the serving spec's) until the sequential test decides, and
-        delete the pair."""
+        """Create the probe's shadow pair and its router, wait until they are Ready, run the
+        canary through the router at the production concurrency (the serving spec's) until the
+        sequential test decides, and delete them."""
         namespace, name = key
         owner_ref = OwnerRef(API_VERSION, KIND, name, owner["metadata"]["uid"])
         probe_spec = parse_spec(delta.spec_for(probe.units))
@@ -259,9 +275,10 @@ class Bisector:
             model = spec.model.served_name or spec.model.profile
             rule = ProbeJudge.from_guard(spec.guard)
             leaks = responses = silent = 0
+            endpoint = shadow_router_url(name, namespace, probe.probe_id, ctx.spec.router.port)
             while True:
-                # Looked up for every run: a pod that restarted answers at its new IP.
-                endpoint = await self._ready_endpoint(key, probe.probe_id)
+                # Waited for before every run: a restarted pod is not Ready for a while.
+                await self._ready(key, probe.probe_id)
                 run = await self.runner(endpoint, model, spec)
                 answered = sum(c for v, c in run.counts.items() if v != VerdictKind.ERROR)
                 leaks += sum(run.counts.get(v, 0) for v in LEAK_KINDS)
@@ -278,28 +295,28 @@ class Bisector:
         finally:
             await self._remove_pairs(key, only=probe.probe_id)
 
-    async def _ready_endpoint(self, key: Key, probe_id: str) -> str:
-        """The decode engine of the probe's pair, once both roles' pods are Ready."""
+    async def _ready(self, key: Key, probe_id: str) -> None:
+        """Until the probe's prefill, decode and router pods are Ready: a real PD pair is
+        served only through a router (--pd-disaggregation), so the canary goes through it."""
         namespace, name = key
         while True:
             pods = [
                 PodView.of(p)
                 for p in await self.client.list(POD, namespace, shadow_selector(name, probe_id))
             ]
-            ready = {pod.labels.get(ROLE_LABEL): pod for pod in pods if pod.ready and pod.ip}
-            decode = ready.get("decode")
-            if decode is not None and "prefill" in ready:
-                return f"http://{decode.ip}:{ENGINE_PORT}"
+            ready = {pod.labels.get(ROLE_LABEL) for pod in pods if pod.ready and pod.ip}
+            if ready >= {"prefill", "decode", ROUTER}:
+                return
             await asyncio.sleep(self.timing.poll_seconds)
 
     async def _remove_pairs(
         self, key: Key, keep: set[str] | None = None, only: str | None = None
     ) -> None:
-        """Delete shadow pairs: one probe's (`only`), or all but `keep`'s."""
+        """Delete shadow pairs and their routers: one probe's (`only`), or all but `keep`'s."""
         namespace, name = key
-        for res in (STATEFULSET, SERVICE):
+        for res in (DEPLOYMENT, STATEFULSET, SERVICE):
             for obj in await self.client.list(res, namespace, shadow_selector(name, only)):
-                probe = obj["metadata"].get("labels", {}).get("dsv4.io/probe")
+                probe = obj["metadata"].get("labels", {}).get(PROBE_LABEL)
                 if only is None and keep is not None and probe in keep:
                     continue
                 with contextlib.suppress(Exception):
