@@ -20,12 +20,13 @@ LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=32, keepal
 class GuardHttp:
     """Two connection pools with one TLS context between them.
 
-    `spec_urls` reads what a spec names (the canary's endpoint and the router Service,
-    Prometheus, tap.metricsEndpoints): it follows HTTP(S)_PROXY and NO_PROXY, as any client
-    would. `pods` reads pod IPs (the router pods' taps, the engine pods): never through a
-    proxy, since httpx's NO_PROXY takes no CIDR ranges and a cluster-wide HTTP_PROXY would
-    otherwise catch every pod IP. Building a TLS context loads the CA bundle, which cost
-    about a fifth of an idle operator's CPU when every canary run made a client of its own.
+    `spec_urls` reads what a spec names (the canary's endpoint and the router Service, each
+    culprit-search shadow router's Service, Prometheus, tap.metricsEndpoints): it follows
+    HTTP(S)_PROXY and NO_PROXY, as any client would. `pods` reads pod IPs (the router pods'
+    taps, the engine pods): never through a proxy, since httpx's NO_PROXY takes no CIDR
+    ranges and a cluster-wide HTTP_PROXY would otherwise catch every pod IP. Building a TLS
+    context loads the CA bundle, which cost about a fifth of an idle operator's CPU when every
+    canary run made a client of its own.
     """
 
     spec_urls: httpx.AsyncClient
