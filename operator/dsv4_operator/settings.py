@@ -78,7 +78,8 @@ class OperatorSettings(BaseSettings):
         default=5.0,
         gt=0,
         le=300,
-        description="How often a culprit search checks whether a shadow pair is Ready.",
+        description="How often a culprit search checks whether a shadow pair and its router are "
+        "Ready.",
     )
     prometheus_url: str = Field(
         default="", description="The Prometheus the guard queries when a spec has queries."
