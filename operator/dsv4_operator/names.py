@@ -107,6 +107,14 @@ STATEFULSET_NAME_LIMIT = 52
 MAX_DEPLOYMENT_NAME_LENGTH = (
     STATEFULSET_NAME_LIMIT - len(f"-{max(ENGINE_COMPONENTS, key=len)}-") - REVISION_HASH_LENGTH
 )
+# A multi-node role's LeaderWorkerSet has its StatefulSet's name, and the LWS controller makes
+# one worker StatefulSet per group, `<lws>-<group index>` (lws pkg/controllers/pod_controller.go,
+# constructWorkerStatefulSetApplyConfiguration), whose pods carry the same 63-character
+# controller-revision-hash label; worker pods are `<lws>-<group>-<worker>` (63-character
+# hostnames). The index of the last of api/limits.py's MAX_ROLE_REPLICAS (128) groups bounds a
+# multi-node deployment's name further (here as a number: api/ imports this module).
+MAX_GROUP_INDEX = 127
+MAX_MULTI_NODE_DEPLOYMENT_NAME_LENGTH = MAX_DEPLOYMENT_NAME_LENGTH - len(f"-{MAX_GROUP_INDEX}")
 
 
 def child_name(deployment: str, component: str, pair: str = MAIN_PAIR) -> str:
@@ -130,6 +138,12 @@ def shadow_pair(probe_id: str) -> str:
 def longest_child_name(deployment: str) -> str:
     """The longest name derived from `deployment` (a BlueGreen pair's prefill StatefulSet)."""
     return child_name(deployment, max(ENGINE_COMPONENTS, key=len), "0" * REVISION_HASH_LENGTH)
+
+
+def longest_group_child_name(deployment: str) -> str:
+    """The longest name derived from a multi-node `deployment`: the worker StatefulSet of the
+    last group of a BlueGreen pair's prefill LeaderWorkerSet."""
+    return f"{longest_child_name(deployment)}-{MAX_GROUP_INDEX}"
 
 
 def router_name(deployment: str) -> str:
