@@ -85,6 +85,9 @@ LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
 LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
 LWS_GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
 LWS_WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"  # "0" on a group's leader
+# On a LeaderWorkerSet: the node label key whose value every pod of a group shares, one group
+# per value (lws pkg/webhooks/pod_webhook.go, SetExclusiveAffinities).
+LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION = f"{LWS_PREFIX}/exclusive-topology"
 # The environment the LWS pod webhook injects into every container of a group.
 LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
