@@ -112,3 +112,25 @@ def test_pods_of_other_deployments_and_single_node_pods_are_not_captured() -> No
     assert len(capture.pending(("ns", "y"), recorded=[])) == 1
     capture.forget(("ns", "y"))
     assert capture.pending(("ns", "y"), recorded=[]) == ()
+
+
+def test_the_guard_counts_a_captured_oom_in_the_pass_that_records_it(variant: Variant) -> None:
+    spec = variant(TWO_NODES)
+    first = decide(make_world(spec))
+    live = as_live(first.apply)
+    revision = live["statefulsets"][0]["metadata"]["labels"]["dsv4.io/revision"]
+    settled = decide(make_world(spec, revisions=first.create, **live))
+    assert settled.status.guard is not None and settled.status.guard.oom_events == 0
+    capture = GroupRestartCapture(lambda: NOW)
+    _restart_seen_only_by_the_watch(capture, revision)
+    world = make_world(
+        spec,
+        status=settled.status,
+        revisions=first.create,
+        pods=[group_pod(w, revision, uid=f"new-{w}") for w in (0, 1)],
+        captured_restarts=capture.pending(KEY, recorded=[]),
+        **live,
+    )
+    seen = decide(world)
+    assert seen.status.guard is not None and seen.status.guard.oom_events == 1
+    assert len(seen.status.group_restarts) == 1

@@ -23,6 +23,7 @@ from dsv4_operator.pods import ContainerView, PodView, Terminated
 from dsv4_operator.reasons import ConditionReason, EventReason
 from dsv4_operator.reconcile.actions import Actions
 from dsv4_operator.reconcile.status import Progress
+from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import RenderContext
 
 # Entries kept in status (oldest dropped first), and characters of one termination message.
@@ -137,16 +138,21 @@ def groups_unavailable(actions: Actions, ctx: RenderContext) -> Progress | None:
     return Progress(ConditionReason.GROUPS_UNAVAILABLE, message)
 
 
+def unrecorded_group_restarts(world: World) -> list[GroupRestart]:
+    """The group restarts status lacks: what the watch saw first (the group may be gone
+    already, reconcile/group_capture.py), then what this pass's pods show."""
+    recorded = {r.key for r in world.status.group_restarts}
+    captured = [r for r in world.captured_restarts if r.key not in recorded]
+    return captured + new_group_restarts(
+        world.pods, [*world.status.group_restarts, *captured], world.now
+    )
+
+
 def with_group_restarts(actions: Actions, status: DSV4DeploymentStatus) -> DSV4DeploymentStatus:
     """`status` keeping every group restart seen (the last few), one Warning for each new one:
     the restart deletes the pods and their termination messages with them."""
     world = actions.world
-    recorded = {r.key for r in world.status.group_restarts}
-    # What the watch saw first (the group may be gone already), then what this pass sees.
-    captured = [r for r in world.captured_restarts if r.key not in recorded]
-    new = captured + new_group_restarts(
-        world.pods, [*world.status.group_restarts, *captured], world.now
-    )
+    new = unrecorded_group_restarts(world)
     for restart in new:
         actions.note("Warning", EventReason.GROUP_RESTARTED, restart_message(restart))
     kept = [*world.status.group_restarts, *new][-MAX_GROUP_RESTARTS:]
