@@ -85,6 +85,9 @@ LWS_PREFIX = "leaderworkerset.sigs.k8s.io"
 LWS_NAME_LABEL = f"{LWS_PREFIX}/name"
 LWS_GROUP_INDEX_LABEL = f"{LWS_PREFIX}/group-index"
 LWS_WORKER_INDEX_LABEL = f"{LWS_PREFIX}/worker-index"  # "0" on a group's leader
+# On a LeaderWorkerSet: the node label key whose value every pod of a group shares, one group
+# per value (lws pkg/webhooks/pod_webhook.go, SetExclusiveAffinities).
+LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION = f"{LWS_PREFIX}/exclusive-topology"
 # The environment the LWS pod webhook injects into every container of a group.
 LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 LWS_GROUP_SIZE_ENV = "LWS_GROUP_SIZE"
@@ -107,6 +110,14 @@ STATEFULSET_NAME_LIMIT = 52
 MAX_DEPLOYMENT_NAME_LENGTH = (
     STATEFULSET_NAME_LIMIT - len(f"-{max(ENGINE_COMPONENTS, key=len)}-") - REVISION_HASH_LENGTH
 )
+# A multi-node role's LeaderWorkerSet has its StatefulSet's name, and the LWS controller makes
+# one worker StatefulSet per group, `<lws>-<group index>` (lws pkg/controllers/pod_controller.go,
+# constructWorkerStatefulSetApplyConfiguration), whose pods carry the same 63-character
+# controller-revision-hash label; worker pods are `<lws>-<group>-<worker>` (63-character
+# hostnames). The index of the last of api/limits.py's MAX_ROLE_REPLICAS (128) groups bounds a
+# multi-node deployment's name further (here as a number: api/ imports this module).
+MAX_GROUP_INDEX = 127
+MAX_MULTI_NODE_DEPLOYMENT_NAME_LENGTH = MAX_DEPLOYMENT_NAME_LENGTH - len(f"-{MAX_GROUP_INDEX}")
 
 
 def child_name(deployment: str, component: str, pair: str = MAIN_PAIR) -> str:
@@ -140,6 +151,12 @@ def shadow_router_url(deployment: str, namespace: str, probe_id: str, port: int)
 def longest_child_name(deployment: str) -> str:
     """The longest name derived from `deployment` (a BlueGreen pair's prefill StatefulSet)."""
     return child_name(deployment, max(ENGINE_COMPONENTS, key=len), "0" * REVISION_HASH_LENGTH)
+
+
+def longest_group_child_name(deployment: str) -> str:
+    """The longest name derived from a multi-node `deployment`: the worker StatefulSet of the
+    last group of a BlueGreen pair's prefill LeaderWorkerSet."""
+    return f"{longest_child_name(deployment)}-{MAX_GROUP_INDEX}"
 
 
 def router_name(deployment: str) -> str:

@@ -20,9 +20,12 @@ from dsv4_operator.api.status import Finding
 from dsv4_operator.api.times import parse_duration
 from dsv4_operator.names import (
     MAX_DEPLOYMENT_NAME_LENGTH,
+    MAX_GROUP_INDEX,
+    MAX_MULTI_NODE_DEPLOYMENT_NAME_LENGTH,
     NAME_PATTERN,
     STATEFULSET_NAME_LIMIT,
     longest_child_name,
+    longest_group_child_name,
     router_name,
 )
 
@@ -86,6 +89,24 @@ def name_findings(name: str | None) -> list[Finding]:
     if problem is None:
         return []
     return [Finding(rule=NAME_RULE, severity="error", field="metadata.name", message=problem)]
+
+
+def group_name_findings(name: str | None, multi_node_fields: Iterable[str]) -> list[Finding]:
+    """A multi-node deployment's name too long for its LeaderWorkerSet groups' worker
+    StatefulSets (`multi_node_fields`: the spec fields of its multi-node roles, none for a
+    single-node deployment, which the shorter bound does not concern)."""
+    roles = list(multi_node_fields)
+    if name is None or not roles or len(name) <= MAX_MULTI_NODE_DEPLOYMENT_NAME_LENGTH:
+        return []
+    message = (
+        f"is {len(name)} characters; a deployment with multi-node roles ({', '.join(roles)}) "
+        f"may have at most {MAX_MULTI_NODE_DEPLOYMENT_NAME_LENGTH}, because the LeaderWorkerSet "
+        f"controller names each group's worker StatefulSet '<LeaderWorkerSet>-<group index>', "
+        f"and the longest, {longest_group_child_name(name)!r} (group {MAX_GROUP_INDEX} of a "
+        f"BlueGreen pair's prefill), must stay within {STATEFULSET_NAME_LIMIT} characters (the "
+        "63-character controller-revision-hash label of its pods); shorten metadata.name"
+    )
+    return [Finding(rule=NAME_RULE, severity="error", field="metadata.name", message=message)]
 
 
 # --- URLs -----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The real LeaderWorkerSet controller in the dev control plane (multi-node roles): its groups
 land on kwok GPU nodes with the LWS environment a multi-node engine reads, a failing or
 deleted worker restarts its whole group, a DisaggregatedSet makes one LeaderWorkerSet per
-role, its webhooks are wired (the API server calls them: an LWS the schema accepts but the
+role, exclusive topology keeps each group in one rack and each rack to one group, its
+webhooks are wired (the API server calls them: an LWS the schema accepts but the
 webhook refuses is refused), and a rendered object can be dry-run against them."""
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError, NotFoundError
 
 from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster.deployments import weights_volume
 from dsv4_devcluster.kubelet import (
     finish_termination,
     hold_termination,
@@ -26,6 +29,10 @@ from dsv4_devcluster.lws import (
     SUBGROUP_EXCLUSIVE_ANNOTATION,
     probe_lws,
 )
+from dsv4_operator.engine.validation import validate_object
+from dsv4_operator.render.children import render_spec
+from tests.support.builders import with_changes
+from tests.support.paths import REPO
 
 from .cluster_support import dry_run_apply
 
@@ -274,3 +281,73 @@ def test_a_dry_run_apply_returns_the_webhook_defaulted_object_and_stores_nothing
     invalid = probe_lws("dry-bad", annotations={SUBGROUP_EXCLUSIVE_ANNOTATION: "rack"})
     with pytest.raises(AssertionError, match="subgroup-exclusive-topology without subGroupSize"):
         dry_run_apply(lws_dyn, lws_namespace, invalid)
+
+
+RACK_LABEL = "dsv4.test/rack"  # a fabric domain label, as a rack or NVLink clique label is
+
+
+def test_exclusive_topology_puts_each_group_on_nodes_of_one_rack_and_one_group_per_rack(
+    lws_control_plane: ControlPlane, lws_dyn: Any, lws_namespace: str
+) -> None:
+    """The operator's own rendering of DSV4-Pro prefill (2 groups of 2 whole H200 nodes) with
+    spec.gpu.exclusiveTopology: on two racks of two nodes each, the LWS controller puts each
+    group on the nodes of one rack, and the other group on the other rack."""
+    racks = ("rack-a", "rack-b")
+    for rack in racks:
+        for i in range(2):
+            lws_control_plane.add_gpu_node(
+                f"{lws_namespace}-{rack}-{i}",
+                GPUS_PER_NODE,
+                GPU_PRODUCT,
+                labels={POOL_LABEL: lws_namespace, RACK_LABEL: rack},
+            )
+    weights_volume(lws_dyn, lws_namespace, claim="dsv4-pro-weights")
+    doc = yaml.safe_load((REPO / "examples" / "dsv4-pro-pd-h200.yaml").read_text())
+    doc["metadata"] = {"name": "dsv4-pro", "namespace": lws_namespace}
+    doc = with_changes(
+        doc,
+        {
+            "spec.gpu.exclusiveTopology": RACK_LABEL,
+            "spec.prefill.replicas": 2,
+            "spec.prefill.nodeSelector": {POOL_LABEL: lws_namespace},
+        },
+    )
+    validation = validate_object(doc)
+    assert validation.valid and validation.spec is not None, validation.errors
+    [prefill] = [
+        c
+        for c in render_spec("dsv4-pro", lws_namespace, validation.spec)
+        if c["kind"] == "LeaderWorkerSet" and c["metadata"]["name"] == "dsv4-pro-prefill"
+    ]
+    create(lws_dyn, lws_namespace, prefill)
+    pods = lws_dyn.resources.get(api_version="v1", kind="Pod")
+
+    def scheduled() -> list[dict[str, Any]] | None:
+        listed = pods.get(namespace=lws_namespace, label_selector=f"{SET_NAME}=dsv4-pro-prefill")
+        items: list[dict[str, Any]] = listed.to_dict()["items"]
+        placed = [p for p in items if p["spec"].get("nodeName")]
+        return placed if len(placed) == 4 else None
+
+    placed = wait_for("4 pods of dsv4-pro-prefill scheduled", scheduled, timeout=120)
+    rack_of = {
+        n["metadata"]["name"]: n["metadata"]["labels"].get(RACK_LABEL)
+        for n in lws_dyn.resources.get(api_version="v1", kind="Node")
+        .get(label_selector=f"{POOL_LABEL}={lws_namespace}")
+        .to_dict()["items"]
+    }
+    groups: dict[str, set[str | None]] = {}
+    for pod in placed:
+        group = pod["metadata"]["labels"][GROUP_INDEX]
+        groups.setdefault(group, set()).add(rack_of[pod["spec"]["nodeName"]])
+        # What LWS made of the annotation: the leader an affinity on the rack label (its pod
+        # webhook), the workers a node selector on their leader's rack (its pod controller).
+        if pod["metadata"]["labels"][WORKER_INDEX] == "0":
+            terms = pod["spec"]["affinity"]["podAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert [t["topologyKey"] for t in terms] == [RACK_LABEL], terms
+        else:
+            assert pod["spec"]["nodeSelector"][RACK_LABEL] == rack_of[pod["spec"]["nodeName"]]
+    assert sorted(groups) == ["0", "1"]
+    assert all(len(r) == 1 for r in groups.values()), groups  # one rack per group
+    assert {r for rs in groups.values() for r in rs} == set(racks), groups  # one group per rack

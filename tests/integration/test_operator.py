@@ -572,6 +572,7 @@ def test_admission_webhook_refuses_unsafe_specs(
         )
         assert "Warning: spec.engine.maxRunningRequests: [DSV4-R006]" in applied.stderr
         _hostile_input_at_the_webhook(control_plane, cluster, configs, webhook)
+        _long_multi_node_name_at_the_webhook(cluster)
     finally:
         webhook.stop()
         print(f"--- webhook operator log ---\n{webhook.log_tail()}")
@@ -618,6 +619,19 @@ def _hostile_input_at_the_webhook(
     assert "4300 digits" in reply.reason_phrase, reply.reason_phrase
     webhook.alive_or_raise()
     assert "Traceback" not in webhook.log_tail(200)
+
+
+def _long_multi_node_name_at_the_webhook(cluster: Cluster) -> None:
+    """A multi-node spec (TP16 on 8-GPU nodes) under a 30-character name, one more than its
+    LeaderWorkerSets' worker StatefulSets leave: the API server refuses it through the
+    webhook, naming metadata.name and the maximum (the CRD's own bound is 33)."""
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    multi_node = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
+    with pytest.raises(DynamicApiError) as refused:
+        cluster.apply(example(cluster.namespace, name="m" * 30, **multi_node))
+    message = str(refused.value.body)
+    assert "metadata.name" in message and "at most 29" in message, message
 
 
 REPLICA_POLICY = "at most 2 replicas per StatefulSet in this namespace"

@@ -11,6 +11,7 @@ from dsv4_operator.pods import PodView
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.groups import new_group_restarts
 from tests.support.builders import NOW, as_live, make_world
+from tests.support.group_pods import group_pod
 
 TWO_NODES = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
 Variant = Callable[..., dict[str, Any]]
@@ -107,39 +108,13 @@ def test_bluegreen_for_groups_new_pair_then_router_then_old_groups_last(variant:
     assert order[-2:] == [("LeaderWorkerSet", "x-prefill"), ("LeaderWorkerSet", "x-decode")]
 
 
-def _group_pod(
-    worker: int, revision: str, restarts: int = 0, message: str = "", reason: str = "OOMKilled"
-) -> dict[str, Any]:
-    """A pod of group 0 of x-decode (worker 0 is the leader), its container restarted so."""
-    name = "x-decode-0" if worker == 0 else f"x-decode-0-{worker}"
-    container: dict[str, Any] = {"name": "engine", "restartCount": restarts, "state": {}}
-    if restarts:
-        container["lastState"] = {
-            "terminated": {"reason": reason, "exitCode": 137, "message": message}
-        }
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{worker}",
-            "labels": {
-                "dsv4.io/role": "decode",
-                "dsv4.io/revision": revision,
-                "leaderworkerset.sigs.k8s.io/name": "x-decode",
-                "leaderworkerset.sigs.k8s.io/group-index": "0",
-                "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
-            },
-        },
-        "status": {"phase": "Running", "containerStatuses": [container]},
-    }
-
-
 def test_a_worker_failure_keeps_every_pod_of_its_group_in_status_once(variant: Variant) -> None:
     spec = variant(TWO_NODES)
     first = decide(make_world(spec))
     live = as_live(first.apply)
     revision = live["statefulsets"][0]["metadata"]["labels"]["dsv4.io/revision"]
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    pods = [_group_pod(0, revision), _group_pod(1, revision, restarts=1, message=oom)]
+    pods = [group_pod(0, revision), group_pod(1, revision, restarts=1, message=oom)]
     seen = decide(make_world(spec, revisions=first.create, pods=pods, **live))
     [restart] = seen.status.group_restarts
     assert restart.group == "x-decode-0" and restart.role == "decode"
@@ -164,8 +139,8 @@ def test_a_group_counts_one_oom_whichever_of_its_pods_ran_out_and_after_they_are
     oom = "torch.OutOfMemoryError: CUDA out of memory."
     # Both ranks of the group ran out of memory (TP ranks fail together).
     pods = [
-        PodView.of(_group_pod(0, "r1", restarts=1, message=oom)),
-        PodView.of(_group_pod(1, "r1", restarts=1, message=oom)),
+        PodView.of(group_pod(0, "r1", restarts=1, message=oom)),
+        PodView.of(group_pod(1, "r1", restarts=1, message=oom)),
     ]
     restarts = new_group_restarts(pods, [], NOW)
     [event] = oom_events(pods, restarts)
@@ -175,7 +150,7 @@ def test_a_group_counts_one_oom_whichever_of_its_pods_ran_out_and_after_they_are
     assert oom_events(pods) == []
     assert oom_events([], restarts) == [event]
     # A group restart without a memory signature is no OOM.
-    crash = [PodView.of(_group_pod(1, "r1", restarts=1, message="NCCL error", reason="Error"))]
+    crash = [PodView.of(group_pod(1, "r1", restarts=1, message="NCCL error", reason="Error"))]
     assert len(new_group_restarts(crash, [], NOW)) == 1
     assert oom_events([], new_group_restarts(crash, [], NOW)) == []
 
@@ -185,7 +160,7 @@ def test_the_status_names_the_stuck_pod_of_a_stuck_group_and_why(variant: Varian
     first = decide(make_world(spec))
     live = as_live(first.apply, ready=False)
     revision = live["statefulsets"][0]["metadata"]["labels"]["dsv4.io/revision"]
-    leader, worker = _group_pod(0, revision), _group_pod(1, revision)
+    leader, worker = group_pod(0, revision), group_pod(1, revision)
     worker["status"] = {
         "phase": "Pending",
         "conditions": [

@@ -11,6 +11,7 @@ import yaml
 
 from dsv4_operator.api.limits import DIST_INIT_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.render.children import render_spec
 from dsv4_operator.render.context import OwnerRef, build_context
 from tests.support.builders import example_doc, with_changes
@@ -20,6 +21,11 @@ GOLDEN = REPO / "tests" / "unit" / "golden" / "dsv4-multinode-children.yaml"
 OWNER = OwnerRef("dsv4.io/v1alpha1", "DSV4Deployment", "dsv4-pro", "0000-uid")
 # Each role: TP16 over two nodes of 8 GPUs (the 2 nodes x 8 GPUs per role).
 TWO_NODES = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
+# The LeaderWorkerSets of the same spec with exclusive topology on an NVLink-domain label.
+GOLDEN_EXCLUSIVE = REPO / "tests" / "unit" / "golden" / "dsv4-multinode-exclusive-lws.yaml"
+NVLINK_DOMAIN = "nvidia.com/gpu.clique"
+EXCLUSIVE = {**TWO_NODES, "gpu.exclusiveTopology": NVLINK_DOMAIN}
+EXCLUSIVE_ANNOTATION = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 
 
 def _spec(changes: dict[str, Any]) -> DSV4DeploymentSpec:
@@ -38,8 +44,16 @@ def _golden_text() -> str:
     return yaml.safe_dump_all(_render(TWO_NODES), sort_keys=True, width=100)
 
 
-def test_golden_multinode_children() -> None:
-    assert GOLDEN.read_text() == _golden_text(), (
+def _golden_exclusive_text() -> str:
+    groups = [o for o in _render(EXCLUSIVE) if o["kind"] == "LeaderWorkerSet"]
+    return yaml.safe_dump_all(groups, sort_keys=True, width=100)
+
+
+@pytest.mark.parametrize(
+    ("golden", "text"), [(GOLDEN, _golden_text), (GOLDEN_EXCLUSIVE, _golden_exclusive_text)]
+)
+def test_golden_multinode_children(golden: Any, text: Any) -> None:
+    assert golden.read_text() == text(), (
         "rendered multi-node children changed; if intended, regenerate with "
         "`python -m tests.unit.test_render_groups` and review the diff"
     )
@@ -114,5 +128,49 @@ def test_the_same_gpus_on_other_nodes_is_another_revision_single_node_hashes_sta
     assert plain.nodes == {}
 
 
-if __name__ == "__main__":  # regenerate the golden file
+def test_exclusive_topology_annotates_every_group_set_and_nothing_else() -> None:
+    plain, exclusive = _render(TWO_NODES), _render(EXCLUSIVE)
+    for role in ("prefill", "decode"):
+        lws = _by(exclusive, "LeaderWorkerSet", f"dsv4-pro-{role}")
+        assert lws["metadata"]["annotations"][EXCLUSIVE_ANNOTATION] == NVLINK_DOMAIN
+        before = _by(plain, "LeaderWorkerSet", f"dsv4-pro-{role}")
+        assert EXCLUSIVE_ANNOTATION not in before["metadata"]["annotations"]
+        # Placement, like a node selector: no new revision, no new templates.
+        assert lws["metadata"]["labels"] == before["metadata"]["labels"]
+        assert lws["spec"] == before["spec"]
+
+
+def test_a_single_node_role_ignores_exclusive_topology() -> None:
+    objs = _render({"prefill.tensorParallel": 16, "gpu.exclusiveTopology": NVLINK_DOMAIN})
+    assert (
+        EXCLUSIVE_ANNOTATION
+        in _by(objs, "LeaderWorkerSet", "dsv4-pro-prefill")["metadata"]["annotations"]
+    )
+    decode = _by(objs, "StatefulSet", "dsv4-pro-decode")
+    assert EXCLUSIVE_ANNOTATION not in decode["metadata"]["annotations"]
+    assert decode == _by(_render({"prefill.tensorParallel": 16}), "StatefulSet", "dsv4-pro-decode")
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [
+        ("kubernetes.io/hostname", "each pod of a group needs a whole node"),
+        ("Example.com/rack", "the prefix before '/' must be a lowercase DNS subdomain"),
+        ("example.com/-rack", "the name part must be 1-63 characters"),
+        ("example.com/" + "r" * 64, "the name part must be 1-63 characters"),
+    ],
+)
+def test_an_exclusive_topology_that_is_no_shared_node_label_key_is_refused(
+    key: str, why: str
+) -> None:
+    doc = with_changes(
+        example_doc(),
+        {"spec.gpu.exclusiveTopology": key, **{f"spec.{k}": v for k, v in TWO_NODES.items()}},
+    )
+    errors = {f.field: f.message for f in validate_object(doc).errors}
+    assert why in errors["spec.gpu.exclusiveTopology"], errors
+
+
+if __name__ == "__main__":  # regenerate the golden files
     GOLDEN.write_text(_golden_text())
+    GOLDEN_EXCLUSIVE.write_text(_golden_exclusive_text())

@@ -18,7 +18,8 @@ from kubernetes.config import kube_config
 from dsv4_operator import metrics
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.kube.resources import DSV4, STATEFULSET
+from dsv4_operator.kube.resources import DSV4, POD, STATEFULSET
+from dsv4_operator.reconcile.group_capture import GroupRestartCapture
 from dsv4_operator.runtime.leadership import Leadership
 from dsv4_operator.runtime.lease import Timing
 from dsv4_operator.runtime.metered import (
@@ -32,7 +33,8 @@ from dsv4_operator.runtime.watched import WATCHED, enqueue_owner
 from dsv4_operator.runtime.wiring import build_operator
 from dsv4_operator.settings import OperatorSettings
 from dsv4_operator.signals.supervisor import GuardSupervisor
-from tests.support.builders import example_doc, with_changes
+from tests.support.builders import NOW, example_doc, with_changes
+from tests.support.group_pods import group_pod
 from tests.support.paths import REPO
 
 KUBE = REPO / "operator" / "dsv4_operator" / "kube"
@@ -228,6 +230,9 @@ class _Queue:
 
 
 class _Reconciler:
+    def __init__(self) -> None:
+        self.group_capture = GroupRestartCapture(lambda: NOW)
+
     def forget(self, key: tuple[str, str]) -> None:
         pass
 
@@ -262,6 +267,17 @@ def test_the_listener_hands_the_guards_the_spec_parsed_once_per_generation() -> 
     assert len(guards.ensured) == 3 and queue.added[-1] == (("ns", "x"), None)
     listener(DSV4, owner, True)
     assert guards.stopped == [("ns", "x")]
+
+
+def test_the_listener_hands_every_pod_event_to_the_group_restart_capture() -> None:
+    queue, reconciler = _Queue(), _Reconciler()
+    listener = enqueue_owner(queue, _Guards(), reconciler, _Leadership(True), OwnerSpecs())
+    listener(POD, group_pod(0, "r1"), False)
+    listener(POD, group_pod(1, "r1", restarts=1, message="CUDA out of memory"), False)
+    listener(POD, group_pod(1, "r1", restarts=1, message="CUDA out of memory"), True)
+    [restart] = reconciler.group_capture.pending(("ns", "x"), recorded=[])
+    assert restart.group == "x-decode-0" and restart.key == "uid-1/1"
+    assert queue.added[-1] == (("ns", "x"), None)
 
 
 def test_a_standby_runs_no_guard() -> None:

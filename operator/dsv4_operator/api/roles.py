@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from dsv4_operator.api.base import ApiModel
 from dsv4_operator.api.engine import EnvVar
@@ -26,6 +26,22 @@ ROLES: tuple[Role, Role] = ("prefill", "decode")
 # --moe-a2a-backend values both supported releases accept on CUDA (sglang server_args.py
 # MOE_A2A_BACKEND_CHOICES in 0.5.16, arg_groups/fields/exec_.py in 0.5.23; the Ascend-only
 # values and 0.5.23's newer ones are left to extraArgs).
+# A node label key naming a topology domain; hostname is no domain a group of whole-node pods
+# can share (each pod needs a node of its own).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def _group_domain(key: str) -> str:
+    if key == HOSTNAME_LABEL:
+        raise ValueError(
+            f"{HOSTNAME_LABEL} puts every pod of a group on one node, and each pod of a group "
+            "needs a whole node: name a label whose value several nodes share (a rack or "
+            "NVLink domain label), or leave exclusiveTopology unset"
+        )
+    return key
+
+
+TopologyKey = Annotated[LabelKey, AfterValidator(_group_domain)]
 MoeAllToAll = Literal["none", "deepep", "mooncake", "nixl", "mori", "flashinfer", "megamoe"]
 
 
@@ -49,6 +65,15 @@ class GpuSpec(ApiModel):
         le=MAX_GPUS_PER_NODE,
         description="GPUs per node. A role replica whose parallelism needs more GPUs spans "
         "parallelism / perNode nodes (one LeaderWorkerSet group; docs/multinode.md).",
+    )
+    exclusive_topology: TopologyKey | None = Field(
+        default=None,
+        max_length=317,
+        description="Node label key of a topology domain the cluster sets (a rack or NVLink "
+        "domain label, not kubernetes.io/hostname). Set: every pod of a multi-node group lands "
+        "on nodes sharing one value of it, one group per value (LeaderWorkerSet annotation "
+        "leaderworkerset.sigs.k8s.io/exclusive-topology; docs/multinode.md). Single-node roles "
+        "ignore it. null: groups are placed on any nodes of the product.",
     )
 
 

@@ -10,13 +10,21 @@ from pydantic import ValidationError
 
 from dsv4_operator.api.cel import broken_spec_rules
 from dsv4_operator.api.policy import SafetyPolicy
+from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import Finding
 from dsv4_operator.engine.ownership import TRANSFER_FORMAT_SPEC_FIELDS
 from dsv4_operator.engine.planner import MemoryPlan, PlanningError, plan, resolve_profiles
 from dsv4_operator.engine.rules import RULES_BY_ID, context, run_rules
+from dsv4_operator.engine.topology import role_topology
 from dsv4_operator.names import API_VERSION, KIND
-from dsv4_operator.trust import Placement, TrustPolicy, name_findings, spec_trust_findings
+from dsv4_operator.trust import (
+    Placement,
+    TrustPolicy,
+    group_name_findings,
+    name_findings,
+    spec_trust_findings,
+)
 
 SCHEMA_RULE = "schema"
 
@@ -120,6 +128,8 @@ def validate_spec(
             Finding(rule=SCHEMA_RULE, severity="error", field=error.field, message=error.message)
         )
         return result
+    multi_node = [f"spec.{role}" for role in ROLES if role_topology(spec, role).multi_node]
+    result.findings.extend(group_name_findings(where.name, multi_node))
     result.plan = plan(spec)
     ctx = context(spec, profiles, result.plan)
     for rule, hit in run_rules(ctx):

@@ -5,7 +5,8 @@ replaces them all.
 A LeaderWorkerSet with `RecreateGroupOnPodRestart` deletes a group's leader (and with it every
 worker) as soon as one container of the group restarted (lws pkg/controllers/pod_controller.go,
 handleRestartPolicy). The pods, and the termination messages the kubelet kept in them, are then
-gone: the pass that sees the restarted container records them in `status.groupRestarts`.
+gone: what the watch saw of them (reconcile/group_capture.py, `World.captured_restarts`) and
+what the pass itself sees are recorded in `status.groupRestarts`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dsv4_operator.pods import ContainerView, PodView, Terminated
 from dsv4_operator.reasons import ConditionReason, EventReason
 from dsv4_operator.reconcile.actions import Actions
 from dsv4_operator.reconcile.status import Progress
+from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import RenderContext
 
 # Entries kept in status (oldest dropped first), and characters of one termination message.
@@ -38,7 +40,7 @@ def _last(container: ContainerView) -> Terminated | None:
     return container.terminated or container.last_terminated
 
 
-def _termination(pod: PodView) -> PodTermination:
+def last_termination(pod: PodView) -> PodTermination:
     ended = next((t for c in pod.containers if (t := _last(c)) is not None), None)
     if ended is None:
         return PodTermination(pod=pod.name, worker_index=_index(pod))
@@ -94,7 +96,7 @@ def new_group_restarts(
                 cause=_cause(pod, container),
                 at=Timestamp.of(now),
                 key=key,
-                pods=[_termination(p) for p in members],
+                pods=[last_termination(p) for p in members],
             )
         )
     return out
@@ -136,11 +138,21 @@ def groups_unavailable(actions: Actions, ctx: RenderContext) -> Progress | None:
     return Progress(ConditionReason.GROUPS_UNAVAILABLE, message)
 
 
+def unrecorded_group_restarts(world: World) -> list[GroupRestart]:
+    """The group restarts status lacks: what the watch saw first (the group may be gone
+    already, reconcile/group_capture.py), then what this pass's pods show."""
+    recorded = {r.key for r in world.status.group_restarts}
+    captured = [r for r in world.captured_restarts if r.key not in recorded]
+    return captured + new_group_restarts(
+        world.pods, [*world.status.group_restarts, *captured], world.now
+    )
+
+
 def with_group_restarts(actions: Actions, status: DSV4DeploymentStatus) -> DSV4DeploymentStatus:
     """`status` keeping every group restart seen (the last few), one Warning for each new one:
     the restart deletes the pods and their termination messages with them."""
     world = actions.world
-    new = new_group_restarts(world.pods, world.status.group_restarts, world.now)
+    new = unrecorded_group_restarts(world)
     for restart in new:
         actions.note("Warning", EventReason.GROUP_RESTARTED, restart_message(restart))
     kept = [*world.status.group_restarts, *new][-MAX_GROUP_RESTARTS:]

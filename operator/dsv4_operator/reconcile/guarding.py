@@ -12,7 +12,7 @@ from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.decision import GuardDecision, GuardInput, decide_guard
 from dsv4_operator.guard.plan import PlanCheck, PlanExpectation, check_plan, rendered_args
 from dsv4_operator.names import CLEAR_QUARANTINE_ANNOTATION, revision_name
-from dsv4_operator.reconcile.groups import new_group_restarts
+from dsv4_operator.reconcile.groups import unrecorded_group_restarts
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.context import OwnerRef, RenderContext, build_context
 
@@ -110,10 +110,7 @@ def guard_pass(
             cleared=world.annotations.get(CLEAR_QUARANTINE_ANNOTATION),
             now=world.now,
             plan_mismatch={c.revision: c.message for c in checks if c is not None and c.mismatch},
-            group_restarts=[
-                *world.status.group_restarts,
-                *new_group_restarts(world.pods, world.status.group_restarts, world.now),
-            ],
+            group_restarts=[*world.status.group_restarts, *unrecorded_group_restarts(world)],
         )
     )
     if outcome.target is None:

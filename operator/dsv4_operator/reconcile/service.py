@@ -22,6 +22,7 @@ from dsv4_operator.reconcile.act import act, ignore
 from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.gather import gather
+from dsv4_operator.reconcile.group_capture import GroupRestartCapture
 from dsv4_operator.reconcile.guarding import served_spec
 from dsv4_operator.reconcile.model_decide import decide_model
 from dsv4_operator.reconcile.model_service import act_model
@@ -71,6 +72,8 @@ class Reconciler:
         self.settings = settings
         self.clock = clock
         self.observations = observations or Observations()
+        # Fed by the watch cache's Pod events (runtime/watched.py), read by every pass.
+        self.group_capture = GroupRestartCapture(clock)
         self.guard_metrics = GuardMetrics()
         self._events_forbidden = False
         self._secrets_forbidden = False
@@ -80,6 +83,7 @@ class Reconciler:
         """The deployment is gone: its canary window and every metric series of it."""
         self.observations.forget(key)
         self.guard_metrics.forget(key)
+        self.group_capture.forget(key)
 
     async def _report_rejection(self, world: World, decision: Decision, error: KubeError) -> None:
         """Say on the object why the rollout stopped (once per distinct refusal): a child
@@ -187,6 +191,9 @@ class Reconciler:
             self.forget(key)
             return None
         world = await self._with_pod_events(world)
+        recorded = [r.key for r in world.status.group_restarts]
+        captured = self.group_capture.pending(key, recorded)
+        world = dataclasses.replace(world, captured_restarts=captured)
         previous = world.status.guard
         if previous is not None and previous.revision:
             # Resume the window after a restart (once per key; a no-op after that).

@@ -14,7 +14,7 @@ from typing import Any
 
 from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
-from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.api.status import DSV4DeploymentStatus, GroupRestart
 from dsv4_operator.engine.validation import Validation
 from dsv4_operator.guard.observations import Snapshot
 from dsv4_operator.kube.objects import (
@@ -84,6 +84,9 @@ class World:
     monitoring_served: bool = True
     # Whether the API server serves LeaderWorkerSet (the LWS CRDs): multi-node roles need it.
     groups_served: bool = True
+    # Group restarts the watch saw and status lacks (reconcile/group_capture.py): their pods
+    # may be gone before this pass.
+    captured_restarts: tuple[GroupRestart, ...] = ()
 
     @classmethod
     def from_objects(

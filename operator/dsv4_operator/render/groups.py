@@ -15,6 +15,7 @@ from dsv4_operator.api.roles import Role
 from dsv4_operator.engine.topology import dist_init_addr
 from dsv4_operator.names import (
     LWS_API_VERSION,
+    LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION,
     LWS_GROUP_SIZE_ENV,
     LWS_KIND,
     LWS_LEADER_ADDRESS_ENV,
@@ -95,9 +96,16 @@ def leader_worker_set(ctx: RenderContext, role: Role) -> Manifest:
             "workerTemplate": worker_template(leader),
         },
     }
+    metadata = workload_metadata(ctx, role)
+    domain = ctx.spec.gpu.exclusive_topology
+    if domain is not None:
+        # LWS's pod webhook gives every pod of a group an affinity to its leader's value of
+        # this node label and an anti-affinity to other groups' pods, and the controller pins
+        # the workers to the leader's value once the leader is scheduled.
+        metadata["annotations"][LWS_EXCLUSIVE_TOPOLOGY_ANNOTATION] = domain
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": workload_metadata(ctx, role),
+        "metadata": metadata,
         "spec": with_replicas(ctx, role, spec),
     }

@@ -140,6 +140,9 @@ def enqueue_owner(
             return
         labels = meta.get("labels") or {}
         owner = labels.get(DEPLOYMENT_LABEL)
+        if res == POD:
+            # Before the pass: LWS may delete a restarted group before any pass lists it.
+            reconciler.group_capture.saw(obj, deleted)
         if owner:
             queue.add((namespace, owner))
         model = labels.get(MODEL_LABEL)
