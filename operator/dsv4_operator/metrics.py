@@ -109,6 +109,8 @@ SHADOW_PAIRS = Gauge(
     "dsv4_bisect_shadow_pairs", "Culprit-search shadow pairs that exist now.", list(SCOPE)
 )
 OUTCOMES = tuple(o.value for o in GuardResult)
+# bisect.outcome.Outcome's values (metrics reach no guard code, which that module imports).
+PROBE_OUTCOMES = ("pass", "fail", "inconclusive")
 # A deployment: (namespace, name), the values of series.SCOPE.
 Key = tuple[str, str]
 
@@ -134,6 +136,8 @@ PER_DEPLOYMENT = (
     PLAN_VERIFIED,
     QUARANTINED,
     REVISION_INFO,
+    BISECT_PROBES,
+    SHADOW_PAIRS,
 )
 
 # The series each guard source exports (signals/supervisor.py): retired when the source is
@@ -213,6 +217,11 @@ class GuardMetrics:
         blind = any(c.type == "GuardBlind" and c.status == "True" for c in status.conditions)
         GUARD_BLIND.labels(*key).set(1.0 if blind else 0.0)
         QUARANTINED.labels(*key).set(len(status.quarantine))
+        # The culprit search's series exist from the first pass (no probe, no shadow pair), so
+        # its dashboard row and increase() read zero, not nothing, before any search has run.
+        for probe_outcome in PROBE_OUTCOMES:
+            BISECT_PROBES.labels(*key, probe_outcome)
+        SHADOW_PAIRS.labels(*key)
         for reason in rollbacks:
             ROLLBACKS.labels(*key, reason.value).inc()
         seen = self._seen_ooms.setdefault(key, set())

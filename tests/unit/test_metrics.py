@@ -8,6 +8,7 @@ from prometheus_client import REGISTRY
 from dsv4_operator import metrics
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.bisect.outcome import Outcome
 from tests.support.paths import EXAMPLE
 
 _EXAMPLE = yaml.safe_load(EXAMPLE.read_text())["spec"]
@@ -106,3 +107,18 @@ def test_a_source_switched_off_loses_its_series_and_only_its_own() -> None:
     assert _value("dsv4_guard_taps_unreachable", **_scope(off)) is None
     for key in (off, on):
         metrics.GuardMetrics().forget(key)
+
+
+def test_the_culprit_search_series_read_zero_before_any_search() -> None:
+    guard, d = metrics.GuardMetrics(), ("ns", "never-bisected")
+    guard.observe(d, FP8, _status("r1", "r1", 0.0), [], [])
+    assert set(metrics.PROBE_OUTCOMES) == {o.value for o in Outcome}
+    for outcome in metrics.PROBE_OUTCOMES:
+        assert _value("dsv4_bisect_probes_total", **_scope(d), outcome=outcome) == 0.0
+    assert _value("dsv4_bisect_shadow_pairs", **_scope(d)) == 0.0
+    # A later pass keeps what a search counted.
+    metrics.BISECT_PROBES.labels(*d, "fail").inc()
+    guard.observe(d, FP8, _status("r1", "r1", 0.0), [], [])
+    assert _value("dsv4_bisect_probes_total", **_scope(d), outcome="fail") == 1.0
+    guard.forget(d)
+    assert _value("dsv4_bisect_shadow_pairs", **_scope(d)) is None
