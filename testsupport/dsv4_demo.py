@@ -186,16 +186,27 @@ def leak_and_rollback(demo: Demo, good: str) -> None:
     changed = time.monotonic()
     demo.say("accepted; the operator rolls it out, the guard's canary probes it every second")
 
+    served: list[float] = []  # when both roles first ran the new revision, ready
+
     def rolled_back() -> dict[str, Any] | None:
         status = demo.status()
+        roles = (status.get("roles") or {}).values()
+        if (
+            not served
+            and roles
+            and all(r.get("revision") not in (None, good) and r.get("ready") for r in roles)
+        ):
+            served.append(time.monotonic())
         return status if _condition(status, "RolledBack").get("status") == "True" else None
 
     status = demo.until("the guard's rollback", rolled_back, timeout=240)
-    decided = time.monotonic() - changed
+    decided = time.monotonic()
     condition = _condition(status, "RolledBack")
+    since_served = f", {decided - served[0]:.1f}s after it served" if served else ""
     demo.say(
-        f"the guard rolled back by itself {decided:.1f}s after the change was accepted "
-        f"(RolledBack at {condition.get('lastTransitionTime')}): {condition.get('message')}"
+        f"the guard rolled back by itself {decided - changed:.1f}s after the change was accepted"
+        f"{since_served} (RolledBack at {condition.get('lastTransitionTime')}): "
+        f"{condition.get('message')}"
     )
     demo.run(f"kubectl get dsv4 {NAME} -o jsonpath='{{.status.quarantine}}' | python3 -m json.tool")
     demo.until(
