@@ -3,6 +3,7 @@ exit, SIGTERM, Ctrl-C, even SIGKILL of the owner) leaves no process or temp dir 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -59,15 +60,20 @@ def test_build_script_reports_its_step_and_elapsed_time_while_it_waits(tmp_path:
     with (out / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another build, as the script sees it
         script = subprocess.Popen(
-            ["bash", str(REPO_ROOT / "tools" / "build-k8s.sh")],
+            ["bash", str(REPO_ROOT / "tools" / "build-k8s.sh")], start_new_session=True,
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert script.stderr is not None
-        stop = threading.Timer(10, script.terminate)  # a silent script ends the reading too
+
+        def end() -> None:  # the whole group: a child (flock, sleep) holds stderr open too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGTERM)
+
+        stop = threading.Timer(10, end)  # a silent script ends the reading too
         stop.start()
         lines = [script.stderr.readline() for _ in range(4)]
         stop.cancel()
-        script.terminate()
+        end()
         script.wait(10)
     assert "waiting for another build" in lines[0], lines
     ticks = [line for line in lines[1:] if "waiting for another build" in line]
