@@ -25,7 +25,7 @@ $(BIN)/dsv4-demo: pyproject.toml testsupport/pyproject.toml
 
 install: $(BIN)/dsv4-demo
 
-demo: install k8s-binaries
+demo: install k8s-binaries tools
 	$(BIN)/dsv4 validate -f examples/dsv4-sglang-0.5.23.yaml
 	$(BIN)/dsv4 plan -f examples/dsv4-sglang-0.5.23.yaml
 	$(BIN)/dsv4-demo

