@@ -84,7 +84,12 @@ mkdir -p "$OUT"
 exec 9>"$OUT/.lock"
 ticker &
 TICKER_PID=$!
-trap 'kill "$TICKER_PID" 2>/dev/null; rm -f "$STEP_FILE"' EXIT
+trap 'rm -f "$STEP_FILE"; kill "$TICKER_PID" 2>/dev/null' EXIT
+# A signal ends through `exit`, so the EXIT trap runs; it removes the step file before it
+# stops the ticker (a SIGTERM to the whole group used to leave the file: the trap did not
+# get past the kill).
+trap 'exit 143' TERM
+trap 'exit 130' INT
 if ! flock -n 9; then
   step "waiting for another build of $OUT (it holds $OUT/.lock)"
   flock 9
@@ -154,7 +159,7 @@ export GOTOOLCHAIN=local
 export GO111MODULE=on
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/dsv4-build-k8s.XXXXXX")"
-trap 'kill "$TICKER_PID" 2>/dev/null; rm -f "$STEP_FILE"; rm -rf "$WORK"' EXIT
+trap 'rm -f "$STEP_FILE"; rm -rf "$WORK"; kill "$TICKER_PID" 2>/dev/null' EXIT
 # Go's module and build caches (~5.5 GiB after this build) are kept between builds on this
 # machine, beside the binaries: a rebuild (a new version pin, a lost binary) compiles only
 # what changed, and removing ~/.cache/dsv4-operator removes every cache `make` fills.

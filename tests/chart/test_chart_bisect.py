@@ -21,12 +21,17 @@ def _operator_env(objects: list[dict[str, Any]]) -> dict[str, str]:
 def test_shadow_pairs_get_a_priority_class_below_serving_that_never_preempts() -> None:
     objects = render()
     priority = one(objects, "PriorityClass")
-    assert priority["metadata"]["name"] == DEFAULT_BISECT_PRIORITY_CLASS
+    # One per release: a PriorityClass is cluster-scoped, and two releases (two watched
+    # namespace sets) in one cluster must not claim the same one.
+    assert priority["metadata"]["name"] == "dsv4-operator-bisect"
+    other = one(render(release="tenant-b", namespace="b"), "PriorityClass")
+    assert other["metadata"]["name"] == "tenant-b-dsv4-operator-bisect"
     assert priority["preemptionPolicy"] == "Never"
     assert priority["value"] < 0  # serving pods without a PriorityClass run at 0
     assert priority["globalDefault"] is False
     env = _operator_env(objects)
-    assert env["DSV4_BISECT_PRIORITY_CLASS"] == DEFAULT_BISECT_PRIORITY_CLASS
+    assert env["DSV4_BISECT_PRIORITY_CLASS"] == "dsv4-operator-bisect"
+    # Without the chart (`dsv4 run` by hand) the operator names its own default.
     assert OperatorSettings().bisect_priority_class == DEFAULT_BISECT_PRIORITY_CLASS
 
 

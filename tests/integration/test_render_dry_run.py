@@ -23,7 +23,7 @@ CASES = 100
 
 @pytest.mark.parametrize("source", ["examples", "crd-schema"])
 def test_every_child_of_a_valid_spec_passes_a_server_side_dry_run(
-    dyn: Any, namespace: str, source: str
+    dyn: Any, namespace: str, source: str, lws_dyn: Any, lws_namespace: str
 ) -> None:
     checked: list[str] = []
     strategy = gentle() if source == "examples" else from_the_crd()
@@ -44,12 +44,17 @@ def test_every_child_of_a_valid_spec_passes_a_server_side_dry_run(
         for child in render_spec(doc["metadata"]["name"], namespace, validation.spec):
             if child["kind"] == "ServiceMonitor":
                 continue  # prometheus-operator's type; its CRD is not part of this plane
-            dry_run_apply(dyn, namespace, child)
+            if child["kind"] == "LeaderWorkerSet":  # a multi-node role: the plane with LWS
+                moved = {**child, "metadata": {**child["metadata"], "namespace": lws_namespace}}
+                dry_run_apply(lws_dyn, lws_namespace, moved)
+            else:
+                dry_run_apply(dyn, namespace, child)
             checked.append(child["kind"])
 
     check()
     # The strategy keeps most specs valid; a change that made none valid would test nothing.
-    valid = checked.count("StatefulSet") // 2  # two engine roles per spec
+    # two engine roles per spec, each a StatefulSet or (spanning nodes) a LeaderWorkerSet
+    valid = (checked.count("StatefulSet") + checked.count("LeaderWorkerSet")) // 2
     print(f"{valid} valid specs, {len(checked)} children dry-run applied")
     assert valid >= CASES // 6, valid
 

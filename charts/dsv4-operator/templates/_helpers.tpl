@@ -92,3 +92,12 @@ kube-apiserver serves apiregistration.k8s.io/v1, which Helm's offline set (`helm
 {{- fail (printf "%s=true needs the %s kind of prometheus-operator (monitoring.coreos.com/v1), which this cluster does not serve: install prometheus-operator and its CRDs first (for example the kube-prometheus-stack chart, or prometheus-operator-crds alone), or set %s=false and %s. With helm template --api-versions, list monitoring.coreos.com/v1/%s." $value $kind $value $alternative $kind) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The PriorityClass of culprit-search shadow pairs: guard.bisect.priorityClass.name, else one per
+release (<fullname>-bisect), so two releases in one cluster never claim the same
+cluster-scoped object.
+*/}}
+{{- define "dsv4-operator.bisectPriorityClass" -}}
+{{- default (printf "%s-bisect" (include "dsv4-operator.fullname" .)) .Values.guard.bisect.priorityClass.name | trunc 253 -}}
+{{- end -}}

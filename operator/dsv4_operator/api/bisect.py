@@ -56,7 +56,8 @@ class BisectSpec(ApiModel):
         pattern=PRIORITY_CLASS_PATTERN,
         description="PriorityClass of the shadow pairs' pods: lower than serving and "
         "preemptionPolicy Never, so a probe only uses free capacity; unset: the chart's "
-        "(DSV4_BISECT_PRIORITY_CLASS, `dsv4-bisect` by default).",
+        "(DSV4_BISECT_PRIORITY_CLASS: `<release>-bisect` from the chart, `dsv4-bisect` "
+        "without it).",
     )
 
 
