@@ -9,7 +9,8 @@ BIN := $(VENV)/bin
 # tools/suite.py sets DSV4_REPORTS: each pytest stage writes its JUnit XML there.
 REPORT = $(if $(DSV4_REPORTS),--junitxml=$(DSV4_REPORTS)/$(1).xml)
 # The unit tier on both cores (pytest-xdist); the integration tier on four workers, each with
-# its own control plane (its tests mostly wait on the API server and the operator's clocks).
+# its own control plane (its tests mostly wait on the API server and the operator's clocks),
+# handed whole modules, longest first (tests/integration/conftest.py says how it orders them).
 UNIT_WORKERS ?= 2
 INTEGRATION_WORKERS ?= 4
 
@@ -85,7 +86,8 @@ test-conformance: conformance-envs
 	$(BIN)/python -m pytest tests/conformance -n $(UNIT_WORKERS) $(call REPORT,conformance)
 
 test-integration: install tools k8s-binaries
-	$(BIN)/python -m pytest tests/integration -n $(INTEGRATION_WORKERS) $(call REPORT,integration)
+	$(BIN)/python -m pytest tests/integration -n $(INTEGRATION_WORKERS) --dist loadscope --no-loadscope-reorder \
+		$(call REPORT,integration)
 
 # Every stage above, downloads and builds beside the tests, then a table of where the time went.
 # pytest exits 5 when it collected nothing; the suite treats any non-zero exit as failure.

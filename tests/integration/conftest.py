@@ -185,16 +185,31 @@ def _discoverable(dyn: Any, api_version: str, kind: str) -> bool:
     return True
 
 
+# An unmarked test's share of a module's length: the mean of the unmarked ones on 2 cores.
+SHORT_TEST_SECONDS = 4.0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `long` first, the longest (`seconds`, as measured on 2 cores) first of all
-    (a stable sort: the rest keep their order), so that under pytest-xdist they start at once
-    on workers of their own instead of ending the run late."""
+    """Modules (and test classes) longest first, each one's tests together and in their order.
+
+    `make test-integration` hands xdist workers whole modules (`--dist loadscope
+    --no-loadscope-reorder`): a module's shared fixtures are set up once, and the longest
+    modules start at once on workers of their own instead of ending the run late. A module's
+    length is the sum of its tests' `long(seconds=...)` marks, SHORT_TEST_SECONDS for each
+    unmarked test. (Ordering single tests longest first does not do this: xdist's default
+    `load` mode hands out consecutive chunks, so one worker got every long test.)"""
 
     def seconds(item: pytest.Item) -> float:
         marker = item.get_closest_marker("long")
-        return float(marker.kwargs.get("seconds", 60)) if marker else 0.0
+        return float(marker.kwargs.get("seconds", 60)) if marker else SHORT_TEST_SECONDS
 
-    items.sort(key=seconds, reverse=True)
+    def scope(item: pytest.Item) -> str:
+        return item.nodeid.rsplit("::", 1)[0]  # how xdist's loadscope groups
+
+    length: dict[str, float] = {}
+    for item in items:
+        length[scope(item)] = length.get(scope(item), 0.0) + seconds(item)
+    items.sort(key=lambda item: -length[scope(item)])  # stable: each module keeps its order
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
