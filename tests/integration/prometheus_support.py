@@ -16,6 +16,7 @@ import contextlib
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,13 +183,21 @@ class Stack:
         if self.tap is None or self.tap.poll() is not None:
             self.stop_tap()
             self.start_tap(log_dir)
+        started = time.monotonic()
         self.cluster.apply(self.healthy)
         wait_for("the healthy configuration baked and served", self._healthy_served, 240)
         if self._baseline is None:
             self._baseline = self.cluster.get(self.name)["spec"], self.engine.env
+        baked = time.monotonic()
+        active = _active(self.prom) if self.prom is not None else []
         if self.prom is not None:
             prom = self.prom
             wait_for("every alert resolved", lambda: not _active(prom), timeout=240)
+        resolved = time.monotonic() - baked
+        print(
+            f"stack restored: baked in {baked - started:.1f}s, then {resolved:.1f}s until every "
+            f"alert resolved (active then: {active})"
+        )
 
     def check_healthy(self) -> None:
         """Fails naming what is off when the stack is not as `restore` leaves it."""
