@@ -91,6 +91,16 @@ class EngineKubelet:
         self._kill()
 
     @property
+    def serving(self) -> bool:
+        """Its watch runs (not stopped) and the double it started is up."""
+        return (
+            self._thread.is_alive()
+            and not self._stop.is_set()
+            and self.proc is not None
+            and self.proc.poll() is None
+        )
+
+    @property
     def env(self) -> dict[str, str]:
         return dict(self.running[1]) if self.running else {}
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,17 @@ import pytest
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
 from dsv4_devcluster.kubelet import report_container_terminated
-from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import spawned_children
 from dsv4_devcluster.prometheus import PrometheusProcess
 from dsv4_operator import series
 from tests.support.series import operator_families, tap_families
 
 from ..chart.support import metric_names, tool
-from .cluster_support import statefulset_policy
-from .guard_support import EngineKubelet, Traffic, guard_operator, tap_ports, tap_process
+from .cluster_support import new_namespace, statefulset_policy
+from .guard_support import Traffic, guard_operator, tap_ports
 from .prometheus_support import (
     SCALE,
+    Stack,
     alert_names,
     dashboard_queries,
     deployment_jobs,
@@ -42,7 +41,10 @@ from .prometheus_support import (
     variable_queries,
 )
 
-pytestmark = pytest.mark.integration
+# One stack (operator, engine double, tap, Prometheus, a baked deployment) per worker for the
+# module (see `Stack`); `make test-integration` runs a module's tests on one worker
+# (`--dist loadscope`, conftest), so the stack is set up once.
+pytestmark = [pytest.mark.integration]
 
 # Every alert of the rules file: the test here that drives it to fire and to resolve from real
 # series, or why none does yet.
@@ -82,48 +84,6 @@ LEAKING = {
 }
 
 
-@pytest.fixture(scope="module")
-def gpu_pool_prom(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    return rtx_pool(control_plane, "prom-rtx", 2)
-
-
-@pytest.fixture
-def ports() -> dict[str, int]:
-    return tap_ports()
-
-
-@pytest.fixture
-def cluster(dyn: Any, namespace: str, gpu_pool_prom: list[str]) -> Cluster:
-    weights_volume(dyn, namespace)
-    return Cluster(dyn, namespace)
-
-
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane, namespace: str, tmp_path: Path, ports: dict[str, int]
-) -> Iterator[OperatorProcess]:
-    # Reconcile retries back off no longer than the rules' windows allow, scaled as they are.
-    backoff = {"DSV4_RETRY_BACKOFF_MAX_SECONDS": str(300 // SCALE)}
-    op = guard_operator(control_plane.kubeconfig_path, namespace, tmp_path, ports, **backoff)
-    yield op
-    op.stop()
-    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
-
-
-@pytest.fixture
-def engine(cluster: Cluster, tmp_path: Path, ports: dict[str, int]) -> Iterator[EngineKubelet]:
-    kubelet = EngineKubelet(cluster, ports["engine"], tmp_path).start()
-    yield kubelet
-    kubelet.stop()
-
-
-@pytest.fixture
-def tap(ports: dict[str, int], namespace: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    upstream = f"http://127.0.0.1:{ports['engine']}"
-    with tap_process(upstream, ports, tmp_path, namespace) as proc:
-        yield proc
-
-
 def _spec(namespace: str, ports: dict[str, int], **changes: Any) -> Any:
     """The deployment under test: its ServiceMonitor on, a canary every 2s, the taps read each
     second. The guard's own threshold is far above the double's 4.55% leak, so it never rolls
@@ -148,54 +108,64 @@ def _spec(namespace: str, ports: dict[str, int], **changes: Any) -> Any:
     return example(namespace, **{"guard": guard, "monitoring": monitoring, **changes})
 
 
+@pytest.fixture(scope="module")
+def stack(
+    control_plane: ControlPlane, dyn: Any, dsv4_crd: dict[str, Any], tmp_path_factory: Any
+) -> Iterator[Stack]:
+    """The module's one deployment (see `Stack`), started once per worker, healthy."""
+    rtx_pool(control_plane, "prom-rtx", 2)
+    log_dir = tmp_path_factory.mktemp("prometheus-stack")
+    ports = tap_ports()
+    with new_namespace(dyn, f"prometheus-{uuid.uuid4().hex[:6]}") as namespace:
+        weights_volume(dyn, namespace)
+        # Reconcile retries back off no longer than the rules' windows allow, scaled as they are.
+        backoff = {"DSV4_RETRY_BACKOFF_MAX_SECONDS": str(300 // SCALE)}
+        op = guard_operator(control_plane.kubeconfig_path, namespace, log_dir, ports, **backoff)
+        served = Stack(Cluster(dyn, namespace), op, ports, _spec(namespace, ports), log_dir)
+        jobs = [
+            operator_job(op.metrics_port),
+            *deployment_jobs(
+                served.healthy["spec"],
+                namespace,
+                NAME,
+                f"127.0.0.1:{ports['engine']}",
+                f"127.0.0.1:{ports['tap_metrics']}",
+            ),
+        ]
+        workdir = log_dir / "prometheus"
+        workdir.mkdir()
+        rules = [scaled_rules(workdir / "dsv4.rules.yaml")]
+        try:
+            served.prom = PrometheusProcess(tool("prometheus"), workdir, jobs, rules).start()
+            # Baked, and every alert its first scrapes raise (the operator not up yet, say) over.
+            served.restore(log_dir)
+            yield served
+        finally:
+            if served.prom is not None:
+                served.prom.stop()
+            served.close()
+
+
 @pytest.fixture
-def prometheus(
-    namespace: str, operator: OperatorProcess, ports: dict[str, int], tmp_path: Path
-) -> Iterator[PrometheusProcess]:
-    binary = tool("prometheus")
-    jobs = [
-        operator_job(operator.metrics_port),
-        *deployment_jobs(
-            _spec(namespace, ports)["spec"],
-            namespace,
-            NAME,
-            f"127.0.0.1:{ports['engine']}",
-            f"127.0.0.1:{ports['tap_metrics']}",
-        ),
-    ]
-    workdir = tmp_path / "prometheus"
-    workdir.mkdir()
-    prom = PrometheusProcess(binary, workdir, jobs, [scaled_rules(workdir / "dsv4.rules.yaml")])
-    yield prom.start()
-    prom.stop()
-    print(f"--- prometheus log ---\n{prom.log_tail(20)}")
+def served(stack: Stack, tmp_path: Path) -> Iterator[Stack]:
+    """The module's stack, proved healthy before the test and restored after it."""
+    stack.check_healthy()
+    yield stack
+    try:
+        stack.restore(tmp_path)
+    finally:
+        assert stack.prom is not None
+        print(f"--- operator log ({stack.operator.log_path}) ---\n{stack.operator.log_tail(60)}")
+        print(f"--- prometheus log ---\n{stack.prom.log_tail(20)}")
 
 
-@dataclass(frozen=True)
-class Served:
-    """What every test here runs against: the deployment's cluster, the operator, the engine
-    double, Prometheus scraping them, their ports, and the deployment's SCOPE labels."""
-
-    cluster: Cluster
-    operator: OperatorProcess
-    engine: EngineKubelet
-    prom: PrometheusProcess
-    ports: dict[str, int]
-
-    def unpack(self) -> tuple[Cluster, PrometheusProcess, dict[str, int], dict[str, str]]:
-        scope = {"namespace": self.cluster.namespace, "deployment": NAME}
-        return self.cluster, self.prom, self.ports, scope
-
-
-@pytest.fixture
-def served(
-    cluster: Cluster,
-    operator: OperatorProcess,
-    engine: EngineKubelet,
-    prometheus: PrometheusProcess,
-    ports: dict[str, int],
-) -> Served:
-    return Served(cluster, operator, engine, prometheus, ports)
+def _unpack(
+    served: Stack,
+) -> tuple[Cluster, PrometheusProcess, dict[str, int], dict[str, str]]:
+    """The deployment's cluster, Prometheus, the ports, and the deployment's SCOPE labels."""
+    assert served.prom is not None
+    scope = {"namespace": served.cluster.namespace, "deployment": NAME}
+    return served.cluster, served.prom, served.ports, scope
 
 
 def test_every_alert_is_driven_here_or_says_why_not() -> None:
@@ -223,10 +193,9 @@ def _baked(cluster: Cluster) -> str | None:
 
 @pytest.mark.long(seconds=95)
 def test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve(
-    served: Served,
-    tap: subprocess.Popen[bytes],
+    served: Stack,
 ) -> None:
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     engine = served.engine
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
@@ -363,11 +332,10 @@ def _resolved(prom: PrometheusProcess, alert: str) -> bool:
 
 @pytest.mark.long(seconds=105)
 def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
-    served: Served,
-    tap: subprocess.Popen[bytes],
+    served: Stack,
     tmp_path: Path,
 ) -> None:
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     # The guard at the alert's own 2%: it rolls the leaking revision back.
     strict = {"guard.leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99}}
@@ -383,21 +351,18 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
     wait_for("DSV4ConfigQuarantined", lambda: _firing(prom, "DSV4ConfigQuarantined", **scope), 60)
 
     # The tap stops: the guard counts it unreachable; back, and the alert resolves.
-    tap.terminate()
-    tap.wait(10)
+    served.stop_tap()
     wait_for(
         "DSV4LeakTapUnreachable",
         lambda: _firing(prom, "DSV4LeakTapUnreachable", **scope),
         timeout=10 * 60 // SCALE + 60,
     )
-    (tmp_path / "again").mkdir()
-    upstream = f"http://127.0.0.1:{ports['engine']}"
-    with tap_process(upstream, ports, tmp_path / "again", namespace, NAME):
-        wait_for(
-            "DSV4LeakTapUnreachable resolved",
-            lambda: _resolved(prom, "DSV4LeakTapUnreachable"),
-            timeout=60,
-        )
+    served.start_tap(tmp_path)
+    wait_for(
+        "DSV4LeakTapUnreachable resolved",
+        lambda: _resolved(prom, "DSV4LeakTapUnreachable"),
+        timeout=60,
+    )
     # The rollback leaves the (scaled) 15m window: resolved.
     wait_for(
         "DSV4RollbackPerformed resolved",
@@ -415,7 +380,8 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
     served.operator.start()
     wait_for("DSV4OperatorDown resolved", lambda: _resolved(prom, "DSV4OperatorDown"), 60)
 
-    # Deleted: every series of the deployment goes, and with them the quarantine alert.
+    # Deleted: every series of the deployment goes, and with them the quarantine alert (the
+    # stack makes the deployment again after the test).
     cluster.dsv4.delete(name=NAME, namespace=namespace)
     wait_for(
         "DSV4ConfigQuarantined resolved",
@@ -426,17 +392,18 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
 
 @pytest.mark.long(seconds=110)
 def test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_and_resolve(
-    served: Served,
+    served: Stack,
     tmp_path: Path,
 ) -> None:
     """No tap runs (an unreachable tap does not blind the guard): the canary is the guard's
-    only source, and with the engine gone no run completes."""
-    cluster, prom, ports, scope = served.unpack()
+    only source, and with the engine gone no run completes. Both come back after."""
+    cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
     alerts = ("DSV4GuardBlind", "DSV4CanaryNotRunning")
     assert not [a for a in prom.alerts() if a["labels"]["alertname"] in alerts]
+    served.stop_tap()
     served.engine.stop()
     for alert in alerts:
         wait_for(
@@ -444,13 +411,10 @@ def test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_and_re
             lambda alert=alert: _firing(prom, alert, **scope),
             timeout=(15 + 5) * 60 // SCALE + 90,
         )
-    (tmp_path / "back").mkdir()
-    back = EngineKubelet(cluster, ports["engine"], tmp_path / "back").start()
-    try:
-        for alert in alerts:
-            wait_for(f"{alert} resolved", lambda alert=alert: _resolved(prom, alert), 120)
-    finally:
-        back.stop()
+    served.start_engine(tmp_path)
+    for alert in alerts:
+        wait_for(f"{alert} resolved", lambda alert=alert: _resolved(prom, alert), 120)
+    served.start_tap(tmp_path)
 
 
 # An engine on 0.5.23, whose decode checksums the KV pages it receives (the double follows).
@@ -463,14 +427,13 @@ RELEASE_0_5_23 = {
 
 @pytest.mark.long(seconds=80)
 def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
-    served: Served,
-    tap: subprocess.Popen[bytes],
+    served: Stack,
 ) -> None:
     """The double fails 5% of its KV transfers (0.5.23's checksum, HTTP 500) and 2% of its PD
     bootstrap handshakes: the SGLang alerts fire with the deployment's labels, which only the
     ServiceMonitor's relabelling gives the engines' series; the configuration without the
     failures again, and they resolve."""
-    cluster, _prom, ports, _scope = served.unpack()
+    cluster, _prom, ports, _scope = _unpack(served)
     cluster.apply(_spec(cluster.namespace, ports, **RELEASE_0_5_23))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
     failing = {
@@ -484,12 +447,12 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
 
 
 def _engine_env_alerts_fire_and_resolve(
-    served: Served, faulty: dict[str, Any], alerts: tuple[str, ...], base: dict[str, Any]
+    served: Stack, faulty: dict[str, Any], alerts: tuple[str, ...], base: dict[str, Any]
 ) -> None:
     """Under traffic, the spec `base` plus `faulty` (engine.env knobs of the double): each of
     `alerts` fires on decode's series with the deployment's labels; `base` again, the double
     restarted without the knobs, and each resolves."""
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     knobs = {e["name"] for e in faulty["engine.env"]}
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
         cluster.apply(_spec(cluster.namespace, ports, **base, **faulty))
@@ -515,12 +478,11 @@ def _engine_env_alerts_fire_and_resolve(
 
 @pytest.mark.long(seconds=110)
 def test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_graphs_and_resolves(
-    served: Served,
-    tap: subprocess.Popen[bytes],
+    served: Stack,
 ) -> None:
     """Decode's CUDA graphs captured up to 32 requests, the double serves 60 (rule DSV4-R006, a
     warning): every decode pass runs eager until the graphs cover the load again."""
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     small_graphs = {"decode.overrides": {"cudaGraphMaxBs": 32}}
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
@@ -540,11 +502,11 @@ def test_eager_decode_fallback_fires_when_batches_outgrow_the_cuda_graphs_and_re
 
 @pytest.mark.long(seconds=150)
 def test_guard_no_data_fires_while_windows_end_without_a_verdict_and_resolves(
-    served: Served,
+    served: Stack,
 ) -> None:
     """The canary answers, but the guard asks for more samples than it will see for a while:
     every window ends NoData until the bar is lowered."""
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     unreachable = {"guard.leakRate": {"threshold": 0.02, "minSamples": 100_000}}
     cluster.apply(_spec(namespace, ports, **unreachable))
@@ -558,12 +520,12 @@ def test_guard_no_data_fires_while_windows_end_without_a_verdict_and_resolves(
 
 
 @pytest.mark.long(seconds=120)
-def test_oom_and_reconcile_error_alerts_fire_and_resolve(served: Served) -> None:
+def test_oom_and_reconcile_error_alerts_fire_and_resolve(served: Stack) -> None:
     """The kubelet reports the decode engine OOMKilled (the guard counts it), and an admission
     policy refuses the operator's StatefulSet writes while the spec asks for a change: each
     alert fires with the deployment's (or the operator pod's) labels, and resolves once the
     OOMs stop and the policy is lifted."""
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
@@ -596,8 +558,7 @@ def test_oom_and_reconcile_error_alerts_fire_and_resolve(served: Served) -> None
 
 @pytest.mark.long(seconds=90)
 def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
-    served: Served,
-    tap: subprocess.Popen[bytes],
+    served: Stack,
 ) -> None:
     """Engines whose KV pool holds 8 tokens, less than any one request (the double reports that
     capacity), under steady traffic: `sglang:token_usage` stays at 1 and DSV4KVPoolPressure
@@ -609,20 +570,21 @@ def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
 
 @pytest.mark.long(seconds=120)
 def test_tap_dropping_fires_while_its_classifier_crash_loops_and_resolves(
-    served: Served,
-    tap: subprocess.Popen[bytes],
+    served: Stack,
 ) -> None:
     """The tap's classifier process is killed each time the tap restarts it (a classifier
     that keeps dying, OOM-killed say): the tap forwards every response but leaves most without
     a verdict, and DSV4LeakTapDropping fires; the classifier left alone, it resolves."""
-    cluster, prom, ports, scope = served.unpack()
+    cluster, prom, ports, scope = _unpack(served)
     cluster.apply(_spec(cluster.namespace, ports))
     wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    assert served.tap is not None
+    tap_pid = served.tap.pid
     crash_loop = threading.Event()
 
     def kill_classifiers() -> None:
         while not crash_loop.is_set():
-            for pid in spawned_children(tap.pid):
+            for pid in spawned_children(tap_pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)

@@ -37,15 +37,17 @@ def _scaled(text: str, scale: int) -> str:
     return _DURATION.sub(one, text)
 
 
-def scale_rules(source: Path, dest: Path, scale: int) -> Path:
+def scale_rules(source: Path, dest: Path, scale: int, for_scale: int | None = None) -> Path:
     """A copy of the rules file `source` at `dest` with every `for:`, every range or offset and
     every age in seconds (`time() - ... > N`) divided by `scale` (at least 1s), so an alert
-    fires and resolves within a test or a demo. Thresholds and the expressions' shape stay."""
+    fires and resolves within a test or a demo; the `for:` durations by `for_scale` if given
+    (a window must still hold enough samples and events, a hold need not). Thresholds and the
+    expressions' shape stay."""
     rules = yaml.safe_load(source.read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
             if "for" in rule:
-                rule["for"] = _scaled(rule["for"], scale)
+                rule["for"] = _scaled(rule["for"], for_scale or scale)
             # Only durations inside [...] and after `offset`: numbers elsewhere are thresholds.
             expr = re.sub(r"\[[^\]]+\]", lambda m: _scaled(m[0], scale), rule["expr"])
             expr = re.sub(r"offset \w+", lambda m: _scaled(m[0], scale), expr)
