@@ -114,6 +114,7 @@ WORDS = [
     *('a="b">', 'k = "v" />', '="', "=", '"', "<p>", "</b>", '<a href="u">', ">", "<"),
     *("\x1c", "\x1f", "\ufffd", "\x07", "\x85", "\ue000", "\xa0", "£", "\U000f0001"),
     "\U00100001",
+    *("\u2019", "\u2014", "\u2003", "\ud800"),  # typographic, wide space, a lone surrogate
     *("DSML", "|DSML|invoke", "｜DSML｜", "<|im_end|>", "<｜end▁of▁sentence｜>", "<think>"),
     *("< invoke", "</tool_call>"),
 ]
@@ -143,8 +144,11 @@ def test_fast_paths_agree_with_the_plain_rules(text: str) -> None:
     assert (degenerate._tag_soup(text) is not None) is tag_soup_oracle(text)
     found = degenerate._garbage(text)
     assert (found[0] if found else None) == garbage_oracle(text)
+    data = degenerate.utf8(text)
+    assert degenerate.degenerate_reason(text, data) == degenerate.degenerate_reason(text)
     for content in (True, False):
         assert find_markup(text, content=content) == markup_oracle(text, content)
+        assert find_markup(text, content=content, utf8=data) == markup_oracle(text, content)
 
 
 def test_the_shortcuts_are_taken_both_ways() -> None:

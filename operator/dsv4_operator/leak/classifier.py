@@ -31,13 +31,12 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 
-from dsv4_operator.leak.degenerate import degenerate_reason
+from dsv4_operator.leak.degenerate import degenerate_reason, utf8
 from dsv4_operator.leak.markup import find_markup
 from dsv4_operator.leak.verdict import SNIPPET_CHARS, Verdict, VerdictKind, snippet
 
@@ -68,17 +67,24 @@ def _compile_tools(tools: Sequence[Mapping[str, Any]]) -> _ToolSet:
     return _ToolSet(validators)
 
 
-@lru_cache(maxsize=64)
-def _cached_tools(key: str) -> _ToolSet:
-    tools: list[Mapping[str, Any]] = json.loads(key)
-    return _compile_tools(tools)
+_TOOLSETS: dict[str, _ToolSet] = {}
+_TOOLSETS_KEPT = 64
 
 
 def _toolset(tools: Sequence[Mapping[str, Any]]) -> _ToolSet:
-    return _cached_tools(json.dumps(list(tools), sort_keys=True))
+    # Keyed by `repr`: the tools are JSON data (a parsed request, the spec's), which `repr`
+    # tells apart as `json.dumps` does, at a third of its cost on every response.
+    key = repr(tools)
+    toolset = _TOOLSETS.get(key)
+    if toolset is None:
+        if len(_TOOLSETS) >= _TOOLSETS_KEPT:
+            _TOOLSETS.clear()
+        toolset = _TOOLSETS[key] = _compile_tools(tools)
+    return toolset
 
 
-def _check_call(call: Any, toolset: _ToolSet) -> Verdict | None:
+def _check_call(call: Any, toolset: _ToolSet) -> Verdict | dict[str, Any]:
+    """The verdict on a broken or leaking call, else its arguments parsed (parsed once)."""
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         return Verdict(
             VerdictKind.MALFORMED_CALL,
@@ -139,7 +145,7 @@ def _check_call(call: Any, toolset: _ToolSet) -> Verdict | None:
             f"arguments of {name} violate its schema at {where}: {problem.message}"[:300],
             snippet(arguments),
         )
-    return None
+    return parsed
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -190,11 +196,13 @@ def classify_response(
 
     content = _text(message.get("content"))
     reasoning = _text(message.get("reasoning_content"))
-    for field, text, is_content in (
-        ("content", content, True),
-        ("reasoning_content", reasoning, False),
-    ):
-        markup = find_markup(text, content=is_content)
+    # Each text's UTF-8 made once, for the markup needles and the degenerate rules' byte checks.
+    texts = (
+        ("content", content, utf8(content)),
+        ("reasoning_content", reasoning, utf8(reasoning)),
+    )
+    for field, text, data in texts:
+        markup = find_markup(text, content=field == "content", utf8=data)
         if markup is not None:
             return Verdict(
                 VerdictKind.LEAKED_MARKUP, f"{markup[0]} in {field}", snippet(text, markup[1])
@@ -203,20 +211,25 @@ def classify_response(
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         return Verdict(VerdictKind.MALFORMED_CALL, "tool_calls is not a list", snippet(str(calls)))
+    parsed_arguments: list[tuple[str, dict[str, Any]]] = []
     for call in calls:
-        problem = _check_call(call, toolset)
-        if problem is not None:
-            return problem
+        checked = _check_call(call, toolset)
+        if isinstance(checked, Verdict):
+            return checked
+        parsed_arguments.append((call["function"]["name"], checked))
 
-    for field, text in (("content", content), ("reasoning_content", reasoning)):
-        found = degenerate_reason(text)
+    for field, text, data in texts:
+        found = degenerate_reason(text, data)
         if found is not None:
             return Verdict(
                 VerdictKind.DEGENERATE, f"{found[0]} in {field}", snippet(text, found[1])
             )
-    signatures = Counter(
-        (c["function"]["name"], c["function"]["arguments"]) for c in calls
-    ).most_common(1)
+    # The same call three times needs three calls: most responses skip the count.
+    signatures = (
+        Counter((c["function"]["name"], c["function"]["arguments"]) for c in calls).most_common(1)
+        if len(calls) >= 3
+        else []
+    )
     if signatures and signatures[0][1] >= 3:
         (name, arguments), times = signatures[0]
         return Verdict(
@@ -224,11 +237,10 @@ def classify_response(
             f"the same call to {name} {times} times in one response",
             snippet(arguments),
         )
-    for call in calls:
-        for value in _strings(json.loads(call["function"]["arguments"])):
+    for name, parsed in parsed_arguments:
+        for value in _strings(parsed):
             found = degenerate_reason(value)
             if found is not None:
-                name = call["function"]["name"]
                 return Verdict(
                     VerdictKind.DEGENERATE,
                     f"{found[0]} in an argument of {name}",

@@ -20,8 +20,9 @@ not detected (no language model here); such a turn still fails as `missing_call`
 Each rule first runs a C-speed check (`str` and `bytes` methods) that proves, on most normal
 text, that it cannot fire; `tests/unit/test_degenerate_fast_paths.py` holds each to the plain
 definition and `tests/unit/test_degenerate_pinned.py` keeps the verdicts of a pinned corpus.
-The text's UTF-8 is made once (`degenerate_reason`) and shared by the byte-level checks. The
-costly ones, on 2-20 KB of prose (`bench/detector.py`):
+The text's UTF-8 is made once (`utf8`, by `classify_response` or `degenerate_reason`) and
+shared by the byte-level checks and the markup needles. The costly ones, on 2-20 KB of prose
+(`bench/detector.py`):
 
 - low diversity: the number of words is bounded from above by counting word starts in the
   bytes (one `translate` and a popcount), so the distinct 4-grams of a prefix of the words
@@ -116,10 +117,6 @@ def _tail_loop(text: str, data: bytes | None = None) -> tuple[int, str] | None:
     return None
 
 
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
 def _whitespace_bound(data: bytes) -> int:
     """At least the number of whitespace characters (`str.isspace`) in the text `data` encodes."""
     return data.translate(_WHITESPACE_TO_ZERO).count(0)
@@ -136,7 +133,7 @@ def _word_bound(data: bytes) -> int:
 
 
 def _repeated_segment(text: str, data: bytes | None = None) -> tuple[int, str] | None:
-    if not _may_repeat_segments(text, _utf8(text) if data is None else data):
+    if not _may_repeat_segments(text, utf8(text) if data is None else data):
         return None
     run, previous, run_start = 1, "", 0
     for match in _SEGMENT.finditer(text):
@@ -177,7 +174,7 @@ def _may_repeat_segments(text: str, data: bytes) -> bool:
 
 
 def _low_diversity(text: str, data: bytes | None = None) -> tuple[int, str] | None:
-    most_words = _word_bound(_utf8(text) if data is None else data)
+    most_words = _word_bound(utf8(text) if data is None else data)
     if most_words < _NGRAM_MIN_WORDS or _diverse_prefix(text, most_words - _NGRAM + 1):
         return None
     words = text.split()
@@ -216,7 +213,10 @@ def _diverse_prefix(text: str, most_grams: int) -> bool:
 
 
 def _tag_soup(text: str, data: bytes | None = None) -> tuple[int, str] | None:
-    if text.count(">") < _TAG_MIN:  # every fragment ends in '>': most text stops here
+    # Every fragment ends in '>': most text stops here. Counted in the UTF-8 (one byte per
+    # '>'), which takes a third of the time of `str.count` on text with a wide character.
+    data = utf8(text) if data is None else data
+    if data.count(b">") < _TAG_MIN:
         return None
     fragments = _tag_fragments(text)
     if len(fragments) < _TAG_MIN:
@@ -224,7 +224,7 @@ def _tag_soup(text: str, data: bytes | None = None) -> tuple[int, str] | None:
     # The fragments' lengths bound what they cover; the whitespace count bounds the non-space
     # characters from below. Prose with a few tags or doctest prompts stops here.
     most_covered = sum(end - start for start, end in fragments)
-    least_total = len(text) - _whitespace_bound(_utf8(text) if data is None else data)
+    least_total = len(text) - _whitespace_bound(data)
     if 5 * most_covered < 3 * least_total:
         return None
     covered = sum(len("".join(text[start:end].split())) for start, end in fragments)
@@ -263,7 +263,7 @@ def _tag_fragments(text: str) -> list[tuple[int, int]]:
 def _garbage(text: str, data: bytes | None = None) -> tuple[int, str] | None:
     # Every garbage character holds one byte of _NOT_GARBAGE_LEAD's complement: fewer than
     # three such bytes and the regex cannot find three.
-    data = _utf8(text) if data is None else data
+    data = utf8(text) if data is None else data
     if len(data.translate(None, _NOT_GARBAGE_LEAD)) < _GARBAGE_MIN:
         return None
     positions = [m.start() for m in _GARBAGE.finditer(text)]
@@ -275,11 +275,19 @@ def _garbage(text: str, data: bytes | None = None) -> tuple[int, str] | None:
 _DEGENERATE_RULES = (_tail_loop, _repeated_segment, _low_diversity, _tag_soup, _garbage)
 
 
-def degenerate_reason(text: str) -> tuple[str, int] | None:
-    """Why `text` looks degenerate (and where), or None for text that looks normal."""
+def utf8(text: str) -> bytes:
+    """The UTF-8 of `text` that `degenerate_reason` and `find_markup` may share (made once)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def degenerate_reason(text: str, data: bytes | None = None) -> tuple[str, int] | None:
+    """Why `text` looks degenerate (and where), or None for text that looks normal.
+
+    `data` is the text's `utf8` when the caller has made it already.
+    """
     if len(text) < _MIN_TEXT:
         return None
-    data = _utf8(text)
+    data = utf8(text) if data is None else data
     for rule in _DEGENERATE_RULES:
         found = rule(text, data)
         if found is not None:

@@ -30,15 +30,20 @@ _MARKUP_CHECKS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 MARKUP_PATTERNS = (_DSML_TOKEN, _SPECIAL_TOKEN, _TOOL_TAG, _THINK_TAG)
 
 
-def find_markup(text: str, *, content: bool = True) -> tuple[str, int] | None:
+def find_markup(
+    text: str, *, content: bool = True, utf8: bytes | None = None
+) -> tuple[str, int] | None:
     """The first markup kind in `text` and where it starts, or None.
 
     `content=True` also flags `<think>` tags, which the reasoning parser strips from content.
+    `utf8`, the text's UTF-8 when the caller has it: the needles (ASCII) are looked for there,
+    three times faster than in a `str` with a character above U+00FF.
     """
     found: tuple[int, str] | None = None
     checks = _MARKUP_CHECKS + ((("think tag", "<", _THINK_TAG),) if content else ())
     for name, needle, pattern in checks:
-        match = pattern.search(text) if needle in text else None
+        holds = needle in text if utf8 is None else needle.encode() in utf8
+        match = pattern.search(text) if holds else None
         if match and (found is None or match.start() < found[0]):
             found = (match.start(), name)
     return None if found is None else (found[1], found[0])
