@@ -81,7 +81,8 @@ unit-newest: install-newest
 test-chart: tools
 	$(BIN)/python -m pytest tests/chart $(call REPORT,chart)
 
-# Each test starts its release's Python (torch and sglang imported anew): two at a time.
+# Two workers; each imports a release's sglang once (tests/conformance/release_zygote.py) and
+# asks every question of it in a forked child.
 test-conformance: conformance-envs
 	$(BIN)/python -m pytest tests/conformance -n $(UNIT_WORKERS) $(call REPORT,conformance)
 

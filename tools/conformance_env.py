@@ -413,11 +413,7 @@ def venv_python(venv: str) -> str:
 
 
 def read_marker(venv: str):
-    try:
-        with open(os.path.join(venv, MARKER)) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
+    return _read_json(os.path.join(venv, MARKER))
 
 
 def smoke(py: str) -> None:
@@ -428,6 +424,37 @@ def smoke(py: str) -> None:
     r = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"conformance_env: smoke import failed in {py}:\n{r.stderr[-4000:]}")
+
+
+BYTECODE_STAMP = ".dsv4-bytecode"
+
+
+def compile_bytecode(venv: str, want: dict) -> None:
+    """Compile the venv's modules once (stamped with the marker): without .pyc files every
+    import of torch and sglang compiles thousands of modules anew (about ten CPU seconds), and
+    with PYTHONDONTWRITEBYTECODE set Python never writes them itself. A module that does not
+    compile only stays uncompiled."""
+    stamp = os.path.join(venv, BYTECODE_STAMP)
+    if read_marker(venv) == want and _read_json(stamp) == want:
+        return
+    py = venv_python(venv)
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    t0 = time.monotonic()
+    subprocess.run([py, "-m", "compileall", "-q", "-j", "0", site], capture_output=True)
+    with open(stamp, "w") as fh:
+        json.dump(want, fh, indent=1)
+    log(f"compiled {site} in {time.monotonic() - t0:.0f} s")
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
 
 
 def build(venv: str, base_python: str, version: str, uv: str) -> None:
@@ -450,6 +477,7 @@ def ensure(version: str, cache_root: str, python: str | None, uv: str | None, fo
     venv = os.path.join(cache_root, version, "venv")
     with locked(os.path.join(cache_root, version, ".lock")):
         if not force and read_marker(venv) == want and os.path.exists(venv_python(venv)):
+            compile_bytecode(venv, want)
             return venv_python(venv)
         base = find_python(rel["python"], python)
         uv_path = find_uv(uv)
@@ -462,6 +490,7 @@ def ensure(version: str, cache_root: str, python: str | None, uv: str | None, fo
         smoke(venv_python(venv))
         with open(marker, "w") as fh:
             json.dump(want, fh, indent=1)
+        compile_bytecode(venv, want)
         log(f"sglang {version} ready in {time.monotonic() - t0:.0f} s")
     return venv_python(venv)
 

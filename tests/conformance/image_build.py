@@ -3,6 +3,7 @@ Dockerfile's RUN steps (version check, patches in order, marker checks) with bas
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -33,13 +34,15 @@ def patched_modules(version: str) -> list[Path]:
     return sorted(found)
 
 
+@functools.cache
 def wheel_root(version: str) -> Path:
-    """The site-packages directory holding the release's installed `sglang`."""
+    """The site-packages directory holding the release's installed `sglang` (found, not
+    imported: importing it costs seconds of CPU)."""
     out = subprocess.run(
         [
             release_python(version),
             "-c",
-            "import sglang, os; print(os.path.dirname(sglang.__file__))",
+            "import importlib.util as u, os; print(os.path.dirname(u.find_spec('sglang').origin))",
         ],
         capture_output=True,
         text=True,
