@@ -151,6 +151,11 @@ def test_a_create_makes_only_the_requests_the_architecture_lists(
     # per watch event (the culprit search looks at what the watch brought).
     reads = _requests(operator, "dsv4_api_reads_total")
     assert {res for verb, res in reads if verb == "get"} <= {"discovery"}, reads
+    # kopf (its own client, not counted above) patched nothing onto the object: it has no
+    # resource handler, so no finalizer, no progress or last-handled annotation.
+    meta = cluster.get()["metadata"]
+    assert not meta.get("finalizers")
+    assert not [k for k in meta.get("annotations") or {} if "kopf" in k], meta
 
 
 def test_the_guard_reads_router_taps_at_their_pod_ips_past_a_cluster_proxy(
