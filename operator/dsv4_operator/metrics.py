@@ -72,6 +72,11 @@ GUARD_OUTCOME = Gauge(
     "dsv4_guard_outcome", "1 for the guard's current outcome.", [*SCOPE, "outcome"]
 )
 GUARD_BLIND = Gauge("dsv4_guard_blind", "1 while the guard cannot see (GuardBlind).", list(SCOPE))
+GUARD_SOURCE_ERRORS = Gauge(
+    "dsv4_guard_source_errors",
+    "Errors in a row of the guard's worst failing source (GuardBlind at errorLimit).",
+    list(SCOPE),
+)
 TAPS_UNREACHABLE = Gauge(
     "dsv4_guard_taps_unreachable",
     "Leak taps whose /metrics the guard could not read in its last round.",
@@ -130,6 +135,7 @@ PER_DEPLOYMENT = (
     OOM_EVENTS,
     GUARD_OUTCOME,
     GUARD_BLIND,
+    GUARD_SOURCE_ERRORS,
     TAPS_UNREACHABLE,
     TRAFFIC_UNATTRIBUTED,
     ENGINES_UNREACHABLE,
@@ -216,6 +222,7 @@ class GuardMetrics:
             GUARD_OUTCOME.labels(*key, outcome).set(1.0 if outcome == verdict else 0.0)
         blind = any(c.type == "GuardBlind" and c.status == "True" for c in status.conditions)
         GUARD_BLIND.labels(*key).set(1.0 if blind else 0.0)
+        GUARD_SOURCE_ERRORS.labels(*key).set(guard.consecutive_errors if guard is not None else 0)
         QUARANTINED.labels(*key).set(len(status.quarantine))
         # The culprit search's series exist from the first pass (no probe, no shadow pair), so
         # its dashboard row and increase() read zero, not nothing, before any search has run.

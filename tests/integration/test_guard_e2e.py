@@ -207,8 +207,21 @@ def test_prometheus_unreachable_holds_then_guard_blind_without_rollback(
     assert "prometheus" in guard["lastMessage"]
     assert obj["status"].get("quarantine", []) == []
     assert _condition(obj, "RolledBack").get("status") == "False"
-    assert obj["status"]["phase"] == "Ready"
+    # Blind does not hold the rollout (under load the guard can go blind before the pods
+    # are up: wait for the phase, not read it at the same instant).
+    cluster.wait_phase("Ready")
     cluster.wait_events("GuardBlind")
+    # Blind, with the same cause: more rounds, more errors in a row (the metric), no write.
+    scope = {"namespace": cluster.namespace, "deployment": "dsv4-flash"}
+
+    def errors() -> float:
+        return operator.metric("dsv4_guard_source_errors", **scope) or 0
+
+    wait_for("a round after GuardBlind", lambda: errors() >= 4, timeout=60)
+    status_patches = {"verb": "patch", "resource": "dsv4deployments/status"}
+    written, seen = operator.metric("dsv4_api_writes_total", **status_patches), errors()
+    wait_for("three more blind rounds", lambda: errors() >= seen + 3, timeout=60)
+    assert operator.metric("dsv4_api_writes_total", **status_patches) == written
 
 
 def _baked_then_served(cluster: Cluster, url: str) -> tuple[str, str]:
@@ -326,7 +339,11 @@ def test_a_canary_that_reaches_nothing_says_why_with_the_url(
     message = obj["status"]["guard"]["lastMessage"]
     assert f"canary against {url}: all 2 requests failed" in message
     assert "the first with cannot connect after" in message and "ConnectError" in message
-    assert message in _condition(obj, "GuardBlind")["message"]
+    # The condition names the cause without its count, so it changes only with the cause.
+    cause, count = message.rsplit(" (", 1)
+    assert count.endswith("in a row)")
+    assert cause in _condition(obj, "GuardBlind")["message"]
+    assert count not in _condition(obj, "GuardBlind")["message"]
 
 
 @pytest.mark.long(seconds=50)

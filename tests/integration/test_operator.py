@@ -10,12 +10,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from dsv4_devcluster import (
     ControlPlane,
@@ -29,6 +31,7 @@ from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, Cluster, example,
 from dsv4_devcluster.operator import OperatorProcess, webhook_operator
 from dsv4_devcluster.process import free_port
 from dsv4_operator.api.limits import TAP_METRICS_PORT
+from dsv4_operator.api.roles import ROLES
 from dsv4_operator.kube.objects import StatefulSetView
 from tests.chart.support import tool
 
@@ -95,7 +98,7 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
         assert pod["status"]["phase"] == "Running"
     [revision] = cluster.revisions()
     assert revision["metadata"]["labels"]["dsv4.io/revision"] == status["currentRevision"]
-    cluster.wait_events("Creating", "RevisionCreated")
+    cluster.wait_events("Creating")
     # The router pod's leak tap sits at a made-up kwok IP: the guard counts it as unreadable.
     scope = {"namespace": cluster.namespace, "deployment": "dsv4-flash"}
     wait_for(
@@ -103,6 +106,56 @@ def test_create_schedules_on_requested_gpus_and_reports_ready(
         lambda: operator.metric("dsv4_guard_taps_unreachable", **scope) == 1,
         timeout=60,
     )
+
+
+# What one create may cost (docs/architecture.md, "What a create costs the API server"): the
+# plain apply's 9 children, one ControllerRevision, one Event (Creating, which names the
+# stored revision) and the status patches of the phases a user sees.
+CREATE_REQUESTS = {
+    ("patch", "statefulsets"): 2,
+    ("patch", "services"): 3,
+    ("patch", "deployments"): 1,
+    ("patch", "poddisruptionbudgets"): 3,
+    ("create", "controllerrevisions"): 1,
+    ("create", "events"): 1,
+}
+
+
+def _requests(operator: OperatorProcess, name: str) -> dict[tuple[str, str], float]:
+    """The operator's `dsv4_api_writes_total` or `_reads_total`, by (verb, resource)."""
+    with urllib.request.urlopen(f"http://{operator.host}:{operator.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    return {
+        (s.labels["verb"], s.labels["resource"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and s.value
+    }
+
+
+def test_a_create_makes_only_the_requests_the_architecture_lists(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    _ready(cluster, **NO_GUARD)
+    cluster.wait_events("Creating")
+    operator.more_passes(2)  # anything a pass after Ready would write, written
+    writes = _requests(operator, "dsv4_api_writes_total")
+    # Progressing in the first pass, then one per role whose pods become ready (Ready's
+    # message names the roles still waiting; the last one makes the deployment Ready). Pods
+    # come up in one pass or three, as the scheduler and kwok go.
+    status = writes.pop(("patch", "dsv4deployments/status"), 0)
+    assert 2 <= status <= 1 + len(ROLES) + 1, status  # + 1: the router
+    assert writes == CREATE_REQUESTS
+    # Everything is read from the watch cache. The reads made are the start-up's (whether
+    # optional kinds are served and may be listed), none for the deployment: no GET of it
+    # per watch event (the culprit search looks at what the watch brought).
+    reads = _requests(operator, "dsv4_api_reads_total")
+    assert {res for verb, res in reads if verb == "get"} <= {"discovery"}, reads
+    # kopf (its own client, not counted above) patched nothing onto the object: it has no
+    # resource handler, so no finalizer, no progress or last-handled annotation.
+    meta = cluster.get()["metadata"]
+    assert not meta.get("finalizers")
+    assert not [k for k in meta.get("annotations") or {} if "kopf" in k], meta
 
 
 def test_the_guard_reads_router_taps_at_their_pod_ips_past_a_cluster_proxy(

@@ -16,7 +16,11 @@ def test_fresh_create_applies_everything(variant: Callable[..., dict[str, Any]])
     kinds = sorted(o["kind"] for o in decision.apply)
     assert kinds.count("StatefulSet") == 2 and kinds.count("Deployment") == 1
     assert [o["kind"] for o in decision.create] == ["ControllerRevision"]
-    assert {n.reason for n in decision.events} == {"Creating", "RevisionCreated"}
+    # One Event for the first pair and its stored config (one request, not two).
+    [creating] = decision.events
+    revision = decision.create[0]["metadata"]["name"]
+    assert creating.reason == "Creating" and "stored engine config revision" in creating.message
+    assert creating.message.endswith(f" as {revision}")
     assert decision.status.phase == "Progressing"
     # Waiting for the children is event-driven; the one timer is the progress deadline
     # (600 s by default, a second past it), which no watch event marks.
@@ -69,6 +73,8 @@ def test_compatible_change_updates_decode_before_prefill(
     names = {o["metadata"]["name"] for o in decision.apply if o["kind"] == "StatefulSet"}
     assert names == {"x-decode"}
     assert decision.status.conditions[1].reason == "RollingUpdate"
+    # No pair is created: the new config's stored revision has an Event of its own.
+    assert "RevisionCreated" in {n.reason for n in decision.events}
 
 
 def test_format_change_recreate_deletes_router_and_pair_first(

@@ -248,6 +248,35 @@ def test_errors_make_the_guard_blind_without_rollback(
     assert decision.rollbacks == [] and decision.delete == []
 
 
+def test_a_blind_guard_writes_its_status_once_not_every_round(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    """Engines unreachable: each round counts one more error in a row. The status (what act()
+    writes when its visible form changes) changes when the guard goes blind, then not again
+    while the cause stays the same; the count is a metric (dsv4_guard_source_errors)."""
+    spec, first = _served(variant, {"guard.errorLimit": 3})
+    rev = first.create[0]["metadata"]["labels"]["dsv4.io/revision"]
+    cause = "canary against http://x-router.ns:8000: all 8 requests failed, the first with 503"
+    live = as_live(first.apply)
+    status: Any = {"lastKnownGoodRevision": "elsewhere"}
+    written: list[int] = []
+    for errors in (3, 4, 5, 6):
+        world = make_world(
+            spec,
+            revisions=first.create,
+            canary=Snapshot(revision=rev, source_errors={"canary": (errors, cause)}),
+            status=status,
+            **live,
+        )
+        decision = decide(world)
+        if decision.status.visible_wire() != world.status.visible_wire():
+            written.append(errors)
+        status = decision.status
+    assert written == [3]  # going blind; rounds 4, 5 and 6 change nothing a user sees
+    blind = next(c for c in status.conditions if c.type == "GuardBlind")
+    assert blind.status == "True" and cause in blind.message
+
+
 def test_oom_on_unbaked_revision_rolls_back(variant: Callable[..., dict[str, Any]]) -> None:
     _, good = _served(variant, {})
     good_rev = good.create[0]["metadata"]["labels"]["dsv4.io/revision"]

@@ -176,8 +176,8 @@ class Cluster:
     ) -> list[dict[str, Any]]:
         """The deployment's Events once every reason is among them.
 
-        The operator posts Events after the status patch, so a test that has just seen a
-        condition waits for the matching Event rather than reading it at once.
+        The operator posts Events beside the status patch (not before it), so a test that has
+        just seen a condition waits for the matching Event rather than reading it at once.
         """
 
         def check() -> list[dict[str, Any]] | None:

@@ -173,10 +173,12 @@ class GuardStatus(ApiModel):
 
 # status.guard's fields that move with every canary run or tap read while nothing a user acts
 # on changes: counts of answers that are not leaks, the time of the last sample, the leak
-# rate and evidence text that restate them. They are written with the next change a user
-# would see (a verdict, a reason, a leak, a bake, a phase, a condition) and exported live as
-# metrics (dsv4_guard_window_samples, dsv4_canary_last_run_timestamp_seconds); on their own
-# they never cause a status write, so an idle guard writes nothing (docs/guard.md).
+# rate and evidence text that restate them, a failing source's errors in a row (a blind
+# guard's GuardBlind names the causes; dsv4_guard_source_errors has the count). They are
+# written with the next change a user would see (a verdict, a reason, a leak, a bake, a
+# phase, a condition) and exported live as metrics (dsv4_guard_window_samples,
+# dsv4_canary_last_run_timestamp_seconds); on their own they never cause a status write, so
+# an idle guard, or a blind one, writes nothing (docs/guard.md).
 LIVE_GUARD_FIELDS = frozenset(
     {
         "samples",
@@ -186,6 +188,7 @@ LIVE_GUARD_FIELDS = frozenset(
         "kv_requests",
         "last_sample_time",
         "last_message",
+        "consecutive_errors",
     }
 )
 

@@ -80,6 +80,8 @@ class GuardDecision:
     rollbacks: list[RollbackReason] = field(default_factory=list)
     ooms: list[OomEvent] = field(default_factory=list)
     cleared: bool = False  # a quarantine entry was released: the guard's window restarts
+    # While blind: the failing sources' messages without their counts (GuardBlind's message).
+    blind_cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -315,4 +317,5 @@ def decide_guard(given: GuardInput) -> GuardDecision:
         rollbacks=rollbacks,
         ooms=ooms,
         cleared=released,
+        blind_cause=snapshot.failing_causes if blind and snapshot is not None else None,
     )

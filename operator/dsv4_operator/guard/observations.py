@@ -57,6 +57,12 @@ class Snapshot:
         return failing[0][1][0] if failing else 0
 
     @property
+    def failing_causes(self) -> str | None:
+        """Every failing source's last message, the worst first, without the counts: what
+        GuardBlind says, which changes only when a cause does."""
+        return "; ".join(message for _, (_, message) in self._failing()) or None
+
+    @property
     def last_error(self) -> str | None:
         """Every failing source, named, the worst first."""
         text = "; ".join(f"{message} ({count} in a row)" for _, (count, message) in self._failing())

@@ -289,17 +289,26 @@ def _revisions(
     world = actions.world
     number = next_number(world.revisions)
     for ctx in {c.revision: c for c in contexts}.values():
-        if world.revision(revision_name(ctx.name, ctx.revision)) is None:
+        name = revision_name(ctx.name, ctx.revision)
+        if world.revision(name) is None:
             actions.decision.create.append(controller_revision(ctx, number))
             number += 1
-            actions.note(
-                "Normal",
-                EventReason.REVISION_CREATED,
-                f"stored engine config revision {ctx.revision}",
-            )
+            stored = f"stored engine config revision {ctx.revision}"
+            if not _told_with_creating(actions.decision, ctx.revision, f"{stored} as {name}"):
+                actions.note("Normal", EventReason.REVISION_CREATED, stored)
     keep = keep | {c.revision for c in contexts}
     for name in to_prune(world.revisions, settings.revision_history_limit, keep):
         actions.decision.delete.append((CONTROLLER_REVISION, name))
+
+
+def _told_with_creating(decision: Decision, revision: str, stored: str) -> bool:
+    """A first pair's Creating Event says its config was stored too: one Event (one request)
+    for what a user reads as one step, not a separate RevisionCreated."""
+    for i, note in enumerate(decision.events):
+        if note.reason == EventReason.CREATING and f"revision {revision} " in note.message:
+            decision.events[i] = dataclasses.replace(note, message=f"{note.message}; {stored}")
+            return True
+    return False
 
 
 def _invalid(actions: Actions, validation: Validation) -> None:

@@ -227,8 +227,10 @@ def _guard_conditions(world: World, guard: GuardDecision) -> list[Condition]:
         "GuardBlind",
         guard.blind,
         ConditionReason.SOURCE_ERRORS if guard.blind else ConditionReason.SEEING,
-        (guard.guard.last_message or "the guard's sources fail")
-        if guard.blind and guard.guard
+        # The causes, not their counts: a blind guard's status changes when a cause does,
+        # not every round (the count is dsv4_guard_source_errors).
+        f"{guard.blind_cause or 'the guard sources fail'} (errorLimit or more errors in a row)"
+        if guard.blind
         else "the guard's sources answer (or none is due yet)",
     )
     return [rolled_back, blind]

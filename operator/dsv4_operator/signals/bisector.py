@@ -61,6 +61,7 @@ from dsv4_operator.reconcile.bisecting import (
     machine,
     new_state,
     next_step,
+    rolled_back_revision,
     with_machine,
 )
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
@@ -105,12 +106,20 @@ class Bisector:
         self._tasks: dict[Key, tuple[int, asyncio.Task[None]]] = {}
         self._deltas: dict[tuple[str, str, str, str], Delta] = {}
 
-    def ensure(self, key: Key, generation: int) -> None:
+    def ensure(self, key: Key, generation: int, seen: Obj | None = None) -> None:
         """Look at `key` now unless its task already runs for this generation (every change of
         the deployment calls this: a rollback, a restart). A new generation cancels a running
-        search at once: its next step stops it and deletes its shadow pairs."""
+        search at once: its next step stops it and deletes its shadow pairs.
+
+        `seen`: the deployment as the watch brought it. When it shows nothing to do (no
+        rollback, no search: every create and every status change but a rollback's), no GET is
+        made for it; anything else is read fresh. A `seen` older than a rollback is followed by
+        the rollback's own watch event, which looks again."""
         current = self._tasks.get(key)
-        if current is not None and current[0] == generation and not current[1].done():
+        running = current is not None and not current[1].done()
+        if current is not None and current[0] == generation and running:
+            return
+        if not running and seen is not None and _idle(seen, self.now()):
             return
         if current is not None:
             current[1].cancel()
@@ -369,3 +378,18 @@ class Bisector:
         meta = owner["metadata"]
         subject = Subject(meta["namespace"], meta["name"], meta["uid"])
         await self.recorder.post(subject, note, self.now())
+
+
+def _idle(owner: Obj, now: datetime) -> bool:
+    """Whether `owner` shows no search to start, stop or carry on (next_step's "idle")."""
+    status = parse_status(owner.get("status"))
+    if status.guard is not None and status.guard.bisect is not None:
+        return False
+    if rolled_back_revision(status) is None:
+        return True  # the common case, without parsing the spec
+    try:
+        spec = DSV4DeploymentSpec.model_validate(owner.get("spec") or {})
+    except ValidationError:
+        return True  # no search runs: an invalid spec starts none (_step)
+    generation = int(owner["metadata"].get("generation") or 0)
+    return next_step(spec.guard.bisect, status, generation, now).kind == "idle"

@@ -123,7 +123,8 @@ class GuardSupervisor:
         """The watch saw `key` change (or a new leader starts): a rollback may start a culprit
         search, a new generation stops the running one."""
         if self.bisector is not None:
-            self.bisector.ensure(key, int(owner["metadata"].get("generation") or 0))
+            generation = int(owner["metadata"].get("generation") or 0)
+            self.bisector.ensure(key, generation, dict(owner))
 
     def deleted(self, key: Key) -> None:
         """`key` is gone: its loops and its culprit search stop."""
