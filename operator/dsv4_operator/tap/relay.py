@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import select
 from collections.abc import Callable
 from time import perf_counter
 from typing import cast
@@ -26,19 +28,22 @@ class _Router(asyncio.Protocol):
 
     `data_received` runs once per streamed chunk: what it calls is looked up once, here."""
 
-    __slots__ = ("_feed", "_timed", "_write", "client")
+    __slots__ = ("_feed", "_first_bytes", "_timed", "_write", "client")
 
     def __init__(self, client: ClientConnection) -> None:
         self.client = client
         self._write = client.transport.write
         self._timed = client.relay.chunk_written
         self._feed = client.observer.feed_response
+        self._first_bytes = client.relay.first_bytes
 
     def data_received(self, data: bytes) -> None:
         began = perf_counter()
         self._write(data)
         self._timed(perf_counter() - began)
+        self.client.awaiting_head = False
         self._feed(data)
+        self._first_bytes.tick()
 
     def eof_received(self) -> bool:
         return False  # the router closed: close the client's connection once it has it all
@@ -65,6 +70,8 @@ class ClientConnection(asyncio.Protocol):
         self._connecting: asyncio.Task[None] | None = None
         self._refused: _Refusal | None = None
         self._early: list[bytes] = []  # what arrived before the router's connection
+        self.awaiting_head = False  # a request went to the router, nothing has come back yet
+        self.watched: list[int] = []  # its sockets in the relay's FirstBytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
@@ -85,6 +92,7 @@ class ClientConnection(asyncio.Protocol):
             self._refused = _Refusal(self, f"dsv4 tap: router unreachable: {exc}\n")
         else:
             self.router = router
+            self.relay.first_bytes.watch(self)
         early, self._early = self._early, []
         for data in early:
             self.data_received(data)
@@ -96,6 +104,7 @@ class ClientConnection(asyncio.Protocol):
             began = perf_counter()
             self.router.write(data)
             self.relay.request_forwarded(perf_counter() - began)
+            self.awaiting_head = True
             self.observer.feed_request(data)
         elif self._refused is not None:
             self._refused.feed(data)
@@ -110,6 +119,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.connections.discard(self)
+        self.relay.first_bytes.forget(self)
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
         if self.router is not None:
@@ -149,6 +159,80 @@ class _Refusal:
         self.client.transport.close()
 
 
+class FirstBytes:
+    """Serves a session's first bytes (a client's new request, the router's response head) ahead
+    of the streaming chunks the loop is working through.
+
+    libuv registers sockets level-triggered: a socket the loop has just read is queued again
+    at once, so a request or a head that arrives while the loop works through a burst of chunks
+    waits behind every streaming socket's next chunk (bench/results/tap-vs-haproxy.md). Here
+    every connection's sockets are also in an edge-triggered epoll (arrival order) that the
+    relay polls, without waiting, every `every` chunks; a client socket that has data, or a
+    router socket whose response has not begun, is read at once (its transport would read the
+    same bytes later, in the same order; it finds nothing, or what came since)."""
+
+    def __init__(self, every: int = 16) -> None:
+        self.every = every
+        self._poll = select.epoll()
+        self._sockets: dict[int, tuple[ClientConnection, bool]] = {}  # fd -> (conn, is client)
+        self._chunks = 0
+        self._serving = False
+
+    def watch(self, client: ClientConnection) -> None:
+        assert client.router is not None
+        for transport, is_client in ((client.transport, True), (client.router, False)):
+            fd = transport.get_extra_info("socket").fileno()
+            with contextlib.suppress(OSError):
+                self._poll.register(fd, select.EPOLLIN | select.EPOLLET)
+            self._sockets[fd] = (client, is_client)
+            client.watched.append(fd)
+
+    def forget(self, client: ClientConnection) -> None:
+        """The connection has closed: its sockets are no longer served (a closed socket left
+        the epoll with its close; its number may be another connection's by now)."""
+        for fd in client.watched:
+            if self._sockets.get(fd, (None, False))[0] is client:
+                del self._sockets[fd]
+                with contextlib.suppress(OSError, ValueError):
+                    self._poll.unregister(fd)
+        client.watched.clear()
+
+    def tick(self) -> None:
+        self._chunks += 1
+        if self._chunks >= self.every and not self._serving:
+            self._chunks = 0
+            self.serve()
+
+    def serve(self) -> None:
+        """Read what is first in a session and ready now (never waits)."""
+        self._serving = True
+        try:
+            for fd, _ in self._poll.poll(0):
+                client, is_client = self._sockets.get(fd, (None, False))
+                if client is None or client.router is None:
+                    continue
+                transport = client.transport if is_client else client.router
+                if transport.is_closing() or not transport.is_reading():
+                    continue  # flow control holds it, or it is going: its transport decides
+                if not is_client and not client.awaiting_head:
+                    continue  # a streaming response: in the loop's order
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:  # nothing after all, or an error its transport will report
+                    continue
+                if not data:
+                    continue  # the end: its transport sees it too
+                if is_client:
+                    client.data_received(data)
+                else:
+                    cast(_Router, client.router.get_protocol()).data_received(data)
+        finally:
+            self._serving = False
+
+    def close(self) -> None:
+        self._poll.close()
+
+
 class Relay:
     """The listening side: where the router is, what to report, the open connections."""
 
@@ -167,6 +251,7 @@ class Relay:
         self.chunk_written = chunk_written
         self.upstream_error = upstream_error
         self.connections: set[ClientConnection] = set()
+        self.first_bytes = FirstBytes()
         self._server: asyncio.Server | None = None
 
     async def listen(self, host: str, port: int, reuse_port: bool = False) -> tuple[str, int]:
@@ -185,3 +270,4 @@ class Relay:
             for connection in list(self.connections):
                 connection.transport.close()
             await self._server.wait_closed()
+        self.first_bytes.close()
