@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsv4_devcluster import report_pod_ip, wait_for
-from dsv4_devcluster.deployments import Cluster
+import pytest
+
+from dsv4_devcluster import ControlPlane, report_pod_ip, wait_for
+from dsv4_devcluster.deployments import Cluster, rtx_pool, weights_volume
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.limits import ENGINE_PORT
 from dsv4_operator.names import PROBE_LABEL, ROLE_LABEL, SHADOW_OF_LABEL
@@ -35,6 +37,46 @@ from .guard_support import (
 )
 
 ROLES = ("prefill", "decode")
+# What the chart ships (templates/priorityclass.yaml) under a release named dsv4: the
+# culprit search's shadow pods name it.
+BISECT_PRIORITY_CLASS = "dsv4-bisect"
+
+
+def gpu_pool_fixture(prefix: str, count: int, *, bisect_priority_class: bool = False) -> Any:
+    """A module-scoped `gpu_pool` fixture: `count` RTX PRO nodes named `<prefix>-<i>` in the
+    test pool (and the culprit search's PriorityClass, if asked), for the `cluster` fixture
+    of :func:`cluster_fixture`. Assign it to `gpu_pool` in the test module."""
+
+    @pytest.fixture(scope="module")
+    def gpu_pool(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
+        nodes = rtx_pool(control_plane, prefix, count)
+        if bisect_priority_class:
+            classes = control_plane.dynamic_client().resources.get(
+                api_version="scheduling.k8s.io/v1", kind="PriorityClass"
+            )
+            body = {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": BISECT_PRIORITY_CLASS},
+                "value": -100,
+                "preemptionPolicy": "Never",
+            }
+            classes.server_side_apply(body=body, name=BISECT_PRIORITY_CLASS, field_manager="tests")
+        return nodes
+
+    return gpu_pool
+
+
+def cluster_fixture() -> Any:
+    """A `cluster` fixture: the test's namespace with the weights volume, on the module's
+    `gpu_pool` (:func:`gpu_pool_fixture`). Assign it to `cluster` in the test module."""
+
+    @pytest.fixture
+    def cluster(dyn: Any, namespace: str, gpu_pool: list[str]) -> Cluster:
+        weights_volume(dyn, namespace)
+        return Cluster(dyn, namespace)
+
+    return cluster
 
 
 def loopback_ips() -> dict[str, str]:

@@ -19,14 +19,21 @@ from typing import Any
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_operator.api.limits import ENGINE_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.bisect import search
 from dsv4_operator.render.context import build_context
 
-from .engine_support import PodEngines, ShadowEngines, baked_revision, loopback_ips
+from .engine_support import (
+    PodEngines,
+    ShadowEngines,
+    baked_revision,
+    cluster_fixture,
+    gpu_pool_fixture,
+    loopback_ips,
+)
 from .shadow_router_support import ShadowRouters
 
 pytestmark = pytest.mark.integration
@@ -40,28 +47,8 @@ DELTA = {
 }
 
 
-@pytest.fixture(scope="module")
-def gpu_pool_bisect(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    nodes = rtx_pool(control_plane, "bisect-rtx", 4)
-    # What the chart ships (templates/priorityclass.yaml): shadow pods name it.
-    classes = control_plane.dynamic_client().resources.get(
-        api_version="scheduling.k8s.io/v1", kind="PriorityClass"
-    )
-    body = {
-        "apiVersion": "scheduling.k8s.io/v1",
-        "kind": "PriorityClass",
-        "metadata": {"name": "dsv4-bisect"},
-        "value": -100,
-        "preemptionPolicy": "Never",
-    }
-    classes.server_side_apply(body=body, name="dsv4-bisect", field_manager="tests")
-    return nodes
-
-
-@pytest.fixture
-def cluster(dyn: Any, namespace: str, gpu_pool_bisect: list[str]) -> Cluster:
-    weights_volume(dyn, namespace)
-    return Cluster(dyn, namespace)
+gpu_pool = gpu_pool_fixture("bisect-rtx", 4, bisect_priority_class=True)
+cluster = cluster_fixture()
 
 
 @pytest.fixture
@@ -178,6 +165,13 @@ def _culprit(cluster: Cluster, timeout: float = 240) -> dict[str, Any]:
     return found
 
 
+def _bisected(cluster: Cluster) -> tuple[str, str]:
+    """The Bisected condition's (status, reason)."""
+    conditions = cluster.get()["status"]["conditions"]
+    bisected = next(c for c in conditions if c["type"] == "Bisected")
+    return bisected["status"], bisected["reason"]
+
+
 def _through_shadow_routers(
     routers: ShadowRouters, answer: dict[str, Any], ips: dict[str, str]
 ) -> None:
@@ -275,8 +269,7 @@ def test_a_single_setting_culprit_is_found_exactly(
         assert probe["responses"] > 0
     reasons = [e["reason"] for e in cluster.events()]
     assert "BisectStarted" in reasons and "CulpritFound" in reasons
-    bisected = next(c for c in cluster.get()["status"]["conditions"] if c["type"] == "Bisected")
-    assert (bisected["status"], bisected["reason"]) == ("True", "CulpritIdentified")
+    assert _bisected(cluster) == ("True", "CulpritIdentified")
 
 
 @pytest.mark.long(seconds=90)
@@ -335,8 +328,7 @@ def test_a_leak_that_does_not_reproduce_blames_nothing(
     [reproduce] = answer["probes"]  # the whole delta, clean on a shadow pair
     assert reproduce["outcome"] == "pass" and reproduce["leaks"] == 0
     assert "CulpritNotFound" in [e["reason"] for e in cluster.events()]
-    bisected = next(c for c in cluster.get()["status"]["conditions"] if c["type"] == "Bisected")
-    assert (bisected["status"], bisected["reason"]) == ("False", "NotReproduced")
+    assert _bisected(cluster) == ("False", "NotReproduced")
 
 
 @pytest.mark.long(seconds=120)

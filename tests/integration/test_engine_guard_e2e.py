@@ -36,11 +36,17 @@ from kubernetes import watch
 from urllib3.exceptions import ProtocolError
 
 from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 
-from .engine_support import PodEngines, baked_revision, loopback_ips
+from .engine_support import (
+    PodEngines,
+    baked_revision,
+    cluster_fixture,
+    gpu_pool_fixture,
+    loopback_ips,
+)
 from .guard_support import Traffic, tap_process
 
 pytestmark = pytest.mark.integration
@@ -55,15 +61,8 @@ LEAKING = {  # bf16 index-K with HiCache, no indexKHiCacheGate: 4.55% of calls a
 
 # The same `long` for the three tests: ordered by it, they stay together, so this module's
 # node pool is set up once per worker (a second setup would register the same nodes again).
-@pytest.fixture(scope="module")
-def gpu_pool_engines(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    return rtx_pool(control_plane, "engines-rtx", 3)
-
-
-@pytest.fixture
-def cluster(dyn: Any, namespace: str, gpu_pool_engines: list[str]) -> Cluster:
-    weights_volume(dyn, namespace)
-    return Cluster(dyn, namespace)
+gpu_pool = gpu_pool_fixture("engines-rtx", 3)
+cluster = cluster_fixture()
 
 
 @pytest.fixture

@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 
 from dsv4_devcluster import ControlPlane, report_container_terminated, wait_for
-from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 from dsv4_engine_double.config import parse_config, session_corruption_probability
 
 from .cluster_support import statefulset_policy
+from .engine_support import cluster_fixture, gpu_pool_fixture
 from .guard_support import (
     ENGINE_LOAD,
     ENTRYPOINT_LENGTH,
@@ -56,15 +57,8 @@ def _guarded(namespace: str, endpoint: str, **changes: Any) -> dict[str, Any]:
     return example(namespace, **{"guard": guard, **changes})
 
 
-@pytest.fixture
-def cluster(dyn: Any, namespace: str, gpu_pool_e2e: list[str]) -> Cluster:
-    weights_volume(dyn, namespace)
-    return Cluster(dyn, namespace)
-
-
-@pytest.fixture(scope="module")
-def gpu_pool_e2e(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    return rtx_pool(control_plane, "guard-rtx", 3)
+gpu_pool = gpu_pool_fixture("guard-rtx", 3)
+cluster = cluster_fixture()
 
 
 @pytest.fixture
@@ -95,6 +89,8 @@ def operator(
         DSV4_CANARY_ENDPOINT_ALLOW=f"http://127.0.0.1:{engine_port}",
         DSV4_MIN_CANARY_INTERVAL="1s",
         DSV4_PROMETHEUS_URL=f"http://127.0.0.1:{prometheus_port}",
+        # The waits here that count reconcile passes end twice as soon as at the default 2 s.
+        DSV4_RESYNC_SECONDS="1",
     ).start()
     yield op
     op.stop()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,20 @@ def gpu_pool(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]
 def cluster(dyn: Any, namespace: str, gpu_pool: list[str]) -> Cluster:
     weights_volume(dyn, namespace)
     return Cluster(dyn, namespace)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The session's operator fixture, resyncing every second (the launcher's default: every
+    two): the waits here count reconcile passes, not seconds, so they end twice as soon."""
+    op = OperatorProcess(
+        control_plane.kubeconfig_path, namespace, tmp_path, DSV4_RESYNC_SECONDS="1"
+    ).start()
+    yield op
+    op.stop()
+    print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(80)}")
 
 
 # For tests that count the operator's writes: no guard, whose rounds (each at its own point of
@@ -213,7 +227,7 @@ def test_noop_resync_makes_zero_writes(cluster: Cluster, operator: OperatorProce
         return {key: obj["metadata"]["resourceVersion"] for key, obj in objs.items()}
 
     before, writes_before = versions(), operator.metric("dsv4_api_writes_total")
-    operator.more_passes(4)  # resyncs every 2 s here
+    operator.more_passes(4)  # resyncs every second here
     assert versions() == before
     assert operator.metric("dsv4_api_writes_total") == writes_before
 

@@ -30,10 +30,11 @@ import httpx
 import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
-from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
+from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 
+from .engine_support import cluster_fixture, gpu_pool_fixture
 from .guard_support import (
     EngineKubelet,
     Traffic,
@@ -47,20 +48,13 @@ from .guard_support import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def gpu_pool_tap(control_plane: ControlPlane, dsv4_crd: dict[str, Any]) -> list[str]:
-    return rtx_pool(control_plane, "tap-rtx", 2)
+gpu_pool = gpu_pool_fixture("tap-rtx", 2)
+cluster = cluster_fixture()
 
 
 @pytest.fixture
 def ports() -> dict[str, int]:
     return {**tap_ports(), "reads": free_port()}
-
-
-@pytest.fixture
-def cluster(dyn: Any, namespace: str, gpu_pool_tap: list[str]) -> Cluster:
-    weights_volume(dyn, namespace)
-    return Cluster(dyn, namespace)
 
 
 @pytest.fixture
@@ -275,6 +269,7 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
 
     second = str(wait_for("the second revision served", second_served, timeout=120))
     settled = time.monotonic()
+    print(f"the rollout settled {settled - read:.1f}s after the read before it")
     assert settled - read < READ_INTERVAL, "the rollout took longer than the read interval"
 
     def charged_to_second() -> int:
