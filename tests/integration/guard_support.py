@@ -100,6 +100,23 @@ class EngineKubelet:
             and self.proc.poll() is None
         )
 
+    def wait_answering(self, arguments: str, timeout: float = 60) -> None:
+        """Until the double runs with `arguments` in its command line (space-joined) and
+        answers /health: a kubelet restarts an engine after its revision changed, so the new
+        one answers a moment after the deployment reports the revision served (kwok marks pods
+        Ready at once)."""
+
+        def answering() -> bool:
+            line = " ".join(self.running[0]) if self.running else ""
+            if not self.serving or arguments not in line:
+                return False
+            try:
+                return httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).is_success
+            except httpx.HTTPError:
+                return False
+
+        wait_for(f"the engine double with {arguments} answering", answering, timeout=timeout)
+
     @property
     def env(self) -> dict[str, str]:
         return dict(self.running[1]) if self.running else {}

@@ -291,6 +291,7 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
     assert unattributed() == before_change
     # The second revision's own answers count for it, from the read taken as it settled.
     reads.read_after(settled)
+    engine.wait_answering("--max-running-requests 48")  # restarted for the second revision
     after_change = 10
     _answered(tap_url, after_change)
     wait_for(

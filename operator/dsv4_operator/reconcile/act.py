@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Conflict, NotFound
 from dsv4_operator.kube.objects import Obj
-from dsv4_operator.kube.resources import DSV4
+from dsv4_operator.kube.resources import DSV4, LEADER_WORKER_SET
 from dsv4_operator.reconcile.actions import Decision
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.world import World
@@ -68,8 +68,11 @@ async def _apply_children(
     """Children one after another, except a deployment's first pair: none of its children
     exists yet, so their order means nothing and they are applied CHILD_APPLIES_AT_ONCE at a
     time. An update keeps its order (decode before prefill before the router): a child the
-    API server refuses stops the ones after it."""
-    if len(objs) > 1 and all(world.live(o["kind"], o["metadata"]["name"]) is None for o in objs):
+    API server refuses stops the ones after it. So does a pair with a LeaderWorkerSet: its
+    controller makes a headless Service of the set's name unless one exists, and that name is
+    the role Service's (render/groups.py), so the Service must be there first."""
+    concurrent = len(objs) > 1 and not any(o["kind"] == LEADER_WORKER_SET.kind for o in objs)
+    if concurrent and all(world.live(o["kind"], o["metadata"]["name"]) is None for o in objs):
         gate = asyncio.Semaphore(CHILD_APPLIES_AT_ONCE)
 
         async def one(obj: Obj) -> None:
