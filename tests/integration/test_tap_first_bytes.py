@@ -74,6 +74,17 @@ def _received(sock: socket.socket) -> bytes:
         return b""
 
 
+async def _arrives(sock: socket.socket, expected: bytes, what: str) -> None:
+    """Until `sock` has received exactly `expected`, read as it comes (the loop relays it)."""
+    received = bytearray()
+
+    def arrived() -> bool:
+        received.extend(_received(sock))
+        return bytes(received) == expected
+
+    await until(what, arrived)
+
+
 def test_a_request_and_its_head_pass_without_the_loop_and_a_chunk_waits_for_it() -> None:
     async def main() -> None:
         async with _session() as (relay, connection, client, router_side):
@@ -93,13 +104,7 @@ def test_a_request_and_its_head_pass_without_the_loop_and_a_chunk_waits_for_it()
             _readable(connection.router.get_extra_info("socket").fileno())
             relay.first_bytes.serve()
             assert _received(client) == b""
-            received = bytearray()
-
-            def chunk_arrived() -> bool:
-                received.extend(_received(client))
-                return bytes(received) == CHUNK
-
-            await until("the chunk, relayed by the loop", chunk_arrived)
+            await _arrives(client, CHUNK, "the chunk, relayed by the loop")
 
     uvloop.run(main())
 
@@ -114,12 +119,6 @@ def test_a_client_that_flow_control_holds_is_not_read_by_the_poll() -> None:
             relay.first_bytes.serve()
             assert _received(router_side) == b""
             connection.transport.resume_reading()
-            received = bytearray()
-
-            def request_arrived() -> bool:
-                received.extend(_received(router_side))
-                return bytes(received) == REQUEST
-
-            await until("the request, once the client is read again", request_arrived)
+            await _arrives(router_side, REQUEST, "the request, once the client is read again")
 
     uvloop.run(main())
