@@ -273,7 +273,12 @@ def test_oom_on_new_revision_rolls_back(
     assert _condition(obj, "RolledBack")["reason"] == "OOM"
     assert [q["hash"] for q in obj["status"]["quarantine"]] == [new]
     _wait_decode_on(cluster, good)
-    assert operator.metric("dsv4_oom_events_total") >= 1
+    # Counted when the rollback's pass ends, after its child writes (and its Events).
+    wait_for(
+        "the OOM counted",
+        lambda: (operator.metric("dsv4_oom_events_total") or 0) >= 1,
+        timeout=30,
+    )
 
 
 def _freeze_statefulsets(dyn: Any, namespace: str) -> Callable[[], None]:

@@ -99,7 +99,8 @@ def test_a_deleted_statefulset_is_recreated_alone(variant: Callable[..., dict[st
     first = decide(make_world(spec))
     live = as_live(first.apply)
     live["statefulsets"] = [s for s in live["statefulsets"] if s["metadata"]["name"] != "x-prefill"]
-    decision = decide(make_world(spec, revisions=first.create, **live))
+    served = {"currentRevision": _revision(first)}  # the pair ran: it was Ready once
+    decision = decide(make_world(spec, served, revisions=first.create, **live))
     assert decision.delete == []  # no Recreate: the router and decode keep running
     assert {(o["kind"], o["metadata"]["name"]) for o in decision.apply} == {
         ("StatefulSet", "x-prefill")
@@ -107,6 +108,28 @@ def test_a_deleted_statefulset_is_recreated_alone(variant: Callable[..., dict[st
     [note] = decision.events
     assert (note.type, note.reason) == ("Warning", "ChildRecreated")
     assert "x-prefill" in note.message
+
+
+def test_a_first_create_the_api_server_refused_part_of_is_finished_without_a_recreate_warning(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    """The first pair's children go out together: a refused one leaves the others created.
+    The pair never ran (no current revision), so the missing one is not "deleted by someone"."""
+    spec = variant({})
+    first = decide(make_world(spec))
+    live = as_live(first.apply)
+    live["statefulsets"] = [s for s in live["statefulsets"] if s["metadata"]["name"] != "x-decode"]
+    decision = decide(make_world(spec, revisions=first.create, **live))
+    assert decision.delete == []
+    assert ("StatefulSet", "x-decode") in {
+        (o["kind"], o["metadata"]["name"]) for o in decision.apply
+    }
+    assert [n.reason for n in decision.events if n.reason == "ChildRecreated"] == []
+
+
+def _revision(decision: Any) -> str:
+    [revision] = decision.create
+    return str(revision["metadata"]["labels"]["dsv4.io/revision"])
 
 
 def test_format_change_bluegreen_starts_new_pair_and_keeps_router(

@@ -79,7 +79,12 @@ async def _apply_children(
             async with gate:
                 observe(await client.apply(obj))
 
-        await asyncio.gather(*(one(o) for o in objs))
+        # Every apply ends before the pass does (none is left running behind a refusal, to
+        # land after the pass reported it); the first refusal is then raised.
+        results = await asyncio.gather(*(one(o) for o in objs), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         return
     for obj in objs:
         observe(await client.apply(obj))

@@ -108,7 +108,9 @@ def _roll_in_place(
         objs = render_role(ctx, role)
         missing = role not in active.statefulsets
         if not actions.ensure(objs):
-            if missing:  # deleted by someone: the same format, so the other role stays
+            # Deleted by someone (the same format, so the other role stays); unless the pair
+            # never ran: a first create the API server refused part of is not finished yet.
+            if missing and actions.world.status.current_revision is not None:
                 actions.note(
                     "Warning",
                     EventReason.CHILD_RECREATED,

@@ -17,7 +17,7 @@ from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4, SECRET
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.names import MODEL_KEY_PREFIX, MODEL_KIND
-from dsv4_operator.reasons import EventReason
+from dsv4_operator.reasons import ConditionReason, EventReason
 from dsv4_operator.reconcile.act import act, ignore
 from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
 from dsv4_operator.reconcile.decide import decide
@@ -86,20 +86,37 @@ class Reconciler:
         self.group_capture.forget(key)
 
     async def _report_rejection(self, world: World, decision: Decision, error: KubeError) -> None:
-        """Say on the object why the rollout stopped (once per distinct refusal): a child
-        the API server refuses is not the operator's error to retry in silence."""
+        """Say on the object why the rollout stopped (the Event once per distinct refusal):
+        a child the API server refuses is not the operator's error to retry in silence."""
         status = with_rejection(world, decision.status, error.message)
         if status.visible_wire() == world.status.visible_wire():
             return  # already said
-        log.warning(
-            "%s/%s: the API server refused a child: %s", world.namespace, world.name, error.message
+        said = any(
+            c.type == "Progressing"
+            and c.reason == ConditionReason.CHILD_REJECTED
+            and c.message == error.message
+            for c in world.status.conditions
         )
-        await self.client.apply_status(DSV4, world.namespace, world.name, status.to_wire())
-        await self.recorder.post(
-            Subject(world.namespace, world.name, world.uid),
-            Note("Warning", EventReason.CHILD_REJECTED, error.message),
-            world.now,
+        if not said:
+            log.warning(
+                "%s/%s: the API server refused a child: %s",
+                world.namespace,
+                world.name,
+                error.message,
+            )
+        written = await self.client.apply_status(
+            DSV4, world.namespace, world.name, status.to_wire()
         )
+        if self.cache is not None:
+            # The next pass (a child this one created may enqueue it at once) must see the
+            # refusal already said, or it says it again.
+            self.cache.observe(written)
+        if not said:  # the status changed for another reason (a child created since)
+            await self.recorder.post(
+                Subject(world.namespace, world.name, world.uid),
+                Note("Warning", EventReason.CHILD_REJECTED, error.message),
+                world.now,
+            )
 
     async def _secret_missing(self, namespace: str, name: str) -> bool:
         """Whether the Hub token's Secret is missing (its metadata only, never its data): a

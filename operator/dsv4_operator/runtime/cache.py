@@ -73,6 +73,13 @@ def _newer(candidate: str | None, cached: str | None) -> bool:
     return candidate != cached
 
 
+def _older(candidate: str | None, cached: str | None) -> bool:
+    """Whether `candidate` is an earlier resourceVersion than `cached` (integers only)."""
+    if candidate is None or cached is None or not (candidate.isdigit() and cached.isdigit()):
+        return False
+    return int(candidate) < int(cached)
+
+
 @dataclass
 class _Store:
     """The objects of one kind, by key, with an index by owning DSV4Deployment."""
@@ -290,18 +297,34 @@ class WatchCache:
                 obj = _trim(dict(event["object"]), res)
                 if event.get("type") is None:  # part of the list
                     listed.add(_key(obj))
-                if event.get("type") == "DELETED":
-                    self._remove(res, _key(obj), obj)
-                else:
-                    self._put(res, obj)
+                self.fold(res, event.get("type"), obj)
+
+    def fold(self, res: Resource, event_type: str | None, obj: Obj) -> None:
+        """Fold in one object a stream brought (`event_type` None: an item of a list)."""
+        if event_type == "DELETED":
+            self._remove(res, _key(obj), obj)
+        else:
+            self._put(res, obj)
 
     def _put(self, res: Resource, obj: Obj) -> None:
-        old = self._stores[res].put(obj)
+        store = self._stores[res]
+        cached = store.objects.get(_key(obj))
         version = obj["metadata"].get("resourceVersion")
+        if cached is not None and _older(version, cached["metadata"].get("resourceVersion")):
+            # The operator's own later write, folded in by observe(), is already here: an
+            # event the watch delivers late must not take the cache back to before it (the
+            # next pass would write that status again).
+            return
+        old = store.put(obj)
         if old is None or old["metadata"].get("resourceVersion") != version:
             self._notify(res, obj, deleted=False)
 
     def _remove(self, res: Resource, key: Key, last: Obj) -> None:
+        cached = self._stores[res].objects.get(key)
+        if cached is not None and _older(
+            last["metadata"].get("resourceVersion"), cached["metadata"].get("resourceVersion")
+        ):
+            return  # the deletion of an object the operator has created again since
         if self._stores[res].pop(key) is not None:
             self._notify(res, last, deleted=True)
 

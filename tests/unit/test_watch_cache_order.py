@@ -1,0 +1,60 @@
+"""The watch cache never goes back to before the operator's own write."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+
+from dsv4_operator.kube.objects import Obj
+from dsv4_operator.kube.resources import DSV4, Resource
+from dsv4_operator.runtime.cache import WatchCache, Watched
+
+
+def _deployment(version: str, phase: str) -> Obj:
+    return {
+        "apiVersion": DSV4.api_version,
+        "kind": DSV4.kind,
+        "metadata": {"namespace": "ns", "name": "dsv4-flash", "resourceVersion": version},
+        "status": {"phase": phase},
+    }
+
+
+def _cache(changes: list[tuple[str, bool]]) -> WatchCache:
+    def listener(_: Resource, obj: Obj, deleted: bool) -> None:
+        changes.append((obj["metadata"]["resourceVersion"], deleted))
+
+    return WatchCache(kopf.OperatorSettings(), [Watched(DSV4)], ["ns"], listener)
+
+
+def _phase(cache: WatchCache) -> Any:
+    obj = asyncio.run(cache.get(DSV4, "ns", "dsv4-flash"))
+    return obj and obj["status"]["phase"]
+
+
+def test_an_event_the_watch_delivers_after_the_operators_later_write_is_not_folded_in() -> None:
+    changes: list[tuple[str, bool]] = []
+    cache = _cache(changes)
+    cache.fold(DSV4, "ADDED", _deployment("10", "Pending"))
+    cache.observe(_deployment("12", "Progressing"))  # the reply to the operator's write
+    cache.fold(DSV4, "MODIFIED", _deployment("11", "Pending"))  # late: an earlier change
+    assert _phase(cache) == "Progressing"
+    cache.fold(DSV4, "MODIFIED", _deployment("12", "Progressing"))  # the write itself
+    cache.fold(DSV4, "MODIFIED", _deployment("13", "Ready"))  # someone else's, later
+    assert _phase(cache) == "Ready"
+    # Told of the first object and of the later change; neither of the operator's own write
+    # nor of the stale event.
+    assert changes == [("10", False), ("13", False)]
+
+
+def test_a_late_deletion_does_not_remove_the_object_created_again_since() -> None:
+    changes: list[tuple[str, bool]] = []
+    cache = _cache(changes)
+    cache.fold(DSV4, "ADDED", _deployment("10", "Pending"))
+    cache.observe(_deployment("15", "Pending"))  # created again by the operator
+    cache.fold(DSV4, "DELETED", _deployment("14", "Pending"))  # the old one's deletion
+    assert _phase(cache) == "Pending"
+    cache.fold(DSV4, "DELETED", _deployment("16", "Pending"))  # a deletion after it
+    assert _phase(cache) is None
+    assert changes == [("10", False), ("16", True)]
