@@ -34,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,6 +152,7 @@ class Plan:
     spread: int = 1  # engine doubles per role (and taps, canaries)
     without: bool = True  # the idle window without the operator
     startup: bool = True  # the restart with N deployments
+    profile: Path | None = None  # py-spy's folded stacks of the idle operator go here
 
 
 @dataclass
@@ -160,6 +163,10 @@ class Figures:
     creation: dict[str, float] = field(default_factory=dict)
     baked_s: float = 0.0
     idle_cpu_s: float = 0.0
+    # The engine doubles' and taps' CPU over the same window: they answer the same canary
+    # requests and reads whatever the operator's code, so operator / doubles is a figure that
+    # holds across runs on a machine whose speed varies (a shared VM).
+    fleet_cpu_s: float = 0.0
     rss_mb: float = 0.0
     idle_calls: dict[str, float] = field(default_factory=dict)
     canary_runs: float = 0.0
@@ -301,9 +308,12 @@ async def run_fleet(
             )
         )
         try:
+            assert operator.proc is not None
+            spy = profiler(plan, operator.proc.pid, "creation")
             figures.operator_s = await timed_children(
                 http, "op", n, lambda: bounded(16, (client.apply(d) for d in docs))
             )
+            stop_profiler(spy)
             figures.creation = {
                 k: v for k, v in delta(operator_counts(operator), before).items() if " " in k
             }
@@ -316,7 +326,8 @@ async def run_fleet(
         figures.baked_s = time.monotonic() - start
         say(n, f"all baked {figures.baked_s:.1f}s after creation")
         await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
-        await idle_with(plan, figures, cp, operator, baked)
+        fleet = [d.process.pid for d in engines.doubles] + [t.pid for t in engines.taps]
+        await idle_with(plan, figures, cp, operator, baked, fleet)
     finally:
         operator.stop()
     if plan.without:
@@ -327,16 +338,46 @@ async def run_fleet(
         await restart(plan, figures, client, operator, docs)
 
 
+def profiler(plan: Plan, pid: int, window: str) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the operator until stopped (folded stacks, one file per N and
+    window), or None without --profile. --nonblocking: the operator is not paused to be
+    sampled."""
+    if plan.profile is None:
+        return None
+    out = plan.profile / f"operator-{window}-n{plan.n}.folded"
+    command = [
+        "py-spy", "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
+        "--format", "raw", "--output", str(out),
+    ]  # fmt: skip
+    say(plan.n, f"profiling the operator's {window} into {out}")
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        spy.wait(60)
+
+
 async def idle_with(
-    plan: Plan, figures: Figures, cp: ControlPlane, operator: OperatorProcess, one: dict[str, Any]
+    plan: Plan,
+    figures: Figures,
+    cp: ControlPlane,
+    operator: OperatorProcess,
+    one: dict[str, Any],
+    fleet: list[int],
 ) -> None:
     """The idle window with the operator: its cost, and what it and the API server did."""
     assert operator.proc is not None
     pid, server = operator.proc.pid, apiserver_pid(cp)
     ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
+    fleet_cpu = sum(cpu_seconds(p) for p in fleet)
+    spy = profiler(plan, pid, "idle")
     await asyncio.sleep(plan.idle)
+    stop_profiler(spy)
     figures.idle_cpu_s = cpu_seconds(pid) - cpu
+    figures.fleet_cpu_s = sum(cpu_seconds(p) for p in fleet) - fleet_cpu
     figures.server_cpu_with_s = cpu_seconds(server) - server_cpu
     figures.rss_mb = rss_mb(pid)
     figures.idle_calls = delta(operator_counts(operator), ops)
@@ -388,21 +429,30 @@ def table(rows: list[Figures], plan: Plan) -> str:
         f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
         f"{plan.bake_time}; CPU in % of one core over the window",
         "",
-        "| N | operator CPU idle | RSS | writes idle (verb resource) | reads idle | canary runs "
-        "idle (due) | API server requests idle (our kinds) | API server CPU with vs without "
+        "| N | operator CPU idle (vs the doubles') | RSS | writes idle (verb resource) "
+        "| reads idle | canary runs idle (due) | API server requests idle (our kinds) "
+        "| API server CPU with vs without "
         "| children: operator vs plain apply | start-up: first / all reconciled |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in rows:
-        without = max(f.server_cpu_without_s, 0.01)
+        server = (
+            f"{f.server_cpu_with_s:.1f} s vs {f.server_cpu_without_s:.1f} s "
+            f"({f.server_cpu_with_s / f.server_cpu_without_s:.2f}x)"
+            if plan.without and f.server_cpu_without_s > 0
+            else f"{f.server_cpu_with_s:.1f} s vs - (not measured)"
+        )
+        startup = (
+            f"{f.first_reconciled_s:.1f} s / {f.all_reconciled_s:.1f} s" if plan.startup else "-"
+        )
         lines.append(
-            f"| {f.n} | {100 * f.idle_cpu_s / plan.idle:.1f}% | {f.rss_mb:.0f} MiB "
+            f"| {f.n} | {100 * f.idle_cpu_s / plan.idle:.1f}% "
+            f"({f.idle_cpu_s / max(f.fleet_cpu_s, 0.01):.2f}x) | {f.rss_mb:.0f} MiB "
             f"| {total(f.calls('write'))} | {total(f.calls('read'))} "
             f"| {f.canary_runs:.0f} ({f.canary_runs_due:.0f}) | {by_verb(f.server_requests)} "
-            f"| {f.server_cpu_with_s:.1f} s vs {f.server_cpu_without_s:.1f} s "
-            f"({f.server_cpu_with_s / without:.2f}x) "
+            f"| {server} "
             f"| {f.operator_s:.1f} s vs {f.floor_s:.1f} s ({f.operator_s / f.floor_s:.2f}x) "
-            f"| {f.first_reconciled_s:.1f} s / {f.all_reconciled_s:.1f} s |"
+            f"| {startup} |"
         )
     creation = "\n".join(
         f"  N={f.n}: {sum(f.creation.values()) / f.n:.1f} per deployment against the plain "
@@ -430,7 +480,22 @@ def main() -> int:
     parser.add_argument(
         "--spread", type=int, default=0, help="doubles per role (default: one per 250 deployments)"
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a folder: py-spy (pip install py-spy) samples the idle operator into it",
+    )
+    parser.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="skip the idle window without the operator and the start-up (A/B of idle cost)",
+    )
     args = parser.parse_args()
+    if args.profile is not None:
+        if shutil.which("py-spy") is None:
+            parser.error("--profile needs py-spy on PATH: pip install py-spy")
+        args.profile.mkdir(parents=True, exist_ok=True)
     rows: list[Figures] = []
     plan = Plan(0)
     with tempfile.TemporaryDirectory() as logs:
@@ -443,6 +508,9 @@ def main() -> int:
                 confidence=args.confidence,
                 resync=args.resync,
                 spread=args.spread or max(1, n // 250),
+                profile=args.profile,
+                without=not args.idle_only,
+                startup=not args.idle_only,
             )
             started = time.monotonic()
             rows.append(asyncio.run(measure(plan, Path(logs))))

@@ -16,3 +16,6 @@ class Note:
     type: EventType
     reason: str
     message: str
+    # The revision the Event is about, when it is one's (not posted: decide() joins the
+    # Events of one step by it).
+    revision: str | None = None

@@ -140,9 +140,10 @@ class ControlPlane:
         cfg.verify_ssl = True
         return client.ApiClient(cfg)
 
-    def request_counts(self) -> dict[tuple[str, str], float]:
+    def request_counts(self, succeeded_only: bool = False) -> dict[tuple[str, str], float]:
         """(verb, resource) -> requests the API server has answered so far, summed over the
-        other labels of its own ``apiserver_request_total`` counter (``/metrics``)."""
+        other labels of its own ``apiserver_request_total`` counter (``/metrics``);
+        `succeeded_only`: those it answered with a 2xx code."""
         pki = self._require_pki()
         ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
         ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
@@ -154,6 +155,8 @@ class ControlPlane:
             if match is None:
                 continue
             labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            if succeeded_only and not labels.get("code", "").startswith("2"):
+                continue
             key = (labels.get("verb", ""), labels.get("resource", ""))
             out[key] = out.get(key, 0.0) + float(match["value"])
         return out

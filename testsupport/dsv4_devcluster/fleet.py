@@ -334,12 +334,15 @@ READ_VERBS = ("GET", "LIST", "WATCH")
 
 
 def request_counts(
-    cp: ControlPlane, resources: Iterable[str], by_resource: bool = False
+    cp: ControlPlane,
+    resources: Iterable[str],
+    by_resource: bool = False,
+    succeeded_only: bool = False,
 ) -> dict[str, float]:
     """Requests the API server answered on `resources`, by verb (`by_resource`: by
-    "VERB resource")."""
+    "VERB resource"; `succeeded_only`: with a 2xx code)."""
     wanted, out = set(resources), dict[str, float]()
-    for (verb, resource), value in cp.request_counts().items():
+    for (verb, resource), value in cp.request_counts(succeeded_only).items():
         if resource in wanted:
             key = f"{verb} {resource}" if by_resource else verb
             out[key] = out.get(key, 0.0) + value
@@ -348,10 +351,13 @@ def request_counts(
 
 def quiet(cp: ControlPlane, seconds: float, timeout: float = 1800.0) -> float:
     """Until nobody (controllers, kwok, the fleet's address reports) has written the children's
-    kinds for `seconds`; the time waited. The operator's own status writes are not waited on."""
+    kinds for `seconds`; the time waited. The operator's own status writes are not waited on,
+    nor refused writes: the endpoint controllers retry, for as long as the pods exist, the
+    EndpointSlices the API server refuses for the doubles' loopback addresses (422), and a
+    refused write changes nothing."""
 
     def writes() -> float:
-        counts = request_counts(cp, SETTLING)
+        counts = request_counts(cp, SETTLING, succeeded_only=True)
         return sum(v for verb, v in counts.items() if verb not in READ_VERBS)
 
     start = last_change = time.monotonic()

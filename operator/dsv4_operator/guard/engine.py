@@ -18,12 +18,15 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsv4_operator.guard.exposition import family_filter, only_families
+
 # The counters' names without `_total`, and the flat keys they become.
 TOOL_CALL_RESPONSES = "sglang:dsv4_tool_call_responses"
 TOOL_CALL_DROPS = "sglang:dsv4_tool_call_drops"
 REQUESTS = "sglang:num_requests"
 TRANSFER_FAILED = "sglang:num_transfer_failed_reqs"
 COUNTED = frozenset({TOOL_CALL_RESPONSES, TOOL_CALL_DROPS, REQUESTS, TRANSFER_FAILED})
+_COUNTED_LINES = family_filter(COUNTED)
 RESPONSES_KEY, REQUESTS_KEY, FAILED_KEY = "responses", "requests", "transfer_failed"
 DROPS_PREFIX = "drops:"  # + the drop's reason (unclosed, malformed, ...)
 # Scheduler-side counters carry a `tp_rank` label and every rank of a tensor-parallel engine
@@ -46,7 +49,7 @@ def parse_engine_counts(text: str) -> dict[str, float]:
     (absent families give no key). Samples are matched by name, typed or not."""
     counts: dict[str, float] = {}
     failed: dict[tuple[tuple[str, str], ...], float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(only_families(text, _COUNTED_LINES)):
         for sample in family.samples:
             name = sample.name.removesuffix("_total")
             if name == sample.name or name not in COUNTED:

@@ -22,15 +22,17 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsv4_operator.guard.exposition import family_filter, only_families
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 
 RESPONSES = "dsv4_traffic_responses"  # the family name (the parser drops `_total`)
+_RESPONSES_LINES = family_filter([RESPONSES])
 
 
 def parse_counts(text: str) -> dict[str, float]:
     """Verdict -> count of one tap's /metrics (series of several deployments summed)."""
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(only_families(text, _RESPONSES_LINES)):
         if family.name != RESPONSES:
             continue
         for sample in family.samples:

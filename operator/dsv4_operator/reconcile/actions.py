@@ -70,8 +70,10 @@ class Actions:
         if self.world.live(res.kind, name) is not None:
             self.decision.delete.append((res, name))
 
-    def note(self, type_: EventType, reason: str, message: str) -> None:
-        self.decision.events.append(Note(type_, reason, message))
+    def note(
+        self, type_: EventType, reason: str, message: str, revision: str | None = None
+    ) -> None:
+        self.decision.events.append(Note(type_, reason, message, revision))
 
     def wait(self) -> None:
         self.decision.waiting = True

@@ -242,6 +242,7 @@ def _rollout(actions: Actions, ctx: RenderContext, spec: DSV4DeploymentSpec) -> 
                 "Normal",
                 EventReason.CREATING,
                 f"creating revision {ctx.revision} (format {ctx.transfer_format})",
+                revision=ctx.revision,
             )
             actions.wait()
             return Progress(ConditionReason.CREATING, f"creating revision {ctx.revision}")
@@ -307,7 +308,7 @@ def _told_with_creating(decision: Decision, revision: str, stored: str) -> bool:
     """A first pair's Creating Event says its config was stored too: one Event (one request)
     for what a user reads as one step, not a separate RevisionCreated."""
     for i, note in enumerate(decision.events):
-        if note.reason == EventReason.CREATING and f"revision {revision} " in note.message:
+        if note.reason == EventReason.CREATING and note.revision == revision:
             decision.events[i] = dataclasses.replace(note, message=f"{note.message}; {stored}")
             return True
     return False
