@@ -15,9 +15,8 @@ DEFAULT_TIMEOUT = 10.0
 # (its interval) a kept connection would expire anyway.
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=32, keepalive_expiry=5.0)
 # Pod reads keep no connection: each pod is read once per tap or engine interval (5 s by
-# default, the keep-alive expiry), so a kept one had mostly expired by its next use, and every
-# request first checked each kept connection (a socket poll through anyio apiece): a tenth of
-# an idle operator's CPU at 100 deployments, more than opening a connection per read costs.
+# default, the keep-alive expiry), so a kept one had mostly expired by its next use, while
+# every request first checked each kept connection (a socket poll through anyio apiece).
 POD_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=0)
 
 
