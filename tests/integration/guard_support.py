@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -255,10 +256,27 @@ def tap_process(
         stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
+        # Listening before the test sends through it: on a loaded machine the tap's start
+        # (imports, its classifier process) can outlast the deployment's way to Ready.
+        wait_for(
+            "the tap to listen",
+            lambda: _listening(ports["tap"], proc, log_dir / "tap.log"),
+            timeout=120,
+        )
         yield proc
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _listening(port: int, proc: Popen[bytes], log: Path) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"the tap exited ({proc.returncode}): {log.read_text()[-2000:]}")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 # The incident's leaking configuration: bf16 index-K + HiCache (a transfer-format change too),

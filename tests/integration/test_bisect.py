@@ -156,7 +156,9 @@ def _serving_good_again(engines: PodEngines, good: str) -> None:
     )
 
 
-def _culprit(cluster: Cluster, timeout: float = 240) -> dict[str, Any]:
+def _culprit(cluster: Cluster, timeout: float = 480) -> dict[str, Any]:
+    # Returns once the search ends (90 s here when the machine is idle); a search on two
+    # cores shared with three other control planes took over 240 s.
     found: dict[str, Any] = wait_for(
         "status.guard.culprit",
         lambda: (cluster.get().get("status", {}).get("guard") or {}).get("culprit"),
