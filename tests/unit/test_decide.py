@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dsv4_operator.api.status import DSV4DeploymentStatus
+from dsv4_operator.names import REVISION_LABEL
 from dsv4_operator.reconcile.decide import decide
 from tests.support.builders import as_live, make_world
 
@@ -129,7 +130,7 @@ def test_a_first_create_the_api_server_refused_part_of_is_finished_without_a_rec
 
 def _revision(decision: Any) -> str:
     [revision] = decision.create
-    return str(revision["metadata"]["labels"]["dsv4.io/revision"])
+    return str(revision["metadata"]["labels"][REVISION_LABEL])
 
 
 def test_format_change_bluegreen_starts_new_pair_and_keeps_router(
