@@ -283,7 +283,7 @@ def test_a_killed_worker_restarts_its_group_and_the_status_keeps_what_each_pod_s
     cluster.wait_phase("Ready", timeout=240)
     leader = _leader_uid(cluster)
     worker = "dsv4-flash-decode-0-1"
-    wait_pod_running(cluster.dyn, cluster.namespace, worker)
+    killed_uid = wait_pod_running(cluster.dyn, cluster.namespace, worker)["metadata"]["uid"]
     crash = "torch.distributed.DistBackendError: NCCL error: remote process exited"
     report_container_terminated(
         cluster.dyn, cluster.namespace, worker, "engine", reason="Error", exit_code=1, message=crash
@@ -304,8 +304,17 @@ def test_a_killed_worker_restarts_its_group_and_the_status_keeps_what_each_pod_s
     cluster.wait_phase("Ready", timeout=120)
 
     # A worker's OOM is its group's: one OOM event for the revision, kept after the restart
-    # replaced the pods (no known good yet: the guard says so instead of rolling back).
-    wait_pod_running(cluster.dyn, cluster.namespace, worker)
+    # replaced the pods (no known good yet: the guard says so instead of rolling back). The
+    # LWS controller makes the new worker after the new leader: wait for it, not the old one.
+    def new_worker_running() -> dict[str, Any] | None:
+        group = cluster.pods("leaderworkerset.sigs.k8s.io/name=dsv4-flash-decode")
+        for pod in group:
+            status = pod.get("status") or {}
+            if pod["metadata"]["name"] == worker and pod["metadata"]["uid"] != killed_uid:
+                return pod if status.get("phase") == "Running" and status.get("podIP") else None
+        return None
+
+    wait_for("the recreated worker running", new_worker_running, 120)
     report_container_terminated(cluster.dyn, cluster.namespace, worker, "engine")
     oom = wait_for("the OOM group restart", lambda: _last_restart(cluster, 2), 60)
     assert oom["pods"][1]["reason"] == "OOMKilled"

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes.dynamic.exceptions import NotFoundError
+
 #: Pods annotated key=value are never made Running/Ready by the harness's kwok stages.
 MANUAL_STATUS_ANNOTATION = ("devcluster.dsv4.io/status", "manual")
 #: Pods annotated key=value are not removed by kwok when deleted: they stay Terminating.
@@ -31,14 +33,20 @@ def _now() -> str:
 
 
 def wait_pod_running(dyn: Any, namespace: str, name: str, timeout: float = 60.0) -> dict[str, Any]:
-    """Wait until kwok reported the pod Running with a pod IP; return it as a dict."""
+    """Wait until kwok reported the pod Running with a pod IP; return it as a dict. A pod
+    not created yet (its controller is about to make it) is waited for too."""
     pods = dyn.resources.get(api_version="v1", kind="Pod")
     deadline = time.monotonic() + timeout
     while True:
-        pod: dict[str, Any] = pods.get(name=name, namespace=namespace).to_dict()
-        status = pod.get("status") or {}
-        if status.get("phase") == "Running" and status.get("podIP"):
-            return pod
+        status: dict[str, Any] = {"pod": "not created yet"}
+        try:
+            pod: dict[str, Any] = pods.get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            pass
+        else:
+            status = pod.get("status") or {}
+            if status.get("phase") == "Running" and status.get("podIP"):
+                return pod
         if time.monotonic() > deadline:
             raise TimeoutError(f"pod {namespace}/{name} not Running after {timeout}s: {status}")
         time.sleep(0.25)
