@@ -10,7 +10,7 @@ machine and a saturated one. Expected leak counts come from the double's curve
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -27,6 +27,7 @@ from dsv4_operator.canary.scenario import fake_result, first_messages, session_s
 from dsv4_operator.canary.transport import MAX_ATTEMPTS, EndpointUnreachable, discover_model
 from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
+from dsv4_operator.signals.http import GuardHttp
 from tests.support.contract import assert_contract
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.
@@ -65,6 +66,20 @@ def bf16_hicache() -> Iterator[str]:
     """The incident's corrupting config: bf16 index-K + HiCache on an image without the gate."""
     with DoubleProcess([*ENGINE_ARGS, *HICACHE_ARGS], {**BF16_ENV, **LOADED}) as double:
         yield double.url
+
+
+# The canary's transport semantics hold for both clients it runs with: httpx's own (the CLI,
+# `dsv4 probe`) and the guard's (httpx over aiohttp's connections, signals/http.py).
+ClientFactory = Callable[[], httpx.AsyncClient]
+CLIENTS: dict[str, ClientFactory] = {
+    "httpx": lambda: httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)),
+    "guard": lambda: GuardHttp.create().spec_urls,
+}
+
+
+@pytest.fixture(params=sorted(CLIENTS))
+def new_client(request: pytest.FixtureRequest) -> ClientFactory:
+    return CLIENTS[request.param]
 
 
 def limited_client(load: int | None = None) -> httpx.AsyncClient:
@@ -208,9 +223,9 @@ def test_prompts_depend_on_seed_and_session_only() -> None:
     assert result["location"] == "Oslo" and result["next_step"] == steps[1].text
 
 
-async def test_connection_refused_is_retried_then_an_error() -> None:
+async def test_connection_refused_is_retried_then_an_error(new_client: ClientFactory) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    async with httpx.AsyncClient() as client:
+    async with new_client() as client:
         report = await run_canary(client, url, MODEL, sessions=2, rounds=3, timeout=5)
         with pytest.raises(EndpointUnreachable):
             await run_canary(client, url, None, sessions=1, rounds=1)
@@ -226,9 +241,9 @@ def _chat_requests(url: str) -> int:
     return int(httpx.get(f"{url}/get_server_info").json()["internal_states"][0]["chat_requests"])
 
 
-async def test_an_http_error_is_not_retried() -> None:
+async def test_an_http_error_is_not_retried(new_client: ClientFactory) -> None:
     with DoubleProcess(["--context-length", "20"], FP8_ENV) as double:
-        async with httpx.AsyncClient() as client:
+        async with new_client() as client:
             report = await run_canary(client, double.url, MODEL, sessions=3, rounds=2)
         assert _chat_requests(double.url) == 3  # one request per session, no retry
     assert [r.verdict.reason for r in report.records] == ["HTTP 400"] * 3
@@ -236,22 +251,23 @@ async def test_an_http_error_is_not_retried() -> None:
     assert "context length" in report.records[0].verdict.snippet
 
 
-async def test_a_timeout_is_not_retried() -> None:
+async def test_a_timeout_is_not_retried(new_client: ClientFactory) -> None:
     # The double takes at least 45 s to answer (60 s x 0.75..1.25), 20 times the 2 s timeout:
     # no machine is slow enough to turn that into an answer; the double is stopped unanswered.
     with DoubleProcess([], {**FP8_ENV, "DSV4_DOUBLE_LATENCY_MS": "60000"}) as double:
-        async with httpx.AsyncClient() as client:
+        async with new_client() as client:
             report = await run_canary(client, double.url, MODEL, sessions=2, rounds=2, timeout=2)
         assert _chat_requests(double.url) == 2
     assert all(r.verdict.kind is VerdictKind.ERROR for r in report.records)
     assert all("timeout" in r.verdict.reason and r.attempts == 1 for r in report.records)
 
 
-async def test_a_server_crash_mid_request_is_not_retried_but_later_refusals_are() -> None:
+async def test_a_server_crash_mid_request_is_not_retried_but_later_refusals_are(
+    new_client: ClientFactory,
+) -> None:
     env = {**FP8_ENV, "DSV4_DOUBLE_OOM_AFTER": "4", "DSV4_DOUBLE_LATENCY_MS": "5"}
-    fresh = httpx.Limits(max_keepalive_connections=0)  # no stale keep-alive socket after death
     with DoubleProcess([], env) as double:
-        async with httpx.AsyncClient(limits=fresh) as client:
+        async with new_client() as client:
             report = await run_canary(
                 client, double.url, MODEL, sessions=3, rounds=2, concurrency=1, timeout=5
             )

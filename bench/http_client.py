@@ -1,0 +1,114 @@
+"""Benchmark: CPU per request of httpx's own transport against the guard's client (httpx over
+aiohttp's connections, signals/http.py), one request at a time and many in flight.
+
+A small HTTP/1.1 server in another process answers every request with the same body (about
+the size of an engine's /metrics page cut to the counted families); the client process counts
+its own CPU time (user + system) over `--requests` GETs, after a warm-up. Each mode runs in
+the same run, interleaved over `--rounds`, and the median is printed:
+
+    python bench/http_client.py [--requests 3000] [--in-flight 1 64] [--rounds 3]
+
+The guard at 100 deployments makes ~120 requests a second (canary sessions, tap and engine
+reads); the figure per request times that rate is the share of a core the requests alone cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+
+import httpx
+import uvloop
+
+from dsv4_operator.signals.http import GuardHttp
+
+SERVER = """
+import asyncio, sys
+BODY = b"x" * int(sys.argv[2])
+HEAD = b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\nContent-Length: %d\\r\\n\\r\\n"
+ANSWER = HEAD % len(BODY) + BODY
+async def handle(reader, writer):
+    try:
+        while True:
+            await reader.readuntil(b"\\r\\n\\r\\n")
+            writer.write(ANSWER)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+CLIENTS: dict[str, Callable[[], httpx.AsyncClient]] = {
+    "httpx, kept connections": lambda: httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=32), trust_env=False
+    ),
+    "httpx, no kept connection": lambda: httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0), trust_env=False
+    ),
+    "guard, kept connections (spec URLs)": lambda: GuardHttp.create().spec_urls,
+    "guard, no kept connection (pods)": lambda: GuardHttp.create().pods,
+}
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _per_request_ms(
+    make: Callable[[], httpx.AsyncClient], url: str, n: int, flight: int
+) -> float:
+    async with make() as client:
+
+        async def worker(count: int) -> None:
+            for _ in range(count):
+                reply = await client.get(url)
+                reply.raise_for_status()
+
+        each = max(1, n // flight)
+        await asyncio.gather(*(worker(max(1, each // 10)) for _ in range(flight)))  # warm-up
+        began = _cpu()
+        await asyncio.gather(*(worker(each) for _ in range(flight)))
+        return (_cpu() - began) / (each * flight) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--body", type=int, default=4000, help="response bytes")
+    args = parser.parse_args()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, "0", str(args.body)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{server.stdout.readline().strip()}/metrics"
+        results: dict[tuple[str, int], list[float]] = {}
+        for _ in range(args.rounds):
+            for flight in args.in_flight:
+                for name, make in CLIENTS.items():
+                    ms = uvloop.run(_per_request_ms(make, url, args.requests, flight))
+                    results.setdefault((name, flight), []).append(ms)
+        print(f"CPU per request, ms (median of {args.rounds} rounds, {args.requests} requests)")
+        print(f"{'client':40} " + " ".join(f"{f:>4} in flight" for f in args.in_flight))
+        for name in CLIENTS:
+            row = [statistics.median(results[(name, f)]) for f in args.in_flight]
+            print(f"{name:40} " + " ".join(f"{ms:>14.3f}" for ms in row))
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+if __name__ == "__main__":
+    main()

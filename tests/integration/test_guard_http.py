@@ -1,0 +1,107 @@
+"""The guard's HTTP clients (signals/http.py, signals/aiohttp_transport.py) against small
+servers on 127.0.0.1: what a request brings back, and which httpx error says when it failed
+(the canary retries only the ones raised before the request was sent)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from dsv4_operator.signals.http import GuardHttp, environment_proxies
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _serve(handler: Handler) -> AsyncIterator[str]:
+    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(guarded, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield f"http://127.0.0.1:{port}/metrics"
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    body = gzip.compress(b"dsv4_x 1\n" + head.split(b"\r\n")[0])
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nX-Kind: metrics\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    await writer.drain()
+
+
+async def _close_after_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+
+
+async def _half_a_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\nonly this")
+    await writer.drain()
+
+
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    await asyncio.sleep(30)
+
+
+@pytest.fixture(params=["spec_urls", "pods"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+    http = GuardHttp.create()
+    yield getattr(http, request.param)
+    await http.close()
+
+
+async def test_a_reply_comes_back_with_its_headers_and_decoded_body(
+    client: httpx.AsyncClient,
+) -> None:
+    async for url in _serve(_answer):
+        for _ in range(2):  # a kept connection (spec URLs) answers the second one too
+            reply = await client.get(url, headers={"X-Probe": "1"})
+            assert reply.status_code == 200 and reply.headers["x-kind"] == "metrics"
+            assert reply.text == "dsv4_x 1\nGET /metrics HTTP/1.1"
+
+
+async def test_a_refused_connection_is_a_connect_error(client: httpx.AsyncClient) -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(httpx.ConnectError):
+        await client.get(f"http://127.0.0.1:{port}/metrics")
+
+
+@pytest.mark.parametrize(
+    ("handler", "error"),
+    [
+        (_close_after_request, httpx.RemoteProtocolError),
+        (_half_a_body, httpx.ReadError),
+        (_silent, httpx.ReadTimeout),
+    ],
+)
+async def test_a_failure_after_the_request_went_out_is_not_a_connect_error(
+    client: httpx.AsyncClient, handler: Handler, error: type[httpx.HTTPError]
+) -> None:
+    async for url in _serve(handler):
+        with pytest.raises(error) as raised:
+            await client.get(url, timeout=0.5)
+        assert not isinstance(raised.value, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+def test_the_proxies_are_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("all_proxy", raising=False)
+    monkeypatch.setenv("NO_PROXY", "example.com")
+    assert environment_proxies() == {}
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert environment_proxies() == {"https": "http://proxy:3128"}
