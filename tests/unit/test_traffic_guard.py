@@ -38,6 +38,16 @@ def test_tap_counters_become_new_responses_per_tap() -> None:
     assert deltas.advance(tap, {"ok": 50.0}) == {}  # forgotten: a baseline again
 
 
+def test_retain_forgets_only_the_owners_gone_sources() -> None:
+    deltas = TrafficDeltas()
+    for tap in [("ns/a", "http://a1"), ("ns/a", "http://a2"), ("ns/b", "http://b1")]:
+        deltas.advance(tap, {"ok": 10.0})
+    deltas.retain("ns/a", {"http://a2"})
+    assert deltas.advance(("ns/a", "http://a1"), {"ok": 12.0}) == {}  # forgotten: baseline
+    assert deltas.advance(("ns/a", "http://a2"), {"ok": 12.0}) == {"ok": 2.0}
+    assert deltas.advance(("ns/b", "http://b1"), {"ok": 13.0}) == {"ok": 3.0}  # another owner's
+
+
 def test_traffic_is_counted_for_its_revision_and_a_new_revision_starts_over() -> None:
     observations = Observations()
     key = ("ns", "d")

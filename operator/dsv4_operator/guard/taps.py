@@ -43,10 +43,12 @@ def parse_counts(text: str) -> dict[str, float]:
 
 
 class TrafficDeltas:
-    """Per tap URL, the counts seen last; `advance` returns what is new."""
+    """Per tap URL, the counts seen last; `advance` returns what is new. Kept by owner (a
+    deployment) first, so that forgetting one owner's gone sources does not scan every
+    deployment's: each round of each deployment calls `retain`."""
 
     def __init__(self) -> None:
-        self._last: dict[tuple[object, str], dict[str, float]] = {}
+        self._last: dict[object, dict[str, dict[str, float]]] = {}
 
     def advance(
         self, tap: tuple[object, str], counts: Mapping[str, float], fresh: bool = False
@@ -54,8 +56,10 @@ class TrafficDeltas:
         """`tap` is (owner, URL); the counts scraped now; returns what is new since last.
         `fresh`: the source started after the reader, so nothing of it was counted before and
         its first read is all new (an engine pod, whose counts are all its revision's)."""
-        last = self._last.get(tap)
-        self._last[tap] = dict(counts)
+        owner, url = tap
+        sources = self._last.setdefault(owner, {})
+        last = sources.get(url)
+        sources[url] = dict(counts)
         if last is None:
             return {k: v for k, v in counts.items() if v} if fresh else {}
         new: dict[str, float] = {}
@@ -66,8 +70,12 @@ class TrafficDeltas:
 
     def retain(self, owner: object, urls: set[str]) -> None:
         """Forget `owner`'s sources other than `urls` (router pods that are gone)."""
-        for tap in [t for t in self._last if t[0] == owner and t[1] not in urls]:
-            del self._last[tap]
+        sources = self._last.get(owner, {})
+        kept = {url: counts for url, counts in sources.items() if url in urls}
+        if kept:
+            self._last[owner] = kept
+        else:
+            self._last.pop(owner, None)
 
 
 def samples_and_leaks(new: Mapping[str, float]) -> tuple[int, int]:
