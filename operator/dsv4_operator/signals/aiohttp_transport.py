@@ -1,8 +1,9 @@
 """An httpx transport whose connections are aiohttp's: httpx's API, aiohttp's connection pool.
 
-httpcore's pool checks every kept connection before each request: 0.55 ms of CPU per request
-one at a time and 2 ms with 64 in flight (a canary run's sessions), against 0.3-0.4 ms here
-(`python bench/http_client.py`). The guard makes ~120 requests a second at 100 deployments.
+httpcore's pool checks every kept connection before each request: 0.45-0.57 ms of CPU per
+request one at a time and 1.9-2.1 ms with 64 in flight (a canary run's sessions), against
+0.26-0.41 ms here with kept connections (`python bench/http_client.py`, two runs). The guard
+makes ~120 requests a second at 100 deployments.
 
 Written here rather than taken from httpx-aiohttp (0.2.0), whose error map takes the first
 aiohttp class that matches: a refused connection came out as `httpx.ConnectTimeout`, and so
