@@ -78,7 +78,10 @@ CLIENTS: dict[str, ClientFactory] = {
 
 
 @pytest.fixture(params=sorted(CLIENTS))
-def new_client(request: pytest.FixtureRequest) -> ClientFactory:
+def new_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ClientFactory:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):  # else the guard's is httpx's own
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
     return CLIENTS[request.param]
 
 

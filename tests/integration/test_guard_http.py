@@ -55,8 +55,20 @@ async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     await asyncio.sleep(30)
 
 
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
 @pytest.fixture(params=["spec_urls", "pods"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[httpx.AsyncClient]:
+async def client(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[httpx.AsyncClient]:
+    _no_proxies(monkeypatch)  # with a proxy named, spec_urls would be httpx's own transport
     http = GuardHttp.create()
     yield getattr(http, request.param)
     await http.close()
@@ -98,9 +110,7 @@ async def test_a_failure_after_the_request_went_out_is_not_a_connect_error(
 
 
 def test_the_proxies_are_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("all_proxy", raising=False)
+    _no_proxies(monkeypatch)
     monkeypatch.setenv("NO_PROXY", "example.com")
     assert environment_proxies() == {}
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
