@@ -464,6 +464,8 @@ def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
         ({"guard": {"allowedCanaryEndpoints": ["canary.llm:9000"]}}, "allowedCanaryEndpoints/0"),
         ({"guard": {"allowedCanaryEndpoints": ["http://a,b"]}}, "allowedCanaryEndpoints/0"),
         ({"guard": {"minCanaryInterval": "soon"}}, "/guard/minCanaryInterval"),
+        ({"guard": {"canariesAtOnce": 0}}, "/guard/canariesAtOnce"),
+        ({"operator": {"retryBackoffMaxSeconds": 0}}, "/operator/retryBackoffMaxSeconds"),
         ({"security": {"hostPathPrefixes": ["relative/path"]}}, "/security/hostPathPrefixes/0"),
         (
             {"prometheusRule": {"runbookBaseUrl": "docs/runbook.md"}},
@@ -584,6 +586,22 @@ def test_operator_settings_accept_the_environment_the_chart_sets(values: dict[st
             for m in _container(objects)["volumeMounts"]
             if m["name"] == "webhook-tls"
         )
+
+
+def test_queue_and_guard_values_reach_the_operator_settings() -> None:
+    from dsv4_operator.settings import OperatorSettings
+
+    def settings(values: dict[str, Any]) -> OperatorSettings:
+        env = _env(render(values))
+        return OperatorSettings(**{k.removeprefix("DSV4_").lower(): v for k, v in env.items()})
+
+    defaults = settings({})
+    assert (defaults.retry_backoff_max_seconds, defaults.guard_canaries_at_once) == (
+        OperatorSettings.model_fields["retry_backoff_max_seconds"].default,
+        OperatorSettings.model_fields["guard_canaries_at_once"].default,
+    ), "the chart's defaults are the operator's"
+    tuned = settings({"operator": {"retryBackoffMaxSeconds": 60}, "guard": {"canariesAtOnce": 4}})
+    assert (tuned.retry_backoff_max_seconds, tuned.guard_canaries_at_once) == (60.0, 4)
 
 
 def test_trust_values_reach_the_operator_policy() -> None:
