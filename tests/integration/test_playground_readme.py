@@ -102,6 +102,7 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
         if command.startswith("kubectl describe"):
             for condition in ("Ready", "WeightsReady", "PlanVerified"):
                 assert re.search(rf"Type:\s+{condition}\b", done.stdout), condition
+    assert not (REPO / ".kube").exists(), "kubectl or helm kept a cache in the checkout"
     assert pg.runner is not None
     kinds: dict[str, Any] = pg.runner.kinds()
     print("\n".join(f"{where}: {kind}" for where, kind in sorted(kinds.items())))

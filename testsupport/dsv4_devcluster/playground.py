@@ -146,10 +146,14 @@ class Playground:
             self.say(f"  {line}")
 
     def env(self) -> dict[str, str]:
-        """What a shell needs to drive the playground: KUBECONFIG and PATH (helm, kubectl, dsv4)."""
+        """What a shell needs to drive the playground: KUBECONFIG, PATH (helm, kubectl, dsv4)
+        and a HOME of its own: without one kubectl and helm keep their caches in the working
+        directory (a checkout's `.kube/cache`)."""
         dirs = [*tool_dirs(), Path(sys.executable).parent]
         path = os.pathsep.join([*map(str, dirs), os.environ.get("PATH", "")])
-        return {"KUBECONFIG": str(self.cp.kubeconfig_path), "PATH": path}
+        home = self.root / "home"
+        home.mkdir(exist_ok=True)
+        return {"KUBECONFIG": str(self.cp.kubeconfig_path), "PATH": path, "HOME": str(home)}
 
     def shell_line(self) -> str:
         dirs = os.pathsep.join(str(d) for d in [*tool_dirs(), Path(sys.executable).parent])
