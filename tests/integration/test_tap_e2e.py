@@ -255,6 +255,8 @@ def test_a_rollout_shorter_than_the_read_interval_charges_no_earlier_answer_to_t
     slow_reads = {"guard.tap": {"interval": f"{READ_INTERVAL}s", "metricsEndpoints": [reads.url]}}
     cluster.apply(_spec(namespace, ports, "10m", **slow_reads))
     first = cluster.wait_phase("Ready", timeout=180)["status"]["currentRevision"]
+    # kwok marks the pods Ready at once; the double behind the tap starts a moment later.
+    engine.wait_answering("--max-running-requests")
     # Right after a read of the tap with the first revision served alone and settled, it
     # answers some requests, then a rollout to a second revision ends before the next read.
     read = reads.read_after(time.monotonic())
