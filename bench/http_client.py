@@ -1,5 +1,6 @@
-"""Benchmark: CPU per request of httpx's own transport against the guard's client (httpx over
-aiohttp's connections, signals/http.py), one request at a time and many in flight.
+"""Benchmark: CPU per request of httpx's own transport against the guard's clients (httpx over
+aiohttp's connections for spec URLs, aiohttp directly for pod pages; signals/http.py), one
+request at a time and many in flight.
 
 A small HTTP/1.1 server in another process answers every request with the same body (about
 the size of an engine's /metrics page cut to the counted families); the client process counts
@@ -20,12 +21,12 @@ import resource
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import uvloop
 
-from dsv4_operator.signals.http import GuardHttp
+from dsv4_operator.signals.http import GuardHttp, HttpxPages, PodPages
 
 SERVER = """
 import asyncio, sys
@@ -47,15 +48,34 @@ async def main():
 asyncio.run(main())
 """
 
-CLIENTS: dict[str, Callable[[], httpx.AsyncClient]] = {
-    "httpx, kept connections": lambda: httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=32), trust_env=False
+Client = tuple[Callable[[str], Awaitable[str]], Callable[[], Awaitable[None]]]
+
+
+def _httpx(client: httpx.AsyncClient) -> Client:
+    """A page's text through an httpx client, as the guard reads the URLs a spec names."""
+    return (lambda url: HttpxPages(client).text(url, 10.0)), client.aclose
+
+
+def _pods() -> Client:
+    pages = PodPages(httpx.create_ssl_context())
+    return (lambda url: pages.text(url, 10.0)), pages.aclose
+
+
+CLIENTS: dict[str, Callable[[], Client]] = {
+    "httpx, kept connections": lambda: _httpx(
+        httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
+            trust_env=False,
+        )
     ),
-    "httpx, no kept connection": lambda: httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0), trust_env=False
+    "httpx, no kept connection": lambda: _httpx(
+        httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+            trust_env=False,
+        )
     ),
-    "guard, kept connections (spec URLs)": lambda: GuardHttp.create().spec_urls,
-    "guard, no kept connection (pods)": lambda: GuardHttp.create().pods,
+    "guard, kept connections (spec URLs)": lambda: _httpx(GuardHttp.create().spec_urls),
+    "guard, no kept connection (pod pages)": _pods,
 }
 
 
@@ -64,21 +84,21 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _per_request_ms(
-    make: Callable[[], httpx.AsyncClient], url: str, n: int, flight: int
-) -> float:
-    async with make() as client:
+async def _per_request_ms(make: Callable[[], Client], url: str, n: int, flight: int) -> float:
+    read, close = make()
+    try:
 
         async def worker(count: int) -> None:
             for _ in range(count):
-                reply = await client.get(url)
-                reply.raise_for_status()
+                await read(url)
 
         each = max(1, n // flight)
         await asyncio.gather(*(worker(max(1, each // 10)) for _ in range(flight)))  # warm-up
         began = _cpu()
         await asyncio.gather(*(worker(each) for _ in range(flight)))
         return (_cpu() - began) / (each * flight) * 1e3
+    finally:
+        await close()
 
 
 def main() -> None:

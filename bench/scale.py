@@ -27,6 +27,10 @@ API server's own `apiserver_request_total`. Children are counted from metadata-o
 The machine is shared: read ratios measured in the same run, not absolute times.
 
     python bench/scale.py [--n 10,100,1000] [--idle 120] [--canary-interval 60s]
+                          [--idle-only] [--sources canary,tap,engine] [--profile DIR]
+
+`--sources canary` leaves the tap and engine reads off: what the canary alone costs, the
+floor under the operator's idle CPU with the default canary.
 """
 
 from __future__ import annotations
@@ -153,6 +157,8 @@ class Plan:
     without: bool = True  # the idle window without the operator
     startup: bool = True  # the restart with N deployments
     profile: Path | None = None  # py-spy's folded stacks of the idle operator go here
+    # The guard's sources left on; the others get `enabled: false` (what each one costs).
+    sources: tuple[str, ...] = ("canary", "tap", "engine")
 
 
 @dataclass
@@ -289,12 +295,15 @@ async def run_fleet(
     operator.start()
     try:
         docs = [
-            guarded(
-                d,
-                engines.canary_endpoint(d["metadata"]["name"]),
-                plan.canary_interval,
-                plan.bake_time,
-                plan.confidence,
+            with_sources(
+                guarded(
+                    d,
+                    engines.canary_endpoint(d["metadata"]["name"]),
+                    plan.canary_interval,
+                    plan.bake_time,
+                    plan.confidence,
+                ),
+                plan.sources,
             )
             for d in deployments("op", n)
         ]
@@ -416,6 +425,15 @@ async def restart(
     )
 
 
+def with_sources(doc: dict[str, Any], sources: tuple[str, ...]) -> dict[str, Any]:
+    """`doc` with the guard's tap and engine reads switched off unless named in `sources`."""
+    guard = doc["spec"]["guard"]
+    for source in ("tap", "engine"):
+        if source not in sources:
+            guard.setdefault(source, {})["enabled"] = False
+    return doc
+
+
 def by_verb(calls: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0f}" for k, v in sorted(calls.items())) or "0"
 
@@ -427,7 +445,8 @@ def total(calls: dict[str, float]) -> str:
 def table(rows: list[Figures], plan: Plan) -> str:
     lines = [
         f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
-        f"{plan.bake_time}; CPU in % of one core over the window",
+        f"{plan.bake_time}; guard sources {', '.join(plan.sources)}; CPU in % of one core "
+        "over the window",
         "",
         "| N | operator CPU idle (vs the doubles') | RSS | writes idle (verb resource) "
         "| reads idle | canary runs idle (due) | API server requests idle (our kinds) "
@@ -491,7 +510,16 @@ def main() -> int:
         action="store_true",
         help="skip the idle window without the operator and the start-up (A/B of idle cost)",
     )
+    parser.add_argument(
+        "--sources",
+        default="canary,tap,engine",
+        help="the guard's sources left on (canary always: the fleet bakes on it); "
+        "e.g. --sources canary for the canary's cost alone",
+    )
     args = parser.parse_args()
+    sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+    if "canary" not in sources or not set(sources) <= {"canary", "tap", "engine"}:
+        parser.error("--sources: canary, and any of tap and engine (comma-separated)")
     if args.profile is not None:
         if shutil.which("py-spy") is None:
             parser.error("--profile needs py-spy on PATH: pip install py-spy")
@@ -511,6 +539,7 @@ def main() -> int:
                 profile=args.profile,
                 without=not args.idle_only,
                 startup=not args.idle_only,
+                sources=sources,
             )
             started = time.monotonic()
             rows.append(asyncio.run(measure(plan, Path(logs))))

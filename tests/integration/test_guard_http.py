@@ -1,6 +1,7 @@
 """The guard's HTTP clients (signals/http.py, signals/aiohttp_transport.py) against small
 servers on 127.0.0.1: what a request brings back, and which httpx error says when it failed
-(the canary retries only the ones raised before the request was sent)."""
+(the canary retries only the ones raised before the request was sent), for the spec URLs'
+client and the pods' pages alike."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from dsv4_operator.signals.http import GuardHttp, environment_proxies
+from dsv4_operator.signals.http import GuardHttp, HttpxPages, environment_proxies
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -78,36 +79,64 @@ def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name.lower(), raising=False)
 
 
+Read = Callable[[str, float], Awaitable[str]]
+
+
 @pytest.fixture(params=["spec_urls", "pods"])
-async def client(
+async def read(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[httpx.AsyncClient]:
+) -> AsyncIterator[Read]:
+    """One page's text, as the scrapes read it: through the spec URLs' httpx client, or the
+    pods' pages (aiohttp directly)."""
     _no_proxies(monkeypatch)  # with a proxy named, spec_urls would be httpx's own transport
     http = GuardHttp.create()
-    yield getattr(http, request.param)
+    yield HttpxPages(http.spec_urls).text if request.param == "spec_urls" else http.pods.text
     await http.close()
 
 
-async def test_a_reply_comes_back_with_its_headers_and_decoded_body(
-    client: httpx.AsyncClient, request: pytest.FixtureRequest
-) -> None:
+async def test_a_reply_comes_back_with_its_headers_and_decoded_body() -> None:
+    http = GuardHttp.create()
+    answering = Answering()
+    try:
+        async for url in _serve(answering):
+            for _ in range(2):
+                reply = await http.spec_urls.get(url, headers={"X-Probe": "1"})
+                assert reply.status_code == 200 and reply.headers["x-kind"] == "metrics"
+                assert reply.text.lower() == "get /metrics http/1.1\nx-probe: 1"
+    finally:
+        await http.close()
+    assert answering.connections == 1  # spec URLs keep the connection for the next request
+
+
+async def test_a_page_comes_back_decoded(read: Read, request: pytest.FixtureRequest) -> None:
     answering = Answering()
     async for url in _serve(answering):
         for _ in range(2):
-            reply = await client.get(url, headers={"X-Probe": "1"})
-            assert reply.status_code == 200 and reply.headers["x-kind"] == "metrics"
-            assert reply.text.lower() == "get /metrics http/1.1\nx-probe: 1"
+            assert (await read(url, 5.0)).lower() == "get /metrics http/1.1"
     # spec URLs keep the connection for the next request; pod reads open one each.
-    kept = request.node.callspec.params["client"] == "spec_urls"
+    kept = request.node.callspec.params["read"] == "spec_urls"
     assert answering.connections == (1 if kept else 2)
 
 
-async def test_a_refused_connection_is_a_connect_error(client: httpx.AsyncClient) -> None:
+async def _unavailable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+    await writer.drain()
+
+
+async def test_an_error_status_is_an_http_status_error(read: Read) -> None:
+    async for url in _serve(_unavailable):
+        with pytest.raises(httpx.HTTPStatusError) as raised:
+            await read(url, 5.0)
+        assert raised.value.response.status_code == 503
+
+
+async def test_a_refused_connection_is_a_connect_error(read: Read) -> None:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     with pytest.raises(httpx.ConnectError):
-        await client.get(f"http://127.0.0.1:{port}/metrics")
+        await read(f"http://127.0.0.1:{port}/metrics", 5.0)
 
 
 @pytest.mark.parametrize(
@@ -119,12 +148,28 @@ async def test_a_refused_connection_is_a_connect_error(client: httpx.AsyncClient
     ],
 )
 async def test_a_failure_after_the_request_went_out_is_not_a_connect_error(
-    client: httpx.AsyncClient, handler: Handler, error: type[httpx.HTTPError]
+    read: Read, handler: Handler, error: type[httpx.HTTPError]
 ) -> None:
     async for url in _serve(handler):
         with pytest.raises(error) as raised:
-            await client.get(url, timeout=0.5)
+            await read(url, 0.5)
         assert not isinstance(raised.value, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+async def test_pod_pages_never_go_through_a_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as free:  # a proxy that refuses: a read through it would fail
+        free.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{free.getsockname()[1]}"
+    for name in PROXY_VARIABLES:
+        monkeypatch.setenv(name, dead)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    http = GuardHttp.create()
+    try:
+        async for url in _serve(Answering()):
+            assert (await http.pods.text(url, 5.0)).lower() == "get /metrics http/1.1"
+    finally:
+        await http.close()
 
 
 def test_the_proxies_are_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:

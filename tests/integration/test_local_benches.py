@@ -29,6 +29,12 @@ def test_the_cli_start_bench_times_the_commands_and_names_their_imports() -> Non
     assert out.count("heavy packages loaded: none") == 2, out
 
 
+def test_the_http_client_bench_reads_through_every_client() -> None:
+    out = run_bench("http_client.py", "--requests", "40", "--in-flight", "1", "4", "--rounds", "1")
+    for client in ("httpx, kept connections", "guard, no kept connection (pod pages)"):
+        assert re.search(rf"\n{re.escape(client)} +[\d.]+ +[\d.]+\n", out), out
+
+
 def test_the_guard_bench_runs_both_deciders() -> None:
     out = run_bench(
         "guard.py", "--trials", "40", "--decisions", "2000", "--points", "7200", "--seed", "3"

@@ -23,6 +23,7 @@ from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason, GuardResult, RollbackReason
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.signals.engine import EngineReader
+from dsv4_operator.signals.http import HttpxPages
 from tests.support.builders import NOW, as_live, make_world
 
 GUARD = GuardSpec()
@@ -132,7 +133,7 @@ async def test_engine_counts_go_to_the_revision_on_each_pod_s_label() -> None:
     engines.metrics = {"10.0.0.1": _metrics(500, 5, 1), "10.0.0.2": _metrics(0, 0, 2)}
     key = ("ns", "x")
     async with httpx.AsyncClient(transport=httpx.MockTransport(engines.reply)) as client:
-        reader = EngineReader(client)
+        reader = EngineReader(HttpxPages(client))
         pods = [PodView.of(p) for p in old]
         first = await reader.round(key, pods, started=NOW)
         # Pods older than the loop: their first read is a baseline (status may hold it).

@@ -1,22 +1,33 @@
 """What keeps an idle guard cheap: status written only for a change a user would see, canary
-runs spread over their interval by a fixed per-deployment phase, and a bound on how many run
-at once across all deployments."""
+runs spread over their interval by a fixed per-deployment phase, a bound on how many run at
+once across all deployments, and tap and engine reads that find nothing new coming ever less
+often (up to 30 s apart), back at their interval on anything new."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus, GuardStatus
-from dsv4_operator.api.times import Timestamp
+from dsv4_operator.api.times import Duration, Timestamp
 from dsv4_operator.guard.observations import Observations
+from dsv4_operator.guard.taps import TrafficDeltas
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import GuardReason, GuardResult
 from dsv4_operator.signals.canary_runner import CanaryRun
-from dsv4_operator.signals.supervisor import GuardSupervisor, phase, until_slot
-from tests.support.builders import NOW, example_doc
+from dsv4_operator.signals.engine import EngineReader
+from dsv4_operator.signals.supervisor import (
+    IDLE_READS_AT_MOST_EVERY,
+    GuardSupervisor,
+    next_stretch,
+    phase,
+    until_slot,
+)
+from tests.support.builders import NOW, engine_pod, example_doc
 
 
 def _status(**guard: Any) -> DSV4DeploymentStatus:
@@ -142,3 +153,95 @@ async def test_a_deployment_found_at_start_up_waits_for_its_slot() -> None:
         assert len(runs) == len(keys)
     finally:
         await guards.close()
+
+
+def test_an_idle_source_is_read_half_as_often_each_time_up_to_a_bound() -> None:
+    stretches = [1]
+    for _ in range(5):
+        stretches.append(next_stretch(stretches[-1], busy=False, most=6))
+    assert stretches == [1, 2, 4, 6, 6, 6]
+    assert next_stretch(6, busy=True, most=6) == 1  # anything new: back at the interval
+    assert next_stretch(1, busy=False, most=1) == 1  # an interval at the bound: no stretch
+
+
+@pytest.mark.looptime
+async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news() -> None:
+    """Interval 5 s: reads that find nothing are 10, 20, 30, 30 s apart; one that finds
+    something brings the next back to 5 s; a served-revision change (the early event) reads at
+    once, and the next read is at the next 5 s slot."""
+    clock = asyncio.get_running_loop()
+    key = ("ns", "idle")
+    reads: list[float] = []
+    news = {4}  # the fifth read finds new responses
+    early = asyncio.Event()
+
+    async def tap_round(key: tuple[str, str], spec: DSV4DeploymentSpec) -> bool:
+        reads.append(clock.time())
+        return len(reads) - 1 in news
+
+    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None)
+    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
+    start = clock.time()
+    loop = asyncio.create_task(guards._loop(key, spec, tap_round, Duration("5s"), early))
+    try:
+        await asyncio.sleep(until_slot(start, 5.0, phase(key) * 5.0) + 96)
+        early.set()  # the served revision changed: read now (96 s after the first read)
+        await asyncio.sleep(5.5)
+    finally:
+        loop.cancel()
+        await guards.close()
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(reads)]
+    # reads at 0, 10, 30, 60, 90 (news), 95, 96 (woken), 100 (the next slot)
+    assert gaps == [10.0, 20.0, 30.0, 30.0, 5.0, 1.0, 4.0], gaps
+    assert IDLE_READS_AT_MOST_EVERY == 30.0
+
+
+@pytest.mark.looptime
+async def test_a_canary_never_stretches_and_a_failed_round_counts_as_busy() -> None:
+    clock = asyncio.get_running_loop()
+    canary: list[float] = []
+    failing: list[float] = []
+
+    async def canary_round(key: tuple[str, str], spec: DSV4DeploymentSpec) -> bool:
+        canary.append(clock.time())
+        return False  # even a round that says idle: the canary keeps its interval
+
+    async def failing_round(key: tuple[str, str], spec: DSV4DeploymentSpec) -> bool:
+        failing.append(clock.time())
+        raise RuntimeError("a broken round")
+
+    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None)
+    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
+    loops = [
+        asyncio.create_task(
+            guards._loop(("ns", "c"), spec, canary_round, Duration("10s"), idle=False)
+        ),
+        asyncio.create_task(guards._loop(("ns", "f"), spec, failing_round, Duration("5s"))),
+    ]
+    try:
+        await asyncio.sleep(61)
+    finally:
+        for loop in loops:
+            loop.cancel()
+        await guards.close()
+    assert {round(b - a, 3) for a, b in itertools.pairwise(canary)} == {10.0}
+    assert {round(b - a, 3) for a, b in itertools.pairwise(failing)} == {5.0}
+
+
+def test_a_tap_that_came_or_went_is_news() -> None:
+    deltas = TrafficDeltas()
+    assert deltas.retain("ns/d", {"http://a"})  # first seen
+    deltas.advance(("ns/d", "http://a"), {"ok": 3})
+    assert not deltas.retain("ns/d", {"http://a"})
+    assert deltas.retain("ns/d", {"http://a", "http://b"})  # came
+    assert deltas.retain("ns/d", set())  # went
+    assert not deltas.retain("ns/d", set())
+
+
+async def test_an_engine_pod_on_its_way_is_news_before_any_read() -> None:
+    pending = engine_pod("r1", {})
+    pending["status"] = {"phase": "Pending"}
+    reader = EngineReader(pages=None)  # type: ignore[arg-type]  # no pod runs: nothing is read
+    seen = await reader.round(("ns", "d"), [PodView.of(pending)], NOW)
+    assert seen.pods_changed and not seen.counts and not seen.failed
+    assert not (await reader.round(("ns", "d"), [], NOW)).pods_changed

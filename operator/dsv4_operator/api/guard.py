@@ -67,7 +67,8 @@ class TapSpec(ApiModel):
     )
     interval: TapInterval = Field(
         default=Duration("5s"),
-        description="How often the guard reads the taps' counters (1s to 5m).",
+        description="How often the guard reads the taps' counters (1s to 5m); reads that find "
+        "nothing new come less often, up to 30s apart (docs/guard.md).",
     )
     alpha: float = Field(
         default=0.01,
@@ -108,7 +109,8 @@ class EngineSignalSpec(ApiModel):
     )
     interval: TapInterval = Field(
         default=Duration("5s"),
-        description="How often the guard reads the engines' counters (1s to 5m).",
+        description="How often the guard reads the engines' counters (1s to 5m); reads that "
+        "find nothing new come less often, up to 30s apart (docs/guard.md).",
     )
     alpha: float = Field(
         default=0.01,

@@ -68,14 +68,17 @@ class TrafficDeltas:
             new[verdict] = value if value < before else value - before
         return {v: n for v, n in new.items() if n}
 
-    def retain(self, owner: object, urls: set[str]) -> None:
-        """Forget `owner`'s sources other than `urls` (router pods that are gone)."""
+    def retain(self, owner: object, urls: set[str]) -> bool:
+        """Forget `owner`'s sources other than `urls` (router pods that are gone); True when
+        `urls` are not the sources it had (one came, or one went)."""
         sources = self._last.get(owner, {})
+        changed = sources.keys() != urls
         kept = {url: counts for url, counts in sources.items() if url in urls}
         if kept:
             self._last[owner] = kept
         else:
             self._last.pop(owner, None)
+        return changed
 
 
 def samples_and_leaks(new: Mapping[str, float]) -> tuple[int, int]:

@@ -37,12 +37,24 @@ CHUNK = 64 * 1024
 
 
 @contextmanager
-def _as_httpx(request: httpx.Request) -> Iterator[None]:
+def as_httpx(request: httpx.Request | Callable[[], httpx.Request]) -> Iterator[None]:
+    """aiohttp's errors raised as the httpx ones (`request`, or a function that makes it
+    when one is raised)."""
     try:
         yield
     except aiohttp.ClientError as error:
         kind = next(theirs for ours, theirs in _ERRORS if isinstance(error, ours))
-        raise kind(str(error) or type(error).__name__, request=request) from error
+        made = request if isinstance(request, httpx.Request) else request()
+        raise kind(str(error) or type(error).__name__, request=made) from error
+
+
+def client_timeout(timeout: dict[str, float | None]) -> aiohttp.ClientTimeout:
+    """httpx's timeouts (pool, connect, read) as aiohttp's."""
+    return aiohttp.ClientTimeout(
+        connect=timeout.get("pool"),
+        sock_connect=timeout.get("connect"),
+        sock_read=timeout.get("read"),
+    )
 
 
 class _Body(httpx.AsyncByteStream):
@@ -52,7 +64,7 @@ class _Body(httpx.AsyncByteStream):
         self._response, self._request = response, request
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _as_httpx(self._request):
+        with as_httpx(self._request):
             async for chunk in self._response.content.iter_chunked(CHUNK):
                 yield chunk
 
@@ -73,18 +85,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         if self._session is None:
             self._session = self._make()
         timeout = request.extensions.get("timeout", {})
-        with _as_httpx(request):
+        with as_httpx(request):
             response = await self._session.request(
                 request.method,
                 str(request.url),
                 headers=request.headers.multi_items(),
                 data=await request.aread() or None,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(
-                    connect=timeout.get("pool"),
-                    sock_connect=timeout.get("connect"),
-                    sock_read=timeout.get("read"),
-                ),
+                timeout=client_timeout(timeout),
             )
         return httpx.Response(
             response.status,

@@ -10,6 +10,7 @@ guard's (guard/engine.py); what /get_server_info must say is the plan check's (g
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,17 +23,16 @@ from dsv4_operator.guard.observations import Key
 from dsv4_operator.guard.plan import ServerInfo
 from dsv4_operator.guard.taps import TrafficDeltas
 from dsv4_operator.pods import PodView
+from dsv4_operator.signals.http import Pages
 from dsv4_operator.signals.taps import TAP_SCRAPE_TIMEOUT, pod_url, scrape
 
 SERVER_INFO_PATH = "/get_server_info"
 
 
-async def read_server_info(http: httpx.AsyncClient, url: str) -> ServerInfo | None:
+async def read_server_info(pages: Pages, url: str) -> ServerInfo | None:
     """What the engine reports of itself, None until it answers with a JSON object."""
     try:
-        reply = await http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
-        reply.raise_for_status()
-        body = reply.json()
+        body = json.loads(await pages.text(url, TAP_SCRAPE_TIMEOUT))
     except (httpx.HTTPError, ValueError):
         return None
     return ServerInfo.of(body) if isinstance(body, dict) else None
@@ -41,19 +41,21 @@ async def read_server_info(http: httpx.AsyncClient, url: str) -> ServerInfo | No
 @dataclass
 class EngineRound:
     """One round over a deployment's engine pods: new counts per revision, the revisions that
-    have pods, each pod's server info, and the pods that could not be read."""
+    have pods, each pod's server info, the pods that could not be read, and whether the pods
+    changed (one came, went, or is on its way: not running yet)."""
 
     counts: dict[str, EngineCounts] = field(default_factory=dict)
     revisions: set[str] = field(default_factory=set)
     server_info: dict[str, ServerInfo] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    pods_changed: bool = False
 
 
 class EngineReader:
     """Counter baselines per pod uid and the server-info cache, across rounds."""
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self.http = http
+    def __init__(self, pages: Pages) -> None:
+        self.pages = pages
         self._deltas = TrafficDeltas()
         self._infos: dict[Key, dict[str, ServerInfo]] = {}
 
@@ -70,10 +72,13 @@ class EngineReader:
             if p.role in ROLES and p.phase == "Running" and p.ip and p.uid and p.revision
         ]
         uids = {str(p.uid) for p in engines}
-        self._deltas.retain(key, uids)
+        came_or_went = self._deltas.retain(key, uids)
         infos = {u: i for u, i in self._infos.get(key, {}).items() if u in uids}
         self._infos[key] = infos
-        out = EngineRound(revisions={str(p.revision) for p in engines})
+        coming = sum(1 for p in pods if p.role in ROLES) > len(engines)
+        out = EngineRound(
+            revisions={str(p.revision) for p in engines}, pods_changed=came_or_went or coming
+        )
         replies = await asyncio.gather(*(self._read(p, str(p.uid) in infos) for p in engines))
         for pod, (counts, error, info) in zip(engines, replies, strict=True):
             uid, revision = str(pod.uid), str(pod.revision)
@@ -95,12 +100,12 @@ class EngineReader:
     ) -> tuple[dict[str, float], str | None, ServerInfo | None]:
         ip = str(pod.ip)
         counts, error = await scrape(
-            self.http, pod_url(ip, ENGINE_PORT, "/metrics"), parse_engine_counts
+            self.pages, pod_url(ip, ENGINE_PORT, "/metrics"), parse_engine_counts
         )
         # At most once per pod: its server info does not change while it runs.
         info = (
             None
             if known or error is not None
-            else await read_server_info(self.http, pod_url(ip, ENGINE_PORT, SERVER_INFO_PATH))
+            else await read_server_info(self.pages, pod_url(ip, ENGINE_PORT, SERVER_INFO_PATH))
         )
         return counts, error, info

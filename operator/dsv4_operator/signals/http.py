@@ -1,19 +1,22 @@
 """The guard's HTTP clients, made once per operator and shared by every deployment's loops.
 
-httpx's API (requests, timeouts, exceptions) over aiohttp's connections (aiohttp_transport.py):
-the guard makes ~120 requests a second at 100 deployments.
+httpx's API (requests, timeouts, exceptions) over aiohttp's connections (aiohttp_transport.py)
+for what a spec names; the pods' pages (taps, engines), most of an idle guard's requests,
+read on aiohttp directly (`PodPages`), with httpx's exceptions. The guard makes ~120 requests
+a second at 100 deployments.
 """
 
 from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.request import getproxies
 
 import aiohttp
 import httpx
 
-from dsv4_operator.signals.aiohttp_transport import AiohttpTransport
+from dsv4_operator.signals.aiohttp_transport import AiohttpTransport, as_httpx, client_timeout
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
 DEFAULT_TIMEOUT = 10.0
@@ -22,9 +25,66 @@ DEFAULT_TIMEOUT = 10.0
 KEEPALIVE_S = 5.0
 
 
+class Pages(Protocol):
+    """What a scrape needs of a client: one page's text, or an `httpx.HTTPError` (a status of
+    400 or more is `httpx.HTTPStatusError`)."""
+
+    async def text(self, url: str, timeout: float) -> str: ...
+
+
+@dataclass(frozen=True)
+class HttpxPages:
+    """Pages read with an httpx client (the URLs a spec names; tests' mock transports)."""
+
+    client: httpx.AsyncClient
+
+    async def text(self, url: str, timeout: float) -> str:
+        reply = await self.client.get(url, timeout=timeout)
+        reply.raise_for_status()
+        return reply.text
+
+
+class PodPages:
+    """Pod IPs' pages (the router pods' taps, the engine pods) read on aiohttp directly, never
+    through a proxy, keeping no connection: each pod is read once per tap or engine interval,
+    and a kept socket per engine and tap pod would be thousands at 1,000 deployments.
+
+    Without httpx's request and response objects a read costs about half the CPU
+    (`python bench/http_client.py`); these reads are most of an idle guard's requests. The
+    errors are still httpx's, as its transport would raise them (aiohttp_transport.py).
+    """
+
+    def __init__(self, tls: ssl.SSLContext) -> None:
+        self._tls = tls
+        self._session: aiohttp.ClientSession | None = None
+
+    async def text(self, url: str, timeout: float) -> str:
+        if self._session is None:  # made on the first read, inside the running loop
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            )
+        limits = client_timeout({"pool": timeout, "connect": timeout, "read": timeout})
+        with as_httpx(lambda: httpx.Request("GET", url)):
+            async with self._session.get(url, allow_redirects=False, timeout=limits) as reply:
+                body = await reply.read()
+                status = reply.status
+                charset = reply.charset
+        if status >= 400:
+            request = httpx.Request("GET", url)
+            raise httpx.HTTPStatusError(
+                f"{status} from {url}", request=request, response=httpx.Response(status)
+            )
+        return body.decode(charset or "utf-8", errors="replace")
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 @dataclass(frozen=True)
 class GuardHttp:
-    """Two connection pools with one TLS context between them.
+    """The spec URLs' client and the pods' pages, with one TLS context between them.
 
     `spec_urls` reads what a spec names (the canary's endpoint and the router Service, each
     culprit-search shadow router's Service, Prometheus, tap.metricsEndpoints): it follows
@@ -36,40 +96,31 @@ class GuardHttp:
     """
 
     spec_urls: httpx.AsyncClient
-    pods: httpx.AsyncClient
+    pods: PodPages
 
     @classmethod
     def create(cls) -> GuardHttp:
         tls = httpx.create_ssl_context()
-        return cls(
-            spec_urls=_client(tls, trust_env=True, keep_alive=True),
-            pods=_client(tls, trust_env=False, keep_alive=False),
-        )
+        return cls(spec_urls=_client(tls), pods=PodPages(tls))
 
     async def close(self) -> None:
         await self.spec_urls.aclose()
         await self.pods.aclose()
 
 
-def _client(tls: ssl.SSLContext, trust_env: bool, keep_alive: bool) -> httpx.AsyncClient:
+def _client(tls: ssl.SSLContext) -> httpx.AsyncClient:
     """No bound on open connections (a canary opens one per session, and the supervisor
-    bounds how many canaries run at once). Pod reads keep no connection: each pod is read
-    once per tap or engine interval (5 s by default, the keep-alive time), and a kept one
-    per engine and tap pod would hold thousands of sockets open at 1,000 deployments.
+    bounds how many canaries run at once).
 
     httpx reads HTTP(S)_PROXY, ALL_PROXY and NO_PROXY only for its own transport: when the
-    environment names a proxy, a client that follows it keeps httpx's transport (and its
-    proxy rules, unchanged); the connections are aiohttp's otherwise.
+    environment names a proxy, the client keeps httpx's transport (and its proxy rules,
+    unchanged); the connections are aiohttp's otherwise.
     """
-    if trust_env and environment_proxies():
+    if environment_proxies():
         return _httpx_client(tls, None, trust_env=True)
 
     def session() -> aiohttp.ClientSession:  # made on the first request, inside the loop
-        connector = (
-            aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=KEEPALIVE_S)
-            if keep_alive
-            else aiohttp.TCPConnector(limit=0, ssl=tls, force_close=True)
-        )
+        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=KEEPALIVE_S)
         # httpx keeps the cookies (none here) and decodes the content: aiohttp does neither.
         return aiohttp.ClientSession(
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False

@@ -28,8 +28,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
-
 from dsv4_operator import metrics
 from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
@@ -52,7 +50,7 @@ from dsv4_operator.series import scope_labels
 from dsv4_operator.signals.bisector import Bisector
 from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
 from dsv4_operator.signals.engine import EngineReader
-from dsv4_operator.signals.http import GuardHttp
+from dsv4_operator.signals.http import GuardHttp, HttpxPages, Pages
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
 from dsv4_operator.signals.taps import pod_url, scrape
 from dsv4_operator.trust import (
@@ -64,6 +62,9 @@ from dsv4_operator.trust import (
 
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
+# An idle source (its last read found nothing new) is read ever less often, up to this far
+# apart, or its interval if longer (docs/guard.md, "An idle source is read less often").
+IDLE_READS_AT_MOST_EVERY = 30.0
 
 
 def _served(status: DSV4DeploymentStatus) -> str | None:
@@ -81,6 +82,16 @@ def until_slot(now: float, interval: float, offset: float) -> float:
     """Seconds from `now` to the next time that is `offset` past a multiple of `interval`:
     a round that overran skips to the next slot instead of running late ones back to back."""
     return (offset - now) % interval
+
+
+def next_stretch(stretch: int, busy: bool, most: int) -> int:
+    """How many of its interval's slots a source's next read is away: the next one after a
+    read that found something (new counts, a new pod, a failure), else twice as many as the
+    last time, up to `most`."""
+    return 1 if busy else min(2 * stretch, most)
+
+
+Round = Callable[[Key, DSV4DeploymentSpec], Awaitable[bool]]
 
 
 class GuardSupervisor:
@@ -113,6 +124,7 @@ class GuardSupervisor:
         # URLs from the spec follow HTTP(S)_PROXY and NO_PROXY; pod IPs never go through a
         # proxy (signals/http.py).
         self.http, self.pod_http = self.clients.spec_urls, self.clients.pods
+        self.spec_pages = HttpxPages(self.http)
         self.engines = EngineReader(self.pod_http)  # engine pods: at their IPs too
         self.policy = policy or TrustPolicy()
         self._tasks: dict[Key, tuple[str, asyncio.Task[None]]] = {}
@@ -214,7 +226,7 @@ class GuardSupervisor:
 
     async def _loops(self, key: Key, spec: DSV4DeploymentSpec) -> None:
         self._started[key] = datetime.now(UTC)
-        loops = [self._loop(key, spec, self._round, spec.guard.canary.interval)]
+        loops = [self._loop(key, spec, self._round, spec.guard.canary.interval, idle=False)]
         if spec.guard.tap.enabled:
             cut = self._cuts[key] = asyncio.Event()
             loops.append(self._loop(key, spec, self._tap_round, spec.guard.tap.interval, cut))
@@ -226,31 +238,39 @@ class GuardSupervisor:
         self,
         key: Key,
         spec: DSV4DeploymentSpec,
-        round_: Callable[[Key, DSV4DeploymentSpec], Awaitable[None]],
+        round_: Round,
         every: Duration,
         early: asyncio.Event | None = None,
+        idle: bool = True,
     ) -> None:
-        """`round_` every `every` at the key's phase in it, and at once when `early` is set."""
+        """`round_` every `every` at the key's phase in it, and at once when `early` is set.
+        With `idle`, a round that returns False (nothing new) stretches the wait to the next
+        one (`next_stretch`), up to IDLE_READS_AT_MOST_EVERY; `early` or a busy round ends
+        the stretch."""
         interval = every.delta.total_seconds()
         offset = phase(key) * interval
+        most = max(1, int(IDLE_READS_AT_MOST_EVERY // interval)) if idle else 1
         early = early or asyncio.Event()
         clock = asyncio.get_running_loop()
+        stretch = 1
         while True:
+            wait = until_slot(clock.time(), interval, offset) + (stretch - 1) * interval
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(early.wait(), until_slot(clock.time(), interval, offset))
+                await asyncio.wait_for(early.wait(), wait)
+            woken = early.is_set()
             early.clear()
             try:
-                await round_(key, spec)
+                busy = await round_(key, spec)
             except Exception:  # one bad round must not end the loop, but must be seen
                 log.exception("%s/%s: guard round failed", *key)
+                busy = True
+            stretch = next_stretch(stretch, busy or woken, most)
 
-    async def _tap_endpoints(
-        self, key: Key, spec: DSV4DeploymentSpec
-    ) -> tuple[httpx.AsyncClient, list[str]]:
+    async def _tap_endpoints(self, key: Key, spec: DSV4DeploymentSpec) -> tuple[Pages, list[str]]:
         """spec.guard.tap.metricsEndpoints, else each running router pod's tap; and the client
         to read them with."""
         if spec.guard.tap.metrics_endpoints:
-            return self.http, list(spec.guard.tap.metrics_endpoints)
+            return self.spec_pages, list(spec.guard.tap.metrics_endpoints)
         namespace, name = key
         listed = await self.client.list(
             POD, namespace, {DEPLOYMENT_LABEL: name, ROLE_LABEL: ROUTER}
@@ -260,20 +280,22 @@ class GuardSupervisor:
             pod_url(pod.ip, TAP_METRICS_PORT) for pod in pods if pod.phase == "Running" and pod.ip
         )
 
-    async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+    async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> bool:
         """New classified responses from every tap, counted for the revision that served
-        them alone since the last read (guard/taps.py `attribute`), else counted apart."""
+        them alone since the last read (guard/taps.py `attribute`), else counted apart.
+        Busy (True) when a tap answered with new responses, failed, or came or went."""
         namespace, name = key
         owner = await self.client.get(DSV4, namespace, name)
         self.saw_status(key, (owner or {}).get("status"))
         http, endpoints = await self._tap_endpoints(key, spec)
-        self._traffic.retain(key, set(endpoints))
+        came_or_went = self._traffic.retain(key, set(endpoints))
         samples = leaks = 0
         failed: list[str] = []
         before = self._serving.now(key)
         replies = await asyncio.gather(*(scrape(http, url) for url in endpoints))
         after = self._serving.now(key)  # a change during the reads: they straddle it
-        served = attribute(self._read_at.get(key), before) if before == after else None
+        last = self._read_at.get(key)
+        served = attribute(last, before) if before == after else None
         self._read_at[key] = after
         for url, (counts, error) in zip(endpoints, replies, strict=True):
             if error is not None:
@@ -295,10 +317,12 @@ class GuardSupervisor:
             metrics.TRAFFIC_UNATTRIBUTED.labels(namespace, name).inc(samples)
         if samples:
             self.wake(key)
+        return bool(samples or failed or came_or_went or last != after)
 
-    async def _engine_round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+    async def _engine_round(self, key: Key, spec: DSV4DeploymentSpec) -> bool:
         """New counts of every engine pod, for the revision on its label; server info once per
-        pod. Not counted toward GuardBlind (as for the taps): logged once, and exported."""
+        pod. Not counted toward GuardBlind (as for the taps): logged once, and exported.
+        Busy (True) when a pod counted something new, failed, or came or went."""
         namespace, name = key
         listed = await self.client.list(POD, namespace, {DEPLOYMENT_LABEL: name})
         started = self._started.get(key, datetime.now(UTC))
@@ -313,8 +337,9 @@ class GuardSupervisor:
         self.observations.record_engine(key, seen.counts, seen.revisions, seen.server_info)
         if seen.counts or set(seen.server_info) != known:
             self.wake(key)
+        return bool(seen.counts or seen.failed or seen.pods_changed)
 
-    async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> None:
+    async def _round(self, key: Key, spec: DSV4DeploymentSpec) -> bool:
         namespace, name = key
         owner = await self.client.get(DSV4, namespace, name)
         status = parse_status((owner or {}).get("status"))
@@ -328,6 +353,7 @@ class GuardSupervisor:
             async with self._canary_slots:
                 await self._canary(key, spec, revision, endpoint, model)
         self.wake(key)
+        return True
 
     async def _canary(
         self, key: Key, spec: DSV4DeploymentSpec, revision: str, endpoint: str, model: str

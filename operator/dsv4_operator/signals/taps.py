@@ -10,6 +10,7 @@ from collections.abc import Callable
 import httpx
 
 from dsv4_operator.guard.taps import parse_counts
+from dsv4_operator.signals.http import Pages
 
 TAP_SCRAPE_TIMEOUT = 2.0  # a tap answers from memory; a slower one is as good as down
 
@@ -21,14 +22,12 @@ def pod_url(pod_ip: str, port: int, path: str = "/metrics") -> str:
 
 
 async def scrape(
-    http: httpx.AsyncClient, url: str, parse: Callable[[str], dict[str, float]] = parse_counts
+    pages: Pages, url: str, parse: Callable[[str], dict[str, float]] = parse_counts
 ) -> tuple[dict[str, float], str | None]:
     """(what `parse` makes of a /metrics page, a tap's verdict counts by default, None), or
     ({}, why it could not be read)."""
     try:
-        reply = await http.get(url, timeout=TAP_SCRAPE_TIMEOUT)
-        reply.raise_for_status()
-        return parse(reply.text), None
+        return parse(await pages.text(url, TAP_SCRAPE_TIMEOUT)), None
     except httpx.HTTPError as error:
         return {}, type(error).__name__
     except ValueError:  # not the Prometheus text format: a wrong URL
