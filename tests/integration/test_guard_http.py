@@ -118,17 +118,23 @@ async def test_a_page_comes_back_decoded(read: Read, request: pytest.FixtureRequ
     assert answering.connections == (1 if kept else 2)
 
 
-async def _unavailable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await reader.readuntil(b"\r\n\r\n")
-    writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
-    await writer.drain()
+def _answers(status: bytes) -> Handler:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 %s\r\nLocation: /elsewhere\r\nContent-Length: 4\r\n\r\nbusy" % status
+        )
+        await writer.drain()
+
+    return answer
 
 
-async def test_an_error_status_is_an_http_status_error(read: Read) -> None:
-    async for url in _serve(_unavailable):
+@pytest.mark.parametrize("status", [b"503 Service Unavailable", b"302 Found"])
+async def test_a_status_other_than_2xx_is_an_http_status_error(read: Read, status: bytes) -> None:
+    async for url in _serve(_answers(status)):
         with pytest.raises(httpx.HTTPStatusError) as raised:
             await read(url, 5.0)
-        assert raised.value.response.status_code == 503
+        assert raised.value.response.status_code == int(status.split()[0])
 
 
 async def test_a_refused_connection_is_a_connect_error(read: Read) -> None:

@@ -245,3 +245,6 @@ async def test_an_engine_pod_on_its_way_is_news_before_any_read() -> None:
     seen = await reader.round(("ns", "d"), [PodView.of(pending)], NOW)
     assert seen.pods_changed and not seen.counts and not seen.failed
     assert not (await reader.round(("ns", "d"), [], NOW)).pods_changed
+    evicted = engine_pod("r1", {})
+    evicted["status"] = {"phase": "Failed", "reason": "Evicted"}  # lingers: not on its way
+    assert not (await reader.round(("ns", "d"), [PodView.of(evicted)], NOW)).pods_changed

@@ -75,7 +75,12 @@ class EngineReader:
         came_or_went = self._deltas.retain(key, uids)
         infos = {u: i for u, i in self._infos.get(key, {}).items() if u in uids}
         self._infos[key] = infos
-        coming = sum(1 for p in pods if p.role in ROLES) > len(engines)
+        # On its way: pending, or running without an address yet (a failed or evicted pod that
+        # lingers is not).
+        coming = any(
+            p.role in ROLES and (p.phase == "Pending" or (p.phase == "Running" and not p.ip))
+            for p in pods
+        )
         out = EngineRound(
             revisions={str(p.revision) for p in engines}, pods_changed=came_or_went or coming
         )

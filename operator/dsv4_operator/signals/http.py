@@ -26,8 +26,8 @@ KEEPALIVE_S = 5.0
 
 
 class Pages(Protocol):
-    """What a scrape needs of a client: one page's text, or an `httpx.HTTPError` (a status of
-    400 or more is `httpx.HTTPStatusError`)."""
+    """What a scrape needs of a client: one page's text, or an `httpx.HTTPError` (a status
+    other than 2xx is `httpx.HTTPStatusError`)."""
 
     async def text(self, url: str, timeout: float) -> str: ...
 
@@ -70,12 +70,15 @@ class PodPages:
                 body = await reply.read()
                 status = reply.status
                 charset = reply.charset
-        if status >= 400:
+        if not 200 <= status < 300:  # as httpx's raise_for_status: a redirect is not a page
             request = httpx.Request("GET", url)
             raise httpx.HTTPStatusError(
                 f"{status} from {url}", request=request, response=httpx.Response(status)
             )
-        return body.decode(charset or "utf-8", errors="replace")
+        try:
+            return body.decode(charset or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know: read as httpx would, UTF-8
+            return body.decode("utf-8", errors="replace")
 
     async def aclose(self) -> None:
         if self._session is not None:
