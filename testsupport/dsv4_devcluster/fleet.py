@@ -372,11 +372,12 @@ def quiet(cp: ControlPlane, seconds: float, timeout: float = 1800.0) -> float:
     return last_change - start
 
 
-def baked(status: Mapping[str, Any]) -> bool:
-    """Ready on a revision that baked, its plan verified against what the engines report:
-    the steady state the fleet idles in (nothing left that a status would show changing)."""
+def baked(status: Mapping[str, Any], engines_read: bool = True) -> bool:
+    """Ready on a revision that baked, its plan verified against what the engines report
+    (when the guard reads them, `engines_read`): the steady state the fleet idles in (nothing
+    left that a status would show changing)."""
     good = status.get("lastKnownGoodRevision")
-    verified = any(
+    verified = not engines_read or any(
         c.get("type") == "PlanVerified" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
@@ -397,12 +398,22 @@ async def until_baked(
     while True:
         listed = await http.get(DSV4.path(namespace))
         listed.raise_for_status()
-        done = [d for d in listed.json().get("items") or [] if baked(d.get("status") or {})]
+        done = [
+            d
+            for d in listed.json().get("items") or []
+            if baked(d.get("status") or {}, _engines_read(d.get("spec") or {}))
+        ]
         if len(done) == n and await _baked_events(http, namespace) >= n:
             return dict(done[0])
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(done)}/{n} deployments baked")
         await asyncio.sleep(1)
+
+
+def _engines_read(spec: Mapping[str, Any]) -> bool:
+    """Whether the guard reads the engines (`spec.guard.engine.enabled`, on by default)."""
+    guard = spec.get("guard") or {}
+    return bool(guard.get("enabled", True) and (guard.get("engine") or {}).get("enabled", True))
 
 
 async def _baked_events(http: httpx.AsyncClient, namespace: str) -> int:
