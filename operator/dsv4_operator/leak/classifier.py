@@ -73,8 +73,8 @@ _TOOLSETS_KEPT = 64
 def _toolset(tools: Sequence[Mapping[str, Any]]) -> _ToolSet:
     # Keyed by the tools' marshal bytes: they are JSON data (a parsed request, the spec's),
     # and version 2 (no back-references, so equal data gives equal bytes whatever else holds
-    # it) writes them back exactly, at half the cost of `repr` and a fifth of `json.dumps` on
-    # every response. Data marshal cannot write (a Mapping that is not a dict) falls to repr.
+    # it) writes them back exactly, at under half the cost of `repr` or `json.dumps` on every
+    # response. Data marshal cannot write (a Mapping that is not a dict) falls to `repr`.
     try:
         key: bytes | str = marshal.dumps(tools, 2)  # type: ignore[arg-type]  # JSON data
     except ValueError:
