@@ -29,6 +29,7 @@ from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.signals.http import GuardHttp
 from tests.support.contract import assert_contract
+from tests.support.proxies import clear_proxies
 
 # The operator's rendered engine argv (decode role) for the example and its bf16 variant.
 ENGINE_ARGS = [
@@ -79,9 +80,7 @@ CLIENTS: dict[str, ClientFactory] = {
 
 @pytest.fixture(params=sorted(CLIENTS))
 def new_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ClientFactory:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):  # else the guard's is httpx's own
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
+    clear_proxies(monkeypatch)  # else the guard's client is httpx's own transport
     return CLIENTS[request.param]
 
 

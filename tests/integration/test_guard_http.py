@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from dsv4_operator.signals.http import GuardHttp, HttpxPages, environment_proxies
+from tests.support.proxies import PROXY_VARIABLES, clear_proxies
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -70,15 +71,6 @@ async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     await asyncio.sleep(30)
 
 
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-
-
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-
-
 Read = Callable[[str, float], Awaitable[str]]
 
 
@@ -88,7 +80,7 @@ async def read(
 ) -> AsyncIterator[Read]:
     """One page's text, as the scrapes read it: through the spec URLs' httpx client, or the
     pods' pages (aiohttp directly)."""
-    _no_proxies(monkeypatch)  # with a proxy named, spec_urls would be httpx's own transport
+    clear_proxies(monkeypatch)  # with a proxy named, spec_urls would be httpx's own transport
     http = GuardHttp.create()
     yield HttpxPages(http.spec_urls).text if request.param == "spec_urls" else http.pods.text
     await http.close()
@@ -179,7 +171,7 @@ async def test_pod_pages_never_go_through_a_proxy(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_proxies_are_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
-    _no_proxies(monkeypatch)
+    clear_proxies(monkeypatch)
     monkeypatch.setenv("NO_PROXY", "example.com")
     assert environment_proxies() == {}
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")

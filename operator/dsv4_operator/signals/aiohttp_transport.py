@@ -48,15 +48,6 @@ def as_httpx(request: httpx.Request | Callable[[], httpx.Request]) -> Iterator[N
         raise kind(str(error) or type(error).__name__, request=made) from error
 
 
-def client_timeout(timeout: dict[str, float | None]) -> aiohttp.ClientTimeout:
-    """httpx's timeouts (pool, connect, read) as aiohttp's."""
-    return aiohttp.ClientTimeout(
-        connect=timeout.get("pool"),
-        sock_connect=timeout.get("connect"),
-        sock_read=timeout.get("read"),
-    )
-
-
 class _Body(httpx.AsyncByteStream):
     """The response body as aiohttp reads it; closing it gives the connection back."""
 
@@ -92,7 +83,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 headers=request.headers.multi_items(),
                 data=await request.aread() or None,
                 allow_redirects=False,
-                timeout=client_timeout(timeout),
+                timeout=aiohttp.ClientTimeout(
+                    connect=timeout.get("pool"),
+                    sock_connect=timeout.get("connect"),
+                    sock_read=timeout.get("read"),
+                ),
             )
         return httpx.Response(
             response.status,

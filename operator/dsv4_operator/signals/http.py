@@ -16,7 +16,7 @@ from urllib.request import getproxies
 import aiohttp
 import httpx
 
-from dsv4_operator.signals.aiohttp_transport import AiohttpTransport, as_httpx, client_timeout
+from dsv4_operator.signals.aiohttp_transport import AiohttpTransport, as_httpx
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
 DEFAULT_TIMEOUT = 10.0
@@ -64,7 +64,7 @@ class PodPages:
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar()
             )
-        limits = client_timeout({"pool": timeout, "connect": timeout, "read": timeout})
+        limits = aiohttp.ClientTimeout(connect=timeout, sock_connect=timeout, sock_read=timeout)
         with as_httpx(lambda: httpx.Request("GET", url)):
             async with self._session.get(url, allow_redirects=False, timeout=limits) as reply:
                 body = await reply.read()
