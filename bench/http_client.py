@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import uvloop
 
-from dsv4_operator.signals.http import AiohttpExchanges, GuardHttp, HttpxPages, PodPages
+from dsv4_operator.signals.http import CanaryExchanges, GuardHttp, HttpxPages, PodPages
 
 SERVER = """
 import asyncio, sys
@@ -62,7 +62,7 @@ def _pods() -> Client:
 
 
 def _canary() -> Client:
-    exchanges = AiohttpExchanges(httpx.create_ssl_context(), keep=True)
+    exchanges = CanaryExchanges(httpx.create_ssl_context())
 
     async def read(url: str) -> str:
         _, body = await exchanges.exchange("GET", url, None, {}, 10.0)

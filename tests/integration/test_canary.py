@@ -35,7 +35,7 @@ from dsv4_operator.canary.transport import (
 )
 from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
-from dsv4_operator.signals.http import AiohttpExchanges, GuardHttp
+from dsv4_operator.signals.http import CanaryExchanges, GuardHttp
 from tests.support.contract import assert_contract
 from tests.support.proxies import clear_proxies
 
@@ -81,7 +81,7 @@ def bf16_hicache() -> Iterator[str]:
 async def guard_canary() -> AsyncIterator[Exchanges]:
     """The guard's canary exchanges (aiohttp directly: no proxy in the environment)."""
     http = GuardHttp.create()
-    assert isinstance(http.canary, AiohttpExchanges)
+    assert isinstance(http.canary, CanaryExchanges)
     try:
         yield http.canary
     finally:

@@ -1,9 +1,9 @@
 """The guard's HTTP clients, made once per operator and shared by every deployment's loops.
 
 httpx's API (requests, timeouts, exceptions) over aiohttp's connections (aiohttp_transport.py)
-for what a spec names; the canary's requests and the pods' pages (taps, engines), most of an
-idle guard's requests, on aiohttp directly (`AiohttpExchanges`), with httpx's exceptions. The
-guard makes ~120 requests a second at 100 deployments.
+for what a spec names; the canary's requests (`CanaryExchanges`) and the pods' pages (taps,
+engines, `PodPages`), most of an idle guard's requests, on aiohttp directly, with httpx's
+exceptions. The guard makes ~120 requests a second at 100 deployments.
 """
 
 from __future__ import annotations
@@ -46,60 +46,32 @@ class HttpxPages:
         return reply.text
 
 
-class AiohttpExchanges:
-    """Requests on aiohttp directly, never through a proxy, with httpx's errors as its
-    transport would raise them (aiohttp_transport.py). Without httpx's request and response
-    objects a request costs half the CPU or less (`python bench/http_client.py`).
+class PodPages:
+    """Pod IPs' pages (the router pods' taps, the engine pods) read on aiohttp directly, never
+    through a proxy, keeping no connection: each pod is read once per tap or engine interval,
+    and a kept socket per engine and tap pod would be thousands at 1,000 deployments.
 
-    `keep`: connections kept `KEEPALIVE_S` between requests (the canary: a run's rounds reuse
-    them), else closed after each (pod pages: each pod is read once per interval, and a kept
-    socket per engine and tap pod would be thousands at 1,000 deployments).
+    Without httpx's request and response objects a read costs about half the CPU
+    (`python bench/http_client.py`); these reads are most of an idle guard's requests. The
+    errors are still httpx's, as its transport would raise them (aiohttp_transport.py).
     """
 
-    def __init__(self, tls: ssl.SSLContext, keep: bool) -> None:
-        self._tls, self._keep = tls, keep
+    def __init__(self, tls: ssl.SSLContext) -> None:
+        self._tls = tls
         self._session: aiohttp.ClientSession | None = None
 
-    async def reply(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
-    ) -> tuple[int, bytes, str | None]:
-        """The reply's status, whole body and charset (None when it names none)."""
-        if self._session is None:  # made on the first request, inside the running loop
-            connector = (
-                aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S)
-                if self._keep
-                else aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
-            )
+    async def text(self, url: str, timeout: float) -> str:
+        if self._session is None:  # made on the first read, inside the running loop
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar()
             )
         limits = aiohttp.ClientTimeout(connect=timeout, sock_connect=timeout, sock_read=timeout)
-        with as_httpx(lambda: httpx.Request(method, url)):
-            async with self._session.request(
-                method, url, data=body, headers=headers, allow_redirects=False, timeout=limits
-            ) as reply:
-                return reply.status, await reply.read(), reply.charset
-
-    async def exchange(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
-    ) -> tuple[int, bytes]:
-        status, content, _ = await self.reply(method, url, body, headers, timeout)
-        return status, content
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
-class PodPages:
-    """Pod IPs' pages (the router pods' taps, the engine pods), most of an idle guard's reads
-    besides the canary: one request each, no connection kept."""
-
-    def __init__(self, tls: ssl.SSLContext) -> None:
-        self._exchanges = AiohttpExchanges(tls, keep=False)
-
-    async def text(self, url: str, timeout: float) -> str:
-        status, body, charset = await self._exchanges.reply("GET", url, None, {}, timeout)
+        with as_httpx(lambda: httpx.Request("GET", url)):
+            async with self._session.get(url, allow_redirects=False, timeout=limits) as reply:
+                body = await reply.read()
+                status = reply.status
+                charset = reply.charset
         if not 200 <= status < 300:  # as httpx's raise_for_status: a redirect is not a page
             request = httpx.Request("GET", url)
             raise httpx.HTTPStatusError(
@@ -111,7 +83,40 @@ class PodPages:
             return body.decode("utf-8", errors="replace")
 
     async def aclose(self) -> None:
-        await self._exchanges.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+
+class CanaryExchanges:
+    """The canary's requests on aiohttp directly, connections kept between a run's rounds
+    (`KEEPALIVE_S`). A canary run is 36 requests per deployment a minute by default, most of
+    an idle guard's CPU: without httpx's request and response objects each costs less than
+    half (`python bench/http_client.py`). The errors are httpx's, as its transport would raise
+    them (aiohttp_transport.py). No proxy: `GuardHttp.create` keeps the httpx client for the
+    canary when the environment names one."""
+
+    def __init__(self, tls: ssl.SSLContext) -> None:
+        self._tls = tls
+        self._session: aiohttp.ClientSession | None = None
+
+    async def exchange(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, bytes]:
+        if self._session is None:  # made on the first request, inside the running loop
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
+            )
+        limits = aiohttp.ClientTimeout(connect=timeout, sock_connect=timeout, sock_read=timeout)
+        with as_httpx(lambda: httpx.Request(method, url)):
+            async with self._session.request(
+                method, url, data=body, headers=headers, allow_redirects=False, timeout=limits
+            ) as reply:
+                return reply.status, await reply.read()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 @dataclass(frozen=True)
@@ -138,14 +143,12 @@ class GuardHttp:
     def create(cls) -> GuardHttp:
         tls = httpx.create_ssl_context()
         spec_urls = _client(tls)
-        canary: Exchanges = (
-            HttpxExchanges(spec_urls) if environment_proxies() else AiohttpExchanges(tls, keep=True)
-        )
+        canary = HttpxExchanges(spec_urls) if environment_proxies() else CanaryExchanges(tls)
         return cls(spec_urls=spec_urls, canary=canary, pods=PodPages(tls))
 
     async def close(self) -> None:
         await self.spec_urls.aclose()
-        if isinstance(self.canary, AiohttpExchanges):
+        if isinstance(self.canary, CanaryExchanges):
             await self.canary.aclose()
         await self.pods.aclose()
 
