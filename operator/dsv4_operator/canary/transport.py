@@ -4,9 +4,9 @@ I/O goes through an injected `Exchanges` (one request, the whole reply read): an
 `httpx.AsyncClient` adapted (the CLI, tests' mock transports), or the guard's own on aiohttp's
 connections (signals/http.py), which costs less than half the CPU per request. Requests are
 bounded by a semaphore (`concurrency`), each has a total `timeout` (waiting for the semaphore
-excluded), and only connection failures before the request was sent (connect errors/timeouts,
-pool timeouts) are retried; a response that came back, or a request that may have reached the
-server, is never retried.
+excluded), and only connection failures before the request was
+sent (connect errors/timeouts, pool timeouts) are retried; a response that came back, or a
+request that may have reached the server, is never retried.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ class HttpxExchanges:
 
 
 def exchanges(client: httpx.AsyncClient | Exchanges) -> Exchanges:
-    """`client` as Exchanges: an httpx client adapted, anything else as it is."""
     return HttpxExchanges(client) if isinstance(client, httpx.AsyncClient) else client
 
 
