@@ -1,15 +1,14 @@
 """The guard's HTTP clients, made once per operator and shared by every deployment's loops.
 
 httpx's API (requests, timeouts, exceptions) over aiohttp's connections (aiohttp_transport.py)
-for what a spec names; the canary's requests (`CanaryExchanges`) and the pods' pages (taps,
-engines, `PodPages`), most of an idle guard's requests, on aiohttp directly, with httpx's
-exceptions. The guard makes ~120 requests a second at 100 deployments.
+for what a spec names; the pods' pages (taps, engines), most of an idle guard's requests,
+read on aiohttp directly (`PodPages`), with httpx's exceptions. The guard makes ~120 requests
+a second at 100 deployments.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.request import getproxies
@@ -17,7 +16,6 @@ from urllib.request import getproxies
 import aiohttp
 import httpx
 
-from dsv4_operator.canary.transport import Exchanges, HttpxExchanges
 from dsv4_operator.signals.aiohttp_transport import AiohttpTransport, as_httpx
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
@@ -87,69 +85,29 @@ class PodPages:
             await self._session.close()
 
 
-class CanaryExchanges:
-    """The canary's requests on aiohttp directly, connections kept between a run's rounds
-    (`KEEPALIVE_S`). A canary run is 36 requests per deployment a minute by default, most of
-    an idle guard's CPU: without httpx's request and response objects each costs less than
-    half (`python bench/http_client.py`). The errors are httpx's, as its transport would raise
-    them (aiohttp_transport.py). No proxy: `GuardHttp.create` keeps the httpx client for the
-    canary when the environment names one."""
-
-    def __init__(self, tls: ssl.SSLContext) -> None:
-        self._tls = tls
-        self._session: aiohttp.ClientSession | None = None
-
-    async def exchange(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
-    ) -> tuple[int, bytes]:
-        if self._session is None:  # made on the first request, inside the running loop
-            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S)
-            self._session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
-            )
-        limits = aiohttp.ClientTimeout(connect=timeout, sock_connect=timeout, sock_read=timeout)
-        with as_httpx(lambda: httpx.Request(method, url)):
-            async with self._session.request(
-                method, url, data=body, headers=headers, allow_redirects=False, timeout=limits
-            ) as reply:
-                return reply.status, await reply.read()
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
 @dataclass(frozen=True)
 class GuardHttp:
-    """The spec URLs' client, the canary's exchanges and the pods' pages, with one TLS
-    context between them.
+    """The spec URLs' client and the pods' pages, with one TLS context between them.
 
     `spec_urls` reads what a spec names (the canary's endpoint and the router Service, each
     culprit-search shadow router's Service, Prometheus, tap.metricsEndpoints): it follows
     HTTP(S)_PROXY and NO_PROXY, as any client would. `pods` reads pod IPs (the router pods'
     taps, the engine pods): never through a proxy, since httpx's NO_PROXY takes no CIDR
-    ranges and a cluster-wide HTTP_PROXY would otherwise catch every pod IP. `canary` reaches
-    the canary's endpoint (a spec URL) on aiohttp, or on `spec_urls` when the environment
-    names a proxy (httpx's rules for it, as for every spec URL). Building a TLS
+    ranges and a cluster-wide HTTP_PROXY would otherwise catch every pod IP. Building a TLS
     context loads the CA bundle, which cost about a fifth of an idle operator's CPU when every
     canary run made a client of its own.
     """
 
     spec_urls: httpx.AsyncClient
-    canary: Exchanges
     pods: PodPages
 
     @classmethod
     def create(cls) -> GuardHttp:
         tls = httpx.create_ssl_context()
-        spec_urls = _client(tls)
-        canary = HttpxExchanges(spec_urls) if environment_proxies() else CanaryExchanges(tls)
-        return cls(spec_urls=spec_urls, canary=canary, pods=PodPages(tls))
+        return cls(spec_urls=_client(tls), pods=PodPages(tls))
 
     async def close(self) -> None:
         await self.spec_urls.aclose()
-        if isinstance(self.canary, CanaryExchanges):
-            await self.canary.aclose()
         await self.pods.aclose()
 
 
