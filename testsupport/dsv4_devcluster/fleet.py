@@ -248,25 +248,42 @@ async def watch_objects(
     http: httpx.AsyncClient, res: Resource, namespace: str, metadata: bool = True
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """(event type, object) of every `res` in `namespace`: ADDED for each listed, then what
-    the watch sends. `metadata`: the objects' metadata only (cheaper at N = 1,000)."""
-    listed = await http.get(
-        res.path(namespace), headers={"Accept": METADATA_LIST} if metadata else {}
-    )
-    listed.raise_for_status()
-    body = listed.json()
-    for item in body.get("items") or []:
-        yield "ADDED", item
-    params = {"watch": "1", "resourceVersion": body["metadata"]["resourceVersion"]}
-    async with http.stream(
-        "GET",
-        res.path(namespace),
-        params=params,
-        headers={"Accept": METADATA_ONLY} if metadata else {},
-        timeout=None,
-    ) as stream:
-        async for line in stream.aiter_lines():
-            event = json.loads(line)
-            yield event["type"], event["object"]
+    the watch sends. `metadata`: the objects' metadata only (cheaper at N = 1,000).
+
+    A watch the API server ends or breaks is resumed from the last version seen, and listed
+    again when that version has expired (410), so an object may come ADDED more than once:
+    callers keep sets, not counts."""
+    version: str | None = None
+    while True:
+        if version is None:
+            listed = await http.get(
+                res.path(namespace), headers={"Accept": METADATA_LIST} if metadata else {}
+            )
+            listed.raise_for_status()
+            body = listed.json()
+            for item in body.get("items") or []:
+                yield "ADDED", item
+            version = body["metadata"]["resourceVersion"]
+        params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true"}
+        try:
+            async with http.stream(
+                "GET",
+                res.path(namespace),
+                params=params,
+                headers={"Accept": METADATA_ONLY} if metadata else {},
+                timeout=None,
+            ) as stream:
+                async for line in stream.aiter_lines():
+                    event = json.loads(line)
+                    kind, obj = event["type"], event["object"]
+                    if kind == "ERROR":  # 410 Gone: the version expired, list again
+                        version = None
+                        break
+                    version = obj["metadata"].get("resourceVersion") or version
+                    if kind != "BOOKMARK":
+                        yield kind, obj
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            await asyncio.sleep(0.2)  # broken under load: resume from `version`
 
 
 @dataclass
