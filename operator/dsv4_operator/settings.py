@@ -52,7 +52,12 @@ class OperatorSettings(BaseSettings):
         description="Host the API server dials when kopf manages the webhook configuration "
         "(local runs); unset in-cluster, where the chart owns the configuration.",
     )
-    resync_seconds: float = Field(default=30.0, gt=0, description="Full resync period.")
+    resync_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Full resync period: a backstop only, since watch events, the guard's "
+        "rounds and the clock's deadlines each enqueue what they change.",
+    )
     workers: int = Field(default=4, ge=1, description="Concurrent reconciles.")
     retry_backoff_max_seconds: float = Field(
         default=300.0,

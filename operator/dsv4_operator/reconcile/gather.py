@@ -11,7 +11,6 @@ from datetime import datetime
 
 from dsv4_operator.api.models import model_name_of
 from dsv4_operator.api.status import parse_status
-from dsv4_operator.engine.validation import validate_spec
 from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.objects import Obj, labels_of
 from dsv4_operator.kube.reader import Reader
@@ -29,9 +28,10 @@ from dsv4_operator.kube.resources import (
     Resource,
 )
 from dsv4_operator.names import DEPLOYMENT_LABEL, LWS_KIND, ROLE_LABEL
+from dsv4_operator.reconcile.validations import SpecValidations
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.render.weights import WEIGHTS_COMPONENT
-from dsv4_operator.trust import Placement, TrustPolicy
+from dsv4_operator.trust import TrustPolicy
 
 
 def _owned(items: list[Obj], uid: str) -> list[Obj]:
@@ -50,8 +50,10 @@ async def gather(
     now: datetime,
     observations: Observations | None = None,
     policy: TrustPolicy | None = None,
+    validations: SpecValidations | None = None,
 ) -> World | None:
-    """The world of one DSV4Deployment, or None when it no longer exists."""
+    """The world of one DSV4Deployment, or None when it no longer exists. `validations`
+    keeps each spec's validation until its generation changes (none: validated afresh)."""
     owner = await client.get(DSV4, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return None
@@ -79,7 +81,7 @@ async def gather(
         namespace=namespace,
         uid=uid,
         generation=int(owner["metadata"].get("generation", 0)),
-        validation=validate_spec(owner.get("spec") or {}, Placement(name, namespace), policy),
+        validation=(validations or SpecValidations()).of(owner, policy),
         status=parse_status(owner.get("status")),
         now=now,
         statefulsets=[{**o, "kind": "StatefulSet"} for o in await owned(STATEFULSET)]

@@ -30,6 +30,7 @@ from dsv4_operator.reconcile.model_world import gather_model
 from dsv4_operator.reconcile.pod_causes import unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
+from dsv4_operator.reconcile.validations import SpecValidations
 from dsv4_operator.reconcile.world import World
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Reconciler:
         self.observations = observations or Observations()
         # Fed by the watch cache's Pod events (runtime/watched.py), read by every pass.
         self.group_capture = GroupRestartCapture(clock)
+        self.validations = SpecValidations()
         self.guard_metrics = GuardMetrics()
         self._events_forbidden = False
         self._secrets_forbidden = False
@@ -84,6 +86,7 @@ class Reconciler:
         self.observations.forget(key)
         self.guard_metrics.forget(key)
         self.group_capture.forget(key)
+        self.validations.forget(key)
 
     async def _report_rejection(self, world: World, decision: Decision, error: KubeError) -> None:
         """Say on the object why the rollout stopped (the Event once per distinct refusal):
@@ -202,7 +205,13 @@ class Reconciler:
         if name.startswith(MODEL_KEY_PREFIX):
             return await self._model(namespace, name.removeprefix(MODEL_KEY_PREFIX))
         world = await gather(
-            self.reader, namespace, name, self.clock(), self.observations, self.settings.trust
+            self.reader,
+            namespace,
+            name,
+            self.clock(),
+            self.observations,
+            self.settings.trust,
+            self.validations,
         )
         if world is None:
             self.forget(key)

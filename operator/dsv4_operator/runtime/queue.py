@@ -26,7 +26,7 @@ class WorkQueue:
         reconcile: Reconcile,
         *,
         workers: int = 4,
-        resync_seconds: float = 30.0,
+        resync_seconds: float = 300.0,
         backoff_base: float = 1.0,
         backoff_max: float = 300.0,
     ) -> None:
