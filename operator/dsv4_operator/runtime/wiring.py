@@ -125,7 +125,7 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         if op.leader_election
         else None
     )
-    specs = OwnerSpecs()
+    specs = OwnerSpecs(reconciler.validations, op.trust_policy)  # one parse for both
     leadership = Leadership(cache, queue, guards, elector, specs)
     # The cache is read by all of the above and tells them of changes: its listener last.
     cache.listener = enqueue_owner(queue, guards, reconciler, leadership, specs)
