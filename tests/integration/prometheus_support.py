@@ -220,11 +220,22 @@ class Stack:
                     f"engine env {self.engine.env})"
                 )
         if self.prom is not None and (active := _active(self.prom)):
-            problems.append(f"alerts still active: {active}")
+            # The guard's own account, so a window that went NoData after a bake says why.
+            guard = self._guard_status()
+            problems.append(f"alerts still active: {active} (status.guard: {guard})")
         assert not problems, (
             "the shared stack is not healthy at the start of this test (the test before it on "
             "this worker left it so, or restoring it failed): " + "; ".join(problems)
         )
+
+    def _guard_status(self) -> dict[str, Any]:
+        """status.guard's verdict, reason, message and counts ({} when the object is gone)."""
+        try:
+            guard = self.cluster.get(self.name).get("status", {}).get("guard") or {}
+        except NotFoundError:
+            return {}
+        fields = ("revision", "lastVerdict", "lastReason", "lastMessage", "samples")
+        return {k: guard.get(k) for k in (*fields, "trafficSamples", "leaks") if k in guard}
 
     def _healthy_served(self) -> bool:
         """`healthy` observed and baked (current revision the last known good one), and the
