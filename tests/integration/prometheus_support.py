@@ -234,8 +234,16 @@ class Stack:
             guard = self.cluster.get(self.name).get("status", {}).get("guard") or {}
         except NotFoundError:
             return {}
-        fields = ("revision", "lastVerdict", "lastReason", "lastMessage", "samples")
-        return {k: guard.get(k) for k in (*fields, "trafficSamples", "leaks") if k in guard}
+        fields = (
+            "revision",
+            "lastVerdict",
+            "lastReason",
+            "lastMessage",
+            "samples",
+            "leaks",
+            "trafficSamples",
+        )
+        return {k: guard[k] for k in fields if k in guard}
 
     def _healthy_served(self) -> bool:
         """`healthy` observed and baked (current revision the last known good one), and the

@@ -8,10 +8,10 @@ metadata and status). At 100 idle deployments it was 5% of the operator's CPU, e
 from __future__ import annotations
 
 from dsv4_operator.engine.validation import Validation, validate_spec
+from dsv4_operator.guard.observations import Key
 from dsv4_operator.kube.objects import Obj
 from dsv4_operator.trust import Placement, TrustPolicy
 
-Key = tuple[str, str]  # (namespace, name)
 # What says that the validation may differ: the object (a namesake is another), its
 # generation, and the policy it was checked against.
 _Stamp = tuple[str | None, int, TrustPolicy | None]
