@@ -246,8 +246,15 @@ class Stack:
         return {k: guard[k] for k in fields if k in guard}
 
     def _healthy_served(self) -> bool:
-        """`healthy` observed and baked (current revision the last known good one), and the
-        double runs it; once recorded, the spec and the double's env are the first bake's."""
+        """`healthy` observed, rolled out (phase Ready) and baked (current revision the last
+        known good one), and the double runs it; once recorded, the spec and the double's env
+        are the first bake's.
+
+        Ready matters: the pass that observes a new generation keeps `currentRevision` at the
+        revision both roles still run until the rollout completes, so right after `healthy` is
+        applied over a baked change, generation, revision and last known good all agree while
+        the rollout back has not started (the engine double's restart then made the next
+        test's canary windows end NoData)."""
         try:
             obj = self.cluster.get(self.name)
         except NotFoundError:
@@ -255,6 +262,7 @@ class Stack:
         status = obj.get("status", {})
         baked = (
             status.get("observedGeneration") == obj["metadata"]["generation"]
+            and status.get("phase") == "Ready"
             and status.get("lastKnownGoodRevision") is not None
             and status.get("lastKnownGoodRevision") == status.get("currentRevision")
             and self.engine.serving
