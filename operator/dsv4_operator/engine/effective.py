@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 from typing import TypeVar
 
 from dsv4_operator.api.roles import Role
@@ -94,12 +97,13 @@ class EffectiveRole:
     def env_map(self) -> dict[str, str]:
         return dict(self.env)
 
-    @property
-    def flags(self) -> dict[str, tuple[int, str | None]]:
-        """Passthrough flags of the role (engine-wide first, role-specific win)."""
+    @cached_property
+    def flags(self) -> Mapping[str, tuple[int, str | None]]:
+        """Passthrough flags of the role (engine-wide first, role-specific win). Parsed once:
+        the rules and the planner ask for them dozens of times per validation."""
         merged = parse_args(self.extra_args, self.catalog)
         merged.update(parse_args(self.role_extra_args, self.catalog))
-        return merged
+        return MappingProxyType(merged)
 
     @property
     def speculative(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import json
 from collections.abc import Mapping
@@ -67,13 +68,14 @@ class ParserCatalog:
     options: tuple[Option, ...]
     allow_abbrev: bool
     _by_flag: dict[str, Option] = field(init=False, repr=False, compare=False)
+    _sorted: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    flags: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_flag", {f: o for o in self.options for f in o.flags})
-
-    @property
-    def flags(self) -> frozenset[str]:
-        return frozenset(self._by_flag)
+        by_flag = {f: o for o in self.options for f in o.flags}
+        object.__setattr__(self, "_by_flag", by_flag)
+        object.__setattr__(self, "_sorted", tuple(sorted(by_flag)))
+        object.__setattr__(self, "flags", frozenset(by_flag))
 
     def resolve(self, token: str) -> Resolution:
         """Resolve `--name` or `--name=value` the way argparse's `_parse_optional` does."""
@@ -83,14 +85,20 @@ class ParserCatalog:
             return Resolution(token, (exact,), exact=True)
         if not self.allow_abbrev:
             return Resolution(token, (), exact=False)
-        flags = tuple(flag for flag in sorted(self._by_flag) if flag.startswith(name))
+        # The flags a prefix starts are one run of the sorted flags (validating a spec resolves
+        # every passthrough token of every role several times: a scan of all was most of it).
+        start = bisect.bisect_left(self._sorted, name)
+        end = start
+        while end < len(self._sorted) and self._sorted[end].startswith(name):
+            end += 1
+        flags = self._sorted[start:end]
         options = tuple(dict.fromkeys(self._by_flag[flag] for flag in flags))
         return Resolution(token, options, exact=False, matched_flags=flags)
 
     def closest(self, token: str, n: int = 3) -> list[str]:
         """The real flags nearest to a misspelled one (for error messages)."""
         name = token.split("=", 1)[0]
-        return difflib.get_close_matches(name, sorted(self._by_flag), n=n, cutoff=0.6)
+        return difflib.get_close_matches(name, self._sorted, n=n, cutoff=0.6)
 
 
 @dataclass(frozen=True)
