@@ -1,6 +1,6 @@
 """Benchmark: CPU per request of httpx's own transport against the guard's clients (httpx over
-aiohttp's connections for spec URLs, aiohttp directly for pod pages; signals/http.py), one
-request at a time and many in flight.
+aiohttp's connections for spec URLs, aiohttp directly for the canary and pod pages;
+signals/http.py), one request at a time and many in flight.
 
 A small HTTP/1.1 server in another process answers every request with the same body (about
 the size of an engine's /metrics page cut to the counted families); the client process counts
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import uvloop
 
-from dsv4_operator.signals.http import GuardHttp, HttpxPages, PodPages
+from dsv4_operator.signals.http import AiohttpExchanges, GuardHttp, HttpxPages, PodPages
 
 SERVER = """
 import asyncio, sys
@@ -61,6 +61,16 @@ def _pods() -> Client:
     return (lambda url: pages.text(url, 10.0)), pages.aclose
 
 
+def _canary() -> Client:
+    exchanges = AiohttpExchanges(httpx.create_ssl_context(), keep=True)
+
+    async def read(url: str) -> str:
+        _, body = await exchanges.exchange("GET", url, None, {}, 10.0)
+        return body.decode()
+
+    return read, exchanges.aclose
+
+
 CLIENTS: dict[str, Callable[[], Client]] = {
     "httpx, kept connections": lambda: _httpx(
         httpx.AsyncClient(
@@ -75,6 +85,7 @@ CLIENTS: dict[str, Callable[[], Client]] = {
         )
     ),
     "guard, kept connections (spec URLs)": lambda: _httpx(GuardHttp.create().spec_urls),
+    "guard, kept connections (canary)": _canary,
     "guard, no kept connection (pod pages)": _pods,
 }
 

@@ -2,7 +2,7 @@
 
 kwok runs no container and the operator runs outside the cluster, so nothing answers at
 `http://<deployment>-router-b<probe>.<namespace>.svc:<port>`. The operator's canary client
-follows HTTP_PROXY (signals/http.py `spec_urls`, as the guard's canary of the serving router
+follows HTTP_PROXY (signals/http.py `canary`, as the guard's canary of the serving router
 does), so `ShadowRouters` is a forward proxy the operator is started behind. For a shadow
 router Service's host it does what the cluster and the router would: the Service's selector
 finds the Running router pod; the pod's own rendered argv (`--pd-disaggregation`, its

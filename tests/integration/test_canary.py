@@ -9,8 +9,10 @@ machine and a saturated one. Expected leak counts come from the double's curve
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
@@ -24,10 +26,16 @@ from dsv4_engine_double.process import DoubleProcess
 from dsv4_operator.canary.harness import run_canary
 from dsv4_operator.canary.report import CanaryReport
 from dsv4_operator.canary.scenario import fake_result, first_messages, session_steps
-from dsv4_operator.canary.transport import MAX_ATTEMPTS, EndpointUnreachable, discover_model
+from dsv4_operator.canary.transport import (
+    MAX_ATTEMPTS,
+    EndpointUnreachable,
+    Exchanges,
+    HttpxExchanges,
+    discover_model,
+)
 from dsv4_operator.cli import main
 from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
-from dsv4_operator.signals.http import GuardHttp
+from dsv4_operator.signals.http import AiohttpExchanges, GuardHttp
 from tests.support.contract import assert_contract
 from tests.support.proxies import clear_proxies
 
@@ -69,12 +77,23 @@ def bf16_hicache() -> Iterator[str]:
         yield double.url
 
 
+@contextlib.asynccontextmanager
+async def guard_canary() -> AsyncIterator[Exchanges]:
+    """The guard's canary exchanges (aiohttp directly: no proxy in the environment)."""
+    http = GuardHttp.create()
+    assert isinstance(http.canary, AiohttpExchanges)
+    try:
+        yield http.canary
+    finally:
+        await http.close()
+
+
 # The canary's transport semantics hold for both clients it runs with: httpx's own (the CLI,
-# `dsv4 probe`) and the guard's (httpx over aiohttp's connections, signals/http.py).
-ClientFactory = Callable[[], httpx.AsyncClient]
+# `dsv4 probe`) and the guard's (aiohttp's connections, signals/http.py).
+ClientFactory = Callable[[], AbstractAsyncContextManager[httpx.AsyncClient | Exchanges]]
 CLIENTS: dict[str, ClientFactory] = {
     "httpx": lambda: httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0)),
-    "guard": lambda: GuardHttp.create().spec_urls,
+    "guard": guard_canary,
 }
 
 
@@ -203,6 +222,40 @@ async def test_streaming(fp8: str, bf16_hicache: str) -> None:
     assert_follows_the_curve(dirty)
     # Streaming changes the transport, not the conversation: the same verdicts as plain JSON.
     assert verdicts(dirty) == verdicts(plain)
+
+
+async def test_the_guards_exchanges_give_httpxs_verdicts(
+    bf16_hicache: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same conversations through the guard's aiohttp exchanges and through httpx: the
+    # same verdicts, streamed and plain (the double's verdicts depend on the seed alone).
+    clear_proxies(monkeypatch)
+    runs = {}
+    for stream in (False, True):
+        async with limited_client() as client:
+            runs["httpx", stream] = await run_canary(
+                client, bf16_hicache, MODEL, sessions=60, rounds=4, seed=9, stream=stream
+            )
+        async with guard_canary() as exchanges:
+            runs["guard", stream] = await run_canary(
+                exchanges, bf16_hicache, MODEL, sessions=60, rounds=4, seed=9, stream=stream
+            )
+    for report in runs.values():
+        check_consistency(report)
+        assert_follows_the_curve(report)
+    assert len({tuple(verdicts(r)) for r in runs.values()}) == 1
+
+
+async def test_with_a_proxy_in_the_environment_the_canary_keeps_httpxs_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clear_proxies(monkeypatch)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    http = GuardHttp.create()
+    try:
+        assert isinstance(http.canary, HttpxExchanges) and http.canary.client is http.spec_urls
+    finally:
+        await http.close()
 
 
 async def test_the_model_is_discovered(fp8: str) -> None:

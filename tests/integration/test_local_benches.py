@@ -31,7 +31,11 @@ def test_the_cli_start_bench_times_the_commands_and_names_their_imports() -> Non
 
 def test_the_http_client_bench_reads_through_every_client() -> None:
     out = run_bench("http_client.py", "--requests", "40", "--in-flight", "1", "4", "--rounds", "1")
-    for client in ("httpx, kept connections", "guard, no kept connection (pod pages)"):
+    for client in (
+        "httpx, kept connections",
+        "guard, kept connections (canary)",
+        "guard, no kept connection (pod pages)",
+    ):
         assert re.search(rf"\n{re.escape(client)} +[\d.]+ +[\d.]+\n", out), out
 
 

@@ -13,7 +13,13 @@ import httpx
 
 from dsv4_operator.canary.report import CanaryReport, ResponseRecord, SessionResult
 from dsv4_operator.canary.scenario import CANARY_TOOLS, fake_result, first_messages, session_steps
-from dsv4_operator.canary.transport import discover_model, normalise_base_url, send
+from dsv4_operator.canary.transport import (
+    Exchanges,
+    discover_model,
+    exchanges,
+    normalise_base_url,
+    send,
+)
 from dsv4_operator.leak.classifier import classify_response
 from dsv4_operator.leak.verdict import VerdictKind
 
@@ -24,7 +30,7 @@ DEFAULT_MAX_TOKENS = 512
 async def _session(
     index: int,
     *,
-    client: httpx.AsyncClient,
+    client: Exchanges,
     url: str,
     model: str,
     rounds: int,
@@ -87,7 +93,7 @@ async def _session(
 
 
 async def run_canary(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient | Exchanges,
     base_url: str,
     model: str | None = None,
     sessions: int = 8,
@@ -105,8 +111,9 @@ async def run_canary(
 ) -> CanaryReport:
     """Run `sessions` concurrent tool-calling conversations of `rounds` rounds each.
 
-    `base_url` is the server root (`/v1` suffix accepted); `model` None asks `/v1/models`
-    (raising `EndpointUnreachable` / `EndpointError`). At most `concurrency` requests are in
+    `client`: an httpx client, or the guard's `Exchanges`. `base_url` is the server root
+    (`/v1` suffix accepted); `model` None asks `/v1/models` (raising `EndpointUnreachable` /
+    `EndpointError`). At most `concurrency` requests are in
     flight (default: one per session); `timeout` bounds each request in seconds. The same
     `seed` gives the same prompts and fake tool results. `on_response` is called after every
     round (progress bars). Transport and HTTP failures become `error` verdicts, never raise.
@@ -121,6 +128,7 @@ async def run_canary(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     base = normalise_base_url(base_url)
+    client = exchanges(client)
     if model is None:
         model = await discover_model(client, base, timeout=min(timeout, 10.0))
     gate = asyncio.Semaphore(concurrency)

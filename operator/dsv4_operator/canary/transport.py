@@ -1,19 +1,22 @@
 """The canary's HTTP side: model discovery and one chat request, failures made verdicts.
 
-I/O goes through an injected `httpx.AsyncClient` (the seam for tests and for the guard
-daemon). Requests are bounded by a semaphore (`concurrency`), each has a total `timeout`
-(waiting for the semaphore excluded), and only connection failures before the request was
-sent (connect errors/timeouts, pool timeouts) are retried; a response that came back, or a
-request that may have reached the server, is never retried.
+I/O goes through an injected `Exchanges` (one request, the whole reply read): an
+`httpx.AsyncClient` adapted (the CLI, tests' mock transports), or the guard's own on aiohttp's
+connections (signals/http.py), which costs less than half the CPU per request. Requests are
+bounded by a semaphore (`concurrency`), each has a total `timeout` (waiting for the semaphore
+excluded), and only connection failures before the request was sent (connect errors/timeouts,
+pool timeouts) are retried; a response that came back, or a request that may have reached the
+server, is never retried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -37,29 +40,64 @@ class EndpointError(ProbeError):
     """The endpoint answered, but not like an OpenAI-compatible server."""
 
 
+class Exchanges(Protocol):
+    """One HTTP exchange: the reply's status and its whole body, or an `httpx.HTTPError`
+    (`ConnectError`, `ConnectTimeout` and `PoolTimeout` only before the request was sent)."""
+
+    async def exchange(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, bytes]: ...
+
+
+@dataclass(frozen=True)
+class HttpxExchanges:
+    """Exchanges on an httpx client, with its headers, limits and transport."""
+
+    client: httpx.AsyncClient
+
+    async def exchange(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, bytes]:
+        reply = await self.client.request(
+            method, url, content=body, headers=dict(headers), timeout=timeout
+        )
+        return reply.status_code, reply.content
+
+
+def exchanges(client: httpx.AsyncClient | Exchanges) -> Exchanges:
+    """`client` as Exchanges: an httpx client adapted, anything else as it is."""
+    return HttpxExchanges(client) if isinstance(client, httpx.AsyncClient) else client
+
+
+JSON_BODY = {**PROBE_HEADER, "Content-Type": "application/json"}
+
+
 def normalise_base_url(url: str) -> str:
     """`http://h:8000`, `http://h:8000/` and `http://h:8000/v1` all mean the same server."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-async def discover_model(client: httpx.AsyncClient, base_url: str, timeout: float = 10.0) -> str:
+async def discover_model(
+    client: httpx.AsyncClient | Exchanges, base_url: str, timeout: float = 10.0
+) -> str:
     """The first model id served at `base_url` (`GET /v1/models`); typed failures."""
     url = f"{normalise_base_url(base_url)}/v1/models"
     try:
-        response = await client.get(url, timeout=timeout)
+        status, content = await exchanges(client).exchange("GET", url, None, {}, timeout)
     except (httpx.ConnectError, httpx.ConnectTimeout) as error:
         detail = str(error) or type(error).__name__
         raise EndpointUnreachable(f"cannot connect to {url}: {detail}") from error
     except httpx.HTTPError as error:
         raise EndpointError(f"GET {url} failed: {type(error).__name__}: {error}") from error
-    if response.status_code != 200:
-        raise EndpointError(f"GET {url} answered HTTP {response.status_code}")
+    if status != 200:
+        raise EndpointError(f"GET {url} answered HTTP {status}")
     try:
-        data = response.json()["data"]
+        data = json.loads(content)["data"]
         return str(data[0]["id"])
     except (ValueError, KeyError, IndexError, TypeError) as error:
-        raise EndpointError(f"GET {url} did not list a model: {response.text[:200]!r}") from error
+        text = content.decode("utf-8", "replace")
+        raise EndpointError(f"GET {url} did not list a model: {text[:200]!r}") from error
 
 
 @dataclass(frozen=True)
@@ -80,31 +118,27 @@ _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 async def send(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout: float, stream: bool
+    client: httpx.AsyncClient | Exchanges,
+    url: str,
+    body: dict[str, Any],
+    timeout: float,
+    stream: bool,
 ) -> SendResult:
     """POST once (retrying only failures before the request was sent) and read the body."""
+    poster = exchanges(client)
+    # As httpx encodes `json=`: compact, raw UTF-8, no NaN.
+    content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    encoded = content.encode()
     for attempt in range(1, MAX_ATTEMPTS + 1):
         began = time.perf_counter()
         try:
             async with asyncio.timeout(timeout):
-                if stream:
-                    async with client.stream(
-                        "POST", url, json=body, headers=PROBE_HEADER, timeout=timeout
-                    ) as reply:
-                        if reply.status_code != 200:
-                            text = (await reply.aread()).decode("utf-8", "replace")
-                            return _http_error(reply.status_code, text, began, attempt)
-                        # The whole body, split by SSE's own line ends: httpx's
-                        # `aiter_lines` also splits at U+2028/U+0085, which JSON leaves raw.
-                        raw = await reply.aread()
-                    parsed: Any = assemble_stream(raw)
-                    status = 200
-                else:
-                    reply = await client.post(url, json=body, headers=PROBE_HEADER, timeout=timeout)
-                    if reply.status_code != 200:
-                        return _http_error(reply.status_code, reply.text, began, attempt)
-                    status = reply.status_code
-                    parsed = reply.json()
+                status, raw = await poster.exchange("POST", url, encoded, JSON_BODY, timeout)
+            if status != 200:
+                return _http_error(status, raw.decode("utf-8", "replace"), began, attempt)
+            # A stream is split by SSE's own line ends (leak/sse.py): a line splitter such
+            # as httpx's `aiter_lines` also splits at U+2028/U+0085, which JSON leaves raw.
+            parsed: Any = assemble_stream(raw) if stream else json.loads(raw)
         except _RETRYABLE as error:
             if attempt < MAX_ATTEMPTS:
                 await asyncio.sleep(RETRY_BACKOFF_S[min(attempt - 1, len(RETRY_BACKOFF_S) - 1)])

@@ -108,7 +108,7 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
             client,
             # Through each shadow pair's router Service, as the guard's canary reaches the
             # serving router: by name, with the environment's proxy settings.
-            probe_runner(http.spec_urls),
+            probe_runner(http.canary),
             op.bisect_priority_class,
             BisectTiming(poll_seconds=op.bisect_poll_seconds),
         ),

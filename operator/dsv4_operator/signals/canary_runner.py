@@ -5,13 +5,15 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.canary_load import canary_load
 from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.names import router_url
+
+if TYPE_CHECKING:  # the harness is imported on the first run (it brings the classifier)
+    from dsv4_operator.canary.transport import Exchanges
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ def default_endpoint(name: str, namespace: str, spec: DSV4DeploymentSpec) -> str
     return router_url(name, namespace, spec.router.port)
 
 
-def probe_runner(client: httpx.AsyncClient) -> CanaryRunner:
+def probe_runner(client: Exchanges) -> CanaryRunner:
     """The real canary, on `client` (the operator's shared one, signals/http.py: no client and
     no TLS context per run): multi-turn tool-calling sessions classified by the DSML detector."""
 

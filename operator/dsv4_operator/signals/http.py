@@ -1,14 +1,15 @@
 """The guard's HTTP clients, made once per operator and shared by every deployment's loops.
 
 httpx's API (requests, timeouts, exceptions) over aiohttp's connections (aiohttp_transport.py)
-for what a spec names; the pods' pages (taps, engines), most of an idle guard's requests,
-read on aiohttp directly (`PodPages`), with httpx's exceptions. The guard makes ~120 requests
-a second at 100 deployments.
+for what a spec names; the canary's requests and the pods' pages (taps, engines), most of an
+idle guard's requests, on aiohttp directly (`AiohttpExchanges`), with httpx's exceptions. The
+guard makes ~120 requests a second at 100 deployments.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.request import getproxies
@@ -16,6 +17,7 @@ from urllib.request import getproxies
 import aiohttp
 import httpx
 
+from dsv4_operator.canary.transport import Exchanges, HttpxExchanges
 from dsv4_operator.signals.aiohttp_transport import AiohttpTransport, as_httpx
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
@@ -44,32 +46,60 @@ class HttpxPages:
         return reply.text
 
 
-class PodPages:
-    """Pod IPs' pages (the router pods' taps, the engine pods) read on aiohttp directly, never
-    through a proxy, keeping no connection: each pod is read once per tap or engine interval,
-    and a kept socket per engine and tap pod would be thousands at 1,000 deployments.
+class AiohttpExchanges:
+    """Requests on aiohttp directly, never through a proxy, with httpx's errors as its
+    transport would raise them (aiohttp_transport.py). Without httpx's request and response
+    objects a request costs half the CPU or less (`python bench/http_client.py`).
 
-    Without httpx's request and response objects a read costs about half the CPU
-    (`python bench/http_client.py`); these reads are most of an idle guard's requests. The
-    errors are still httpx's, as its transport would raise them (aiohttp_transport.py).
+    `keep`: connections kept `KEEPALIVE_S` between requests (the canary: a run's rounds reuse
+    them), else closed after each (pod pages: each pod is read once per interval, and a kept
+    socket per engine and tap pod would be thousands at 1,000 deployments).
     """
 
-    def __init__(self, tls: ssl.SSLContext) -> None:
-        self._tls = tls
+    def __init__(self, tls: ssl.SSLContext, keep: bool) -> None:
+        self._tls, self._keep = tls, keep
         self._session: aiohttp.ClientSession | None = None
 
-    async def text(self, url: str, timeout: float) -> str:
-        if self._session is None:  # made on the first read, inside the running loop
-            connector = aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
+    async def reply(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, bytes, str | None]:
+        """The reply's status, whole body and charset (None when it names none)."""
+        if self._session is None:  # made on the first request, inside the running loop
+            connector = (
+                aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S)
+                if self._keep
+                else aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar()
             )
         limits = aiohttp.ClientTimeout(connect=timeout, sock_connect=timeout, sock_read=timeout)
-        with as_httpx(lambda: httpx.Request("GET", url)):
-            async with self._session.get(url, allow_redirects=False, timeout=limits) as reply:
-                body = await reply.read()
-                status = reply.status
-                charset = reply.charset
+        with as_httpx(lambda: httpx.Request(method, url)):
+            async with self._session.request(
+                method, url, data=body, headers=headers, allow_redirects=False, timeout=limits
+            ) as reply:
+                return reply.status, await reply.read(), reply.charset
+
+    async def exchange(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+    ) -> tuple[int, bytes]:
+        status, content, _ = await self.reply(method, url, body, headers, timeout)
+        return status, content
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class PodPages:
+    """Pod IPs' pages (the router pods' taps, the engine pods), most of an idle guard's reads
+    besides the canary: one request each, no connection kept."""
+
+    def __init__(self, tls: ssl.SSLContext) -> None:
+        self._exchanges = AiohttpExchanges(tls, keep=False)
+
+    async def text(self, url: str, timeout: float) -> str:
+        status, body, charset = await self._exchanges.reply("GET", url, None, {}, timeout)
         if not 200 <= status < 300:  # as httpx's raise_for_status: a redirect is not a page
             request = httpx.Request("GET", url)
             raise httpx.HTTPStatusError(
@@ -81,33 +111,42 @@ class PodPages:
             return body.decode("utf-8", errors="replace")
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._exchanges.aclose()
 
 
 @dataclass(frozen=True)
 class GuardHttp:
-    """The spec URLs' client and the pods' pages, with one TLS context between them.
+    """The spec URLs' client, the canary's exchanges and the pods' pages, with one TLS
+    context between them.
 
     `spec_urls` reads what a spec names (the canary's endpoint and the router Service, each
     culprit-search shadow router's Service, Prometheus, tap.metricsEndpoints): it follows
     HTTP(S)_PROXY and NO_PROXY, as any client would. `pods` reads pod IPs (the router pods'
     taps, the engine pods): never through a proxy, since httpx's NO_PROXY takes no CIDR
-    ranges and a cluster-wide HTTP_PROXY would otherwise catch every pod IP. Building a TLS
+    ranges and a cluster-wide HTTP_PROXY would otherwise catch every pod IP. `canary` reaches
+    the canary's endpoint (a spec URL) on aiohttp, or on `spec_urls` when the environment
+    names a proxy (httpx's rules for it, as for every spec URL). Building a TLS
     context loads the CA bundle, which cost about a fifth of an idle operator's CPU when every
     canary run made a client of its own.
     """
 
     spec_urls: httpx.AsyncClient
+    canary: Exchanges
     pods: PodPages
 
     @classmethod
     def create(cls) -> GuardHttp:
         tls = httpx.create_ssl_context()
-        return cls(spec_urls=_client(tls), pods=PodPages(tls))
+        spec_urls = _client(tls)
+        canary: Exchanges = (
+            HttpxExchanges(spec_urls) if environment_proxies() else AiohttpExchanges(tls, keep=True)
+        )
+        return cls(spec_urls=spec_urls, canary=canary, pods=PodPages(tls))
 
     async def close(self) -> None:
         await self.spec_urls.aclose()
+        if isinstance(self.canary, AiohttpExchanges):
+            await self.canary.aclose()
         await self.pods.aclose()
 
 

@@ -113,7 +113,7 @@ class GuardSupervisor:
         self.client, self.observations, self.wake = client, observations, wake
         self._own_http = http is None
         self.clients = http or GuardHttp.create()
-        self.runner = runner or probe_runner(self.clients.spec_urls)
+        self.runner = runner or probe_runner(self.clients.canary)
         self._canary_slots = asyncio.Semaphore(canaries_at_once)
         # The last failure logged, per deployment and source.
         self._said: dict[tuple[Key, str], str] = {}
