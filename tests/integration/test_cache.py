@@ -17,10 +17,11 @@ from kopf._cogs.structs import credentials
 from dsv4_devcluster import ControlPlane
 from dsv4_operator import metrics
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.resources import SERVICE, Resource
+from dsv4_operator.kube.resources import CONTROLLER_REVISION, SERVICE, Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
 from dsv4_operator.runtime.cache import WatchCache, Watched
 from dsv4_operator.runtime.metered import count_list, count_watch_error
+from dsv4_operator.runtime.watched import STATEFULSET_REVISION_HASH_LABEL, WATCHED
 from tests.support.polling import until
 
 SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
@@ -111,6 +112,15 @@ async def test_the_cache_follows_the_api_and_a_new_list_drops_what_went_away(
         b = await cache.get(SERVICE, namespace, "b")
         assert b is not None and b["metadata"]["annotations"]["step"] == "1"
         assert "managedFields" not in b["metadata"]
+        # Decoded from separate events, kept with one copy of each key and short string.
+        c = await cache.get(SERVICE, namespace, "c")
+        assert c is not None
+        [b_labels] = [k for k in b["metadata"] if k == "labels"]
+        [c_labels] = [k for k in c["metadata"] if k == "labels"]
+        assert b_labels is c_labels
+        assert (
+            b["metadata"]["labels"][MANAGED_BY_LABEL] is c["metadata"]["labels"][MANAGED_BY_LABEL]
+        )
         assert [
             o["metadata"]["name"]
             for o in await cache.list(SERVICE, namespace, {DEPLOYMENT_LABEL: "d"})
@@ -132,6 +142,41 @@ async def test_the_cache_follows_the_api_and_a_new_list_drops_what_went_away(
         seen = {(name, deleted) for name, _, deleted in changes}
         assert seen == {("a", True), ("c", False), ("e", False)}, changes  # b did not change
         assert cache.lists == 2
+    finally:
+        await cache.close()
+        await vault.close()
+
+
+def _revision(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {"spec": {"engine": {"image": "x"}}},
+        "revision": 1,
+    }
+
+
+async def test_the_statefulset_controllers_revisions_are_not_cached(
+    control_plane: ControlPlane,
+    namespace: str,
+    client: KubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator's watch of ControllerRevisions (runtime/watched.py): its own revisions,
+    never the StatefulSet controller's, which carry the pod template's labels (ours) and the
+    controller's hash label."""
+    vault = await _kopf_login(control_plane.kubeconfig_path, monkeypatch)
+    ours = {MANAGED_BY_LABEL: MANAGED_BY, DEPLOYMENT_LABEL: "d"}
+    await client.create(_revision(namespace, "d-0123456789", ours))
+    statefulsets = {**ours, STATEFULSET_REVISION_HASH_LABEL: "5696dc96c6"}
+    await client.create(_revision(namespace, "d-decode-5696dc96c6", statefulsets))
+    [watched] = [w for w in WATCHED if w.resource == CONTROLLER_REVISION]
+    cache = WatchCache(kopf.OperatorSettings(), [watched], [namespace], lambda *_: None)
+    await cache.start()
+    try:
+        await cache.wait_synced()
+        assert cache.keys(CONTROLLER_REVISION) == [(namespace, "d-0123456789")]
     finally:
         await cache.close()
         await vault.close()

@@ -46,6 +46,11 @@ CHILD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{DEPLOYMENT_LABEL}"
 MODEL_CHILD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY},{MODEL_LABEL}"
 # Pods: the engines' and the router's (deployment label) and the download Jobs' (model label).
 POD_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+# The StatefulSet controller's own ControllerRevisions carry the pod template's labels (ours)
+# and its hash label; only the operator's (the DSV4Deployment's revisions) are read. Kept,
+# they were two thirds of the revisions cached and woke a pass on every template change.
+STATEFULSET_REVISION_HASH_LABEL = "controller.kubernetes.io/hash"
+REVISION_SELECTOR = f"{CHILD_SELECTOR},!{STATEFULSET_REVISION_HASH_LABEL}"
 WATCHED = (
     Watched(DSV4),
     # Optional: an operator upgraded before its CRD (crds.enabled=false) keeps serving the
@@ -53,8 +58,9 @@ WATCHED = (
     Watched(DSV4_MODEL, optional=True),
     *(
         Watched(res, label_selector=CHILD_SELECTOR)
-        for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB, CONTROLLER_REVISION)
+        for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB)
     ),
+    Watched(CONTROLLER_REVISION, label_selector=REVISION_SELECTOR),
     Watched(POD, label_selector=POD_SELECTOR),
     *(Watched(res, label_selector=MODEL_CHILD_SELECTOR) for res in WEIGHTS_KINDS),
     Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
