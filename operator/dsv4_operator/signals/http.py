@@ -119,13 +119,13 @@ class GuardHttp:
     """The spec URLs' client, the canary's exchanges and the pods' pages, with one TLS
     context between them.
 
-    `spec_urls` reads what a spec names (the canary's endpoint and the router Service, each
-    culprit-search shadow router's Service, Prometheus, tap.metricsEndpoints): it follows
-    HTTP(S)_PROXY and NO_PROXY, as any client would. `pods` reads pod IPs (the router pods'
-    taps, the engine pods): never through a proxy, since httpx's NO_PROXY takes no CIDR
-    ranges and a cluster-wide HTTP_PROXY would otherwise catch every pod IP. `canary` reaches
-    the canary's endpoint (a spec URL) on aiohttp, or on `spec_urls` when the environment
-    names a proxy (httpx's rules for it, as for every spec URL). Building a TLS
+    `spec_urls` reads the other URLs a spec names (Prometheus, tap.metricsEndpoints): it
+    follows HTTP(S)_PROXY and NO_PROXY, as any client would. `canary` reaches the canary's
+    endpoint (the router Service or canary.endpoint) and each culprit-search shadow router's
+    Service on aiohttp, or on `spec_urls` when the environment names a proxy (httpx's rules
+    for it, as for every spec URL). `pods` reads pod IPs (the router pods' taps, the engine
+    pods): never through a proxy, since httpx's NO_PROXY takes no CIDR ranges and a
+    cluster-wide HTTP_PROXY would otherwise catch every pod IP. Building a TLS
     context loads the CA bundle, which cost about a fifth of an idle operator's CPU when every
     canary run made a client of its own.
     """
