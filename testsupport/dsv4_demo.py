@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from dsv4_devcluster import wait_for
+from dsv4_devcluster.deployments import baked_revision
 from dsv4_devcluster.playground import Playground, describe_parts, devtools
 from dsv4_devcluster.prometheus import PodTarget, PrometheusProcess, scale_rules, scrape_job
 
@@ -101,12 +102,15 @@ class Demo:
             raise RuntimeError(f"`{command}` failed with exit code {done.returncode}")
         return done
 
-    def status(self) -> dict[str, Any]:
+    def deployment(self) -> dict[str, Any]:
         api = self.pg.cp.dynamic_client().resources.get(
             api_version="dsv4.io/v1alpha1", kind="DSV4Deployment"
         )
         found: dict[str, Any] = api.get(name=NAME, namespace="default").to_dict()
-        return found.get("status") or {}
+        return found
+
+    def status(self) -> dict[str, Any]:
+        return self.deployment().get("status") or {}
 
     def until(self, what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
         return wait_for(what, check, timeout=timeout)
@@ -132,12 +136,9 @@ def install_and_ready(demo: Demo) -> str:
     demo.run(f"kubectl wait dsv4/{NAME} --for=jsonpath='{{.status.phase}}'=Ready --timeout=5m")
     demo.say(f"Ready {time.monotonic() - started:.1f}s after the apply; waiting for it to bake")
 
-    def baked() -> str | None:
-        status = demo.status()
-        good = status.get("lastKnownGoodRevision")
-        return good if good and good == status.get("currentRevision") else None
-
-    good: str = demo.until("the revision baked (last known good)", baked)
+    good: str = demo.until(
+        "the revision baked (last known good)", lambda: baked_revision(demo.deployment())
+    )
     demo.run(f"kubectl get dsv4 {NAME}")
     return good
 

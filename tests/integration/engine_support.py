@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dsv4_devcluster import ControlPlane, report_pod_ip, wait_for
+from dsv4_devcluster import ControlPlane, report_pod_ip
 from dsv4_devcluster.deployments import Cluster, rtx_pool, weights_volume
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.limits import ENGINE_PORT
@@ -226,17 +226,6 @@ class PodEngines:
         self.starts += 1
         self.launches.append((time.monotonic(), role, revision))
         report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)
-
-
-def baked_revision(cluster: Cluster) -> str:
-    """The last known good revision, once it is the one served."""
-
-    def lkg() -> str | None:
-        status = cluster.get().get("status", {})
-        good = status.get("lastKnownGoodRevision")
-        return good if good and good == status.get("currentRevision") else None
-
-    return str(wait_for("a last known good revision", lkg, timeout=180))
 
 
 class ShadowEngines:

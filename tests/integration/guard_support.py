@@ -289,17 +289,6 @@ LEAKING = {
 }
 
 
-def wait_baked(cluster: Cluster, timeout: float = 180) -> str:
-    """The revision served once it is the last known good one (baked)."""
-
-    def lkg() -> str | None:
-        status = cluster.get().get("status", {})
-        good = status.get("lastKnownGoodRevision")
-        return good if good and good == status.get("currentRevision") else None
-
-    return str(wait_for("a last known good revision", lkg, timeout=timeout))
-
-
 def wait_good_revision_served(cluster: Cluster, engine: EngineKubelet, good: str) -> None:
     """Until the rollback is carried out: `good` is current again and the engine double runs
     its configuration (fp8 index-K, not the leaking bf16)."""

@@ -24,7 +24,7 @@ import yaml
 from kubernetes.dynamic.exceptions import NotFoundError
 
 from dsv4_devcluster import wait_for
-from dsv4_devcluster.deployments import Cluster
+from dsv4_devcluster.deployments import Cluster, baked_revision
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.prometheus import PodTarget, PrometheusProcess, scale_rules, scrape_job
 from dsv4_operator.api.spec import DSV4DeploymentSpec
@@ -246,27 +246,16 @@ class Stack:
         return {k: guard[k] for k in fields if k in guard}
 
     def _healthy_served(self) -> bool:
-        """`healthy` observed, rolled out (phase Ready) and baked (current revision the last
-        known good one), and the double runs it; once recorded, the spec and the double's env
-        are the first bake's.
-
-        Ready matters: the pass that observes a new generation keeps `currentRevision` at the
-        revision both roles still run until the rollout completes, so right after `healthy` is
-        applied over a baked change, generation, revision and last known good all agree while
-        the rollout back has not started (the engine double's restart then made the next
-        test's canary windows end NoData)."""
+        """`healthy` baked (`baked_revision`: observed, rolled out and its revision the last
+        known good one) and the double runs it; once recorded, the spec and the double's env
+        are the first bake's. (Without the rollout, right after `healthy` was applied over a
+        baked change, the engine double's restart made the next test's canary windows end
+        NoData.)"""
         try:
             obj = self.cluster.get(self.name)
         except NotFoundError:
             return False
-        status = obj.get("status", {})
-        baked = (
-            status.get("observedGeneration") == obj["metadata"]["generation"]
-            and status.get("phase") == "Ready"
-            and status.get("lastKnownGoodRevision") is not None
-            and status.get("lastKnownGoodRevision") == status.get("currentRevision")
-            and self.engine.serving
-        )
+        baked = baked_revision(obj) is not None and self.engine.serving
         if not baked or self._baseline is None:
             return baked
         spec, env = self._baseline

@@ -29,7 +29,6 @@ from dsv4_operator.render.context import build_context
 from .engine_support import (
     PodEngines,
     ShadowEngines,
-    baked_revision,
     cluster_fixture,
     gpu_pool_fixture,
     loopback_ips,
@@ -209,7 +208,7 @@ def _search(
     pair and its router are compared before and after the search."""
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url))
-    good = baked_revision(cluster)
+    good = cluster.wait_baked()
     cluster.apply(_spec(namespace, engines.url, **bad))
     _rolled_back_and_settled(cluster, good)
     _serving_good_again(engines, good)
@@ -316,7 +315,7 @@ def test_a_leak_that_does_not_reproduce_blames_nothing(
     try:
         with ShadowEngines(cluster, tmp_path, noise) as shadows:
             cluster.apply(_spec(namespace, engines.url))
-            good = baked_revision(cluster)
+            good = cluster.wait_baked()
             cluster.apply(bad_spec)
             _rolled_back_and_settled(cluster, good)
             answer = _culprit(cluster)
@@ -346,7 +345,7 @@ def test_killing_the_operator_mid_search_resumes_it(
         engines = doubles[0]
         namespace = cluster.namespace
         cluster.apply(_spec(namespace, engines.url))
-        good = baked_revision(cluster)
+        good = cluster.wait_baked()
         cluster.apply(_spec(namespace, engines.url, **DELTA))
         _rolled_back_and_settled(cluster, good)
 
@@ -382,7 +381,7 @@ def test_a_spec_change_stops_the_search_and_deletes_its_shadow_pairs(
         engines = doubles[0]
         namespace = cluster.namespace
         cluster.apply(_spec(namespace, engines.url))
-        good = baked_revision(cluster)
+        good = cluster.wait_baked()
         cluster.apply(_spec(namespace, engines.url, **DELTA))
         _rolled_back_and_settled(cluster, good)
         wait_for(

@@ -42,7 +42,6 @@ from dsv4_devcluster.process import free_port
 
 from .engine_support import (
     PodEngines,
-    baked_revision,
     cluster_fixture,
     gpu_pool_fixture,
     loopback_ips,
@@ -240,7 +239,7 @@ def test_silent_tool_call_drops_roll_back_on_the_engines_own_count(
         Traffic(f"http://127.0.0.1:{ports['tap']}", SEED, rate=20) as traffic,
         GuardWatch(cluster) as guards,
     ):
-        good = baked_revision(cluster)
+        good = cluster.wait_baked()
         shapes = _condition(cluster.get(), "LeakShapesVisible")
         assert (shapes["status"], shapes["reason"]) == ("True", "EngineCounts")
         scope = {"namespace": namespace, "deployment": "dsv4-flash", "revision": good}
@@ -292,7 +291,7 @@ def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url, "2s"))
     with Traffic(engines.url) as traffic:
-        good = baked_revision(cluster)
+        good = cluster.wait_baked()
         decode = cluster.children()[("StatefulSet", "dsv4-flash-decode")]
         command = decode["spec"]["template"]["spec"]["containers"][0]["command"]
         # spec.transfer.kvChecksum unset: on, where the release has the flag (0.5.23 does).
@@ -316,7 +315,7 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
 ) -> None:
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, engines.url, "2s"))
-    good = baked_revision(cluster)
+    good = cluster.wait_baked()
     verified = _plan_verified(cluster, "Verified")
     assert verified["status"] == "True"
     planned = cluster.get()["status"]["plan"]["maxTotalTokens"]

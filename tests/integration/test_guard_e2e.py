@@ -33,7 +33,6 @@ from .guard_support import (
     ENTRYPOINT_LENGTH,
     LEAKING,
     EngineKubelet,
-    wait_baked,
     wait_good_revision_served,
 )
 
@@ -112,15 +111,12 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
 
-_baked = wait_baked
-
-
 def test_sound_config_bakes_then_leaking_update_is_rolled_back_and_quarantined(
     cluster: Cluster, operator: OperatorProcess, engine: EngineKubelet
 ) -> None:
     url = f"http://127.0.0.1:{engine.port}"
     cluster.apply(_guarded(cluster.namespace, url))
-    good = _baked(cluster)
+    good = cluster.wait_baked()
     assert engine.env["DSV4_DOUBLE_LOAD"] == str(ENGINE_LOAD)
     bad_spec = _guarded(cluster.namespace, url, **LEAKING)
     cluster.apply(bad_spec)
@@ -223,7 +219,7 @@ def test_prometheus_unreachable_holds_then_guard_blind_without_rollback(
 def _baked_then_served(cluster: Cluster, url: str) -> tuple[str, str]:
     """A sound revision baked, then a compatible change served: (good, new)."""
     cluster.apply(_guarded(cluster.namespace, url))
-    good = _baked(cluster)
+    good = cluster.wait_baked()
     cluster.apply(_guarded(cluster.namespace, url, **{"engine.maxRunningRequests": 48}))
 
     def new_revision_ready() -> str | None:
@@ -407,7 +403,7 @@ def test_a_baked_guard_writes_nothing_while_it_passes_and_writes_a_verdict_chang
     """Baked and passing, the guard makes no API write over several canary runs (the live
     counts move on /metrics instead); a verdict change (the engine gone: Error) is written."""
     cluster.apply(_guarded(cluster.namespace, f"http://127.0.0.1:{engine.port}"))
-    _baked(cluster)
+    cluster.wait_baked()
     operator.settled()  # what baking wrote (status, the Baked Event) has landed
     before = _writes(operator)
     version = cluster.get()["metadata"]["resourceVersion"]

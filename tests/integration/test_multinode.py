@@ -41,7 +41,7 @@ from tests.support.builders import with_changes
 from tests.support.paths import REPO
 
 from .cluster_support import dry_run_apply
-from .guard_support import LEAKING, EngineKubelet, wait_baked, wait_good_revision_served
+from .guard_support import LEAKING, EngineKubelet, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 # Each role: TP16 over two nodes of 8 GPUs, one group per role.
@@ -388,7 +388,7 @@ def test_a_leaking_revision_of_groups_is_rolled_back_to_the_previous_groups(
     ):
         stack.callback(engine.stop)
         cluster.apply(_guarded(cluster.namespace, url))
-        good = wait_baked(cluster)
+        good = cluster.wait_baked()
         good_group = wait_for("the good decode group", lambda: _decode_group(cluster), 60)
         assert good_group[0] == good
         # The double runs the group leader's argv as a kubelet expands it.

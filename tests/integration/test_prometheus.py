@@ -185,12 +185,6 @@ def _firing(prom: PrometheusProcess, alert: str, **labels: str) -> list[dict[str
     ]
 
 
-def _baked(cluster: Cluster) -> str | None:
-    status = cluster.get().get("status", {})
-    good = status.get("lastKnownGoodRevision")
-    return good if good and good == status.get("currentRevision") else None
-
-
 @pytest.mark.long(seconds=95)
 def test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve(
     served: Stack,
@@ -199,7 +193,7 @@ def test_series_join_dashboards_fill_and_leak_alerts_fire_and_resolve(
     engine = served.engine
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
-    good = str(wait_for("a last known good revision", lambda: _baked(cluster), timeout=180))
+    good = cluster.wait_baked()
     for name, health, error in prom.rule_health():
         assert health in ("ok", "unknown"), (name, error)
 
@@ -340,7 +334,7 @@ def test_rollback_quarantine_tap_and_operator_alerts_fire_and_resolve(
     # The guard at the alert's own 2%: it rolls the leaking revision back.
     strict = {"guard.leakRate": {"threshold": 0.02, "minSamples": 30, "confidence": 0.99}}
     cluster.apply(_spec(namespace, ports, **strict))
-    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    cluster.wait_baked()
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
         cluster.apply(_spec(namespace, ports, **strict, **LEAKING))
         wait_for(
@@ -400,7 +394,7 @@ def test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_and_re
     cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
-    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    cluster.wait_baked()
     alerts = ("DSV4GuardBlind", "DSV4CanaryNotRunning")
     assert not [a for a in prom.alerts() if a["labels"]["alertname"] in alerts]
     served.stop_tap()
@@ -435,7 +429,7 @@ def test_kv_transfer_alerts_fire_from_the_engines_relabelled_series_and_resolve(
     failures again, and they resolve."""
     cluster, _prom, ports, _scope = _unpack(served)
     cluster.apply(_spec(cluster.namespace, ports, **RELEASE_0_5_23))
-    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    cluster.wait_baked()
     failing = {
         "engine.env": [
             {"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.05"},
@@ -528,7 +522,7 @@ def test_oom_and_reconcile_error_alerts_fire_and_resolve(served: Stack) -> None:
     cluster, prom, ports, scope = _unpack(served)
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports))
-    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    cluster.wait_baked()
     assert not [a for a in prom.alerts() if a["labels"]["alertname"] == "DSV4ReconcileErrors"]
     report_container_terminated(
         cluster.dyn, namespace, f"{NAME}-decode-0", "engine", reason="OOMKilled", exit_code=137
@@ -577,7 +571,7 @@ def test_tap_dropping_fires_while_its_classifier_crash_loops_and_resolves(
     a verdict, and DSV4LeakTapDropping fires; the classifier left alone, it resolves."""
     cluster, prom, ports, scope = _unpack(served)
     cluster.apply(_spec(cluster.namespace, ports))
-    wait_for("a last known good revision", lambda: _baked(cluster), timeout=180)
+    cluster.wait_baked()
     assert served.tap is not None
     tap_pid = served.tap.pid
     crash_loop = threading.Event()

@@ -178,12 +178,7 @@ class Soak:
         self.cluster.apply(self.soak_doc)
         self.cluster.apply(self.guarded_doc)
 
-        def baked() -> str | None:
-            status = self.cluster.get("guarded").get("status", {})
-            good = status.get("lastKnownGoodRevision")
-            return good if good and good == status.get("currentRevision") else None
-
-        self.good = wait_for("guarded to bake", baked, timeout=CONVERGE_SECONDS)
+        self.good = self.cluster.wait_baked("guarded", timeout=CONVERGE_SECONDS)
         wait_for("soak settled", lambda: not self.soak_settled(), timeout=CONVERGE_SECONDS)
 
     def step(self, kind: str) -> Step:

@@ -113,13 +113,8 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
     namespace = cluster.namespace
     cluster.apply(_spec(namespace, ports, "2s"))
 
-    def baked() -> str | None:
-        status = cluster.get().get("status", {})
-        good = status.get("lastKnownGoodRevision")
-        return good if good and good == status.get("currentRevision") else None
-
     with Traffic(f"http://127.0.0.1:{ports['tap']}") as traffic:
-        good = str(wait_for("a last known good revision", baked, timeout=180))
+        good = cluster.wait_baked()
         # The guard reads the tap in every round.
         scope = {"namespace": namespace, "deployment": "dsv4-flash"}
         # Live counts are on /metrics (status.guard has them as of its last write).

@@ -12,6 +12,7 @@ children: what the demo, the integration tests and the benchmarks apply and read
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,26 @@ def weights_volume(dyn: Any, namespace: str, claim: str = "dsv4-weights") -> Non
             },
         },
     )
+
+
+def baked_revision(obj: Mapping[str, Any]) -> str | None:
+    """The revision `obj` (a DSV4Deployment) serves, when it is baked: the status observed the
+    object's generation, the rollout is done (phase Ready) and the last known good revision is
+    the current one; else None.
+
+    The generation and the phase matter: the pass that observes a new generation keeps
+    `currentRevision` at the revision every role still runs until the rollout completes, so
+    right after a change is applied over a baked revision, current and last known good agree
+    while the new rollout has not begun."""
+    status = obj.get("status") or {}
+    good = status.get("lastKnownGoodRevision")
+    baked = (
+        bool(good)
+        and good == status.get("currentRevision")
+        and status.get("phase") == "Ready"
+        and status.get("observedGeneration") == obj.get("metadata", {}).get("generation")
+    )
+    return str(good) if baked else None
 
 
 class Cluster:
@@ -205,6 +226,12 @@ class Cluster:
             return obj if ok else None
 
         return wait_for(f"{name} phase {phase}", check, timeout=timeout)
+
+    def wait_baked(self, name: str = "dsv4-flash", timeout: float = 180) -> str:
+        """The revision served, once `baked_revision` says it baked."""
+        return wait_for(
+            f"{name}'s served revision to bake", lambda: baked_revision(self.get(name)), timeout
+        )
 
     def router_formats(self, name: str = "dsv4-flash") -> list[set[str]]:
         """For every router pod (terminating ones too), the transfer-format labels of the

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from dsv4_devcluster.controlplane import ControlPlane
+from dsv4_devcluster.deployments import baked_revision
 from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION, MERGE_PATCH
 from dsv4_devcluster.process import free_port, wait_for
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
@@ -389,21 +390,15 @@ def quiet(cp: ControlPlane, seconds: float, timeout: float = 1800.0) -> float:
     return last_change - start
 
 
-def baked(status: Mapping[str, Any], engines_read: bool = True) -> bool:
-    """Ready on a revision that baked, its plan verified against what the engines report
+def baked(obj: Mapping[str, Any], engines_read: bool = True) -> bool:
+    """`baked_revision` (deployments.py), its plan verified against what the engines report
     (when the guard reads them, `engines_read`): the steady state the fleet idles in (nothing
     left that a status would show changing)."""
-    good = status.get("lastKnownGoodRevision")
     verified = not engines_read or any(
         c.get("type") == "PlanVerified" and c.get("status") == "True"
-        for c in status.get("conditions") or []
+        for c in (obj.get("status") or {}).get("conditions") or []
     )
-    return (
-        bool(good)
-        and good == status.get("currentRevision")
-        and status.get("phase") == "Ready"
-        and verified
-    )
+    return baked_revision(obj) is not None and verified
 
 
 async def until_baked(
@@ -418,7 +413,7 @@ async def until_baked(
         done = [
             d
             for d in listed.json().get("items") or []
-            if baked(d.get("status") or {}, _engines_read(d.get("spec") or {}))
+            if baked(d, _engines_read(d.get("spec") or {}))
         ]
         if len(done) == n and await _baked_events(http, namespace) >= n:
             return dict(done[0])
