@@ -64,6 +64,13 @@ CANARY_LAST_RUN = Gauge(
     "Unix time of the last completed canary run.",
     list(SCOPE),
 )
+CANARY_SLOT_WAIT = Histogram(
+    "dsv4_canary_slot_wait_seconds",
+    "Seconds a due canary run waited for a slot (DSV4_GUARD_CANARIES_AT_ONCE runs in flight "
+    "across all deployments): waits near spec.guard.canary.interval mean the canaries fall "
+    "behind their schedule.",
+    buckets=(0.01, 0.1, 1, 5, 15, 30, 60, 120, 300, 600),
+)
 ROLLBACKS = Counter("dsv4_rollbacks", "Automatic rollbacks by reason.", [*SCOPE, "reason"])
 OOM_EVENTS = Counter(
     "dsv4_oom_events", "Engine OOM events by role and kind.", [*SCOPE, "role", "kind"]

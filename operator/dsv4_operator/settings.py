@@ -111,11 +111,13 @@ class OperatorSettings(BaseSettings):
     )
 
     guard_canaries_at_once: int = Field(
-        default=16,
+        default=64,
         ge=1,
         description="Canary runs in flight at once across all deployments; the others wait "
         "their turn (each deployment's runs are spread over its interval by a phase fixed by "
-        "its name, docs/guard.md).",
+        "its name, docs/guard.md). A run holds a slot as long as the engine takes to answer "
+        "its rounds: keep it above deployments x run seconds / interval seconds "
+        "(dsv4_canary_slot_wait_seconds shows runs waiting).",
     )
 
     leader_election: bool = Field(

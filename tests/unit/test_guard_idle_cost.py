@@ -10,6 +10,7 @@ import itertools
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus, GuardStatus
@@ -120,6 +121,36 @@ async def test_at_most_canaries_at_once_run_together_across_deployments() -> Non
         await guards.close()
     assert most == 3
     assert all(guards.observations.snapshot(("ns", f"d{i}")) is not None for i in range(12))
+
+
+@pytest.mark.looptime  # the loop's clock is virtual: the waits are exact
+async def test_a_canary_run_waiting_for_a_slot_is_measured() -> None:
+    """Runs of 10 s, 2 at once, 6 due together: they wait 0, 0, 10, 10, 20 and 20 s, which
+    dsv4_canary_slot_wait_seconds shows (the guard behind its schedule, for an operator to
+    raise DSV4_GUARD_CANARIES_AT_ONCE or the interval)."""
+
+    async def runner(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+        await asyncio.sleep(10)
+        return CanaryRun({"clean": 4})
+
+    def sample(suffix: str, **labels: str) -> float:
+        value = REGISTRY.get_sample_value(f"dsv4_canary_slot_wait_seconds_{suffix}", labels)
+        return value or 0.0
+
+    before = {s: sample(s) for s in ("count", "sum")}
+    at_once = {s: sample("bucket", le=s) for s in ("0.01", "15.0")}
+    guards = GuardSupervisor(
+        _SettledReader(), Observations(), wake=lambda key: None, runner=runner, canaries_at_once=2
+    )
+    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
+    try:
+        await asyncio.gather(*(guards._round(("ns", f"w{i}"), spec) for i in range(6)))
+    finally:
+        await guards.close()
+    assert sample("count") - before["count"] == 6
+    assert sample("sum") - before["sum"] == pytest.approx(60.0, abs=0.1)
+    assert sample("bucket", le="0.01") - at_once["0.01"] == 2  # the first two
+    assert sample("bucket", le="15.0") - at_once["15.0"] == 4  # and the two after 10 s
 
 
 @pytest.mark.looptime  # the loop's clock is virtual: the slots are reached exactly

@@ -29,6 +29,7 @@ PROCESS_FAMILIES = {
     "dsv4_watch_errors_total",
     "dsv4_leader",
     "dsv4_events_total",
+    "dsv4_canary_slot_wait_seconds",  # the operator-wide bound, DSV4_GUARD_CANARIES_AT_ONCE
 }
 
 

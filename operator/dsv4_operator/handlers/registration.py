@@ -17,6 +17,7 @@ from dsv4_operator.handlers import admission
 from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.reconcile.dry_run import refused_children
 from dsv4_operator.runtime.logs import configure_logging
+from dsv4_operator.runtime.open_files import raise_open_files_limit
 from dsv4_operator.runtime.webhook import webhook_server
 from dsv4_operator.runtime.wiring import Operator, build_operator
 from dsv4_operator.settings import OperatorSettings, unknown_settings
@@ -81,6 +82,7 @@ def run(op: OperatorSettings) -> None:
     configure_logging(op)
     for warning in unknown_settings(os.environ):
         log.warning(warning)
+    raise_open_files_limit()
     namespaces = op.namespace_list
     # On uvloop, as `kopf run` does: the guard's reads and canaries are many small requests,
     # and asyncio's own loop and transports were a tenth of an idle operator's CPU.

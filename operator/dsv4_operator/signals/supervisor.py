@@ -105,7 +105,7 @@ class GuardSupervisor:
         runner: CanaryRunner | None = None,
         http: GuardHttp | None = None,
         policy: TrustPolicy | None = None,
-        canaries_at_once: int = 16,
+        canaries_at_once: int = 64,
         bisector: Bisector | None = None,
     ) -> None:
         """`http`: the operator's clients (made here, and closed by `close`, when not given);
@@ -350,7 +350,10 @@ class GuardSupervisor:
         if spec.guard.canary.enabled and revision and status.phase in SETTLED_PHASES:
             endpoint = spec.guard.canary.endpoint or default_endpoint(name, namespace, spec)
             model = spec.model.served_name or spec.model.profile
+            clock = asyncio.get_running_loop()
+            due = clock.time()
             async with self._canary_slots:
+                metrics.CANARY_SLOT_WAIT.observe(clock.time() - due)
                 await self._canary(key, spec, revision, endpoint, model)
         self.wake(key)
         return True
