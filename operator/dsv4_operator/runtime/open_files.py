@@ -1,10 +1,11 @@
 """The open-files limit the operator raises at start: every canary session holds a socket.
 
 A canary run holds one connection per session (9 per decode DP rank by default, up to 64),
-and DSV4_GUARD_CANARIES_AT_ONCE runs may be in flight across all deployments; a soft limit of
-1024 (containerd 2.0's default for containers) would fail connections with EMFILE, and the
-guard would count its own limit as the engines' errors. The hard limit is the ceiling an
-unprivileged process may raise its soft limit to, as Go's runtime does at start.
+and DSV4_GUARD_CANARIES_AT_ONCE runs may be in flight across all deployments. containerd 2.x
+no longer sets LimitNOFILE (containerd/containerd#8924), so containers get systemd's 1024
+soft / 524288 hard (moby/moby#51485); at 1024 connections would fail with EMFILE, and the
+guard would count its own limit as the engines' errors. A process may raise its soft limit
+up to the hard one unprivileged, as Go's runtime does at start since 1.19.
 """
 
 from __future__ import annotations
