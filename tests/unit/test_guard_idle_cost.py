@@ -15,11 +15,11 @@ from prometheus_client import REGISTRY
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus, GuardStatus
 from dsv4_operator.api.times import Duration, Timestamp
-from dsv4_operator.guard.observations import Observations
+from dsv4_operator.guard.observations import Key, Observations
 from dsv4_operator.guard.taps import TrafficDeltas
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import GuardReason, GuardResult
-from dsv4_operator.signals.canary_runner import CanaryRun
+from dsv4_operator.signals.canary_runner import CanaryRun, CanaryRunner
 from dsv4_operator.signals.engine import EngineReader
 from dsv4_operator.signals.supervisor import (
     GuardSupervisor,
@@ -100,6 +100,24 @@ class _SettledReader:
         return True
 
 
+async def _rounds_at_once(runner: CanaryRunner, at_once: int, keys: list[Key]) -> Observations:
+    """One canary round for each of `keys`, all due together, `at_once` slots between them;
+    what the guard observed."""
+    guards = GuardSupervisor(
+        _SettledReader(),
+        Observations(),
+        wake=lambda key: None,
+        runner=runner,
+        canaries_at_once=at_once,
+    )
+    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
+    try:
+        await asyncio.gather(*(guards._round(key, spec) for key in keys))
+    finally:
+        await guards.close()
+    return guards.observations
+
+
 async def test_at_most_canaries_at_once_run_together_across_deployments() -> None:
     in_flight = most = 0
 
@@ -111,16 +129,10 @@ async def test_at_most_canaries_at_once_run_together_across_deployments() -> Non
         in_flight -= 1
         return CanaryRun({"clean": 4})
 
-    guards = GuardSupervisor(
-        _SettledReader(), Observations(), wake=lambda key: None, runner=runner, canaries_at_once=3
-    )
-    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
-    try:
-        await asyncio.gather(*(guards._round(("ns", f"d{i}"), spec) for i in range(12)))
-    finally:
-        await guards.close()
+    keys = [("ns", f"d{i}") for i in range(12)]
+    observed = await _rounds_at_once(runner, 3, keys)
     assert most == 3
-    assert all(guards.observations.snapshot(("ns", f"d{i}")) is not None for i in range(12))
+    assert all(observed.snapshot(key) is not None for key in keys)
 
 
 @pytest.mark.looptime  # the loop's clock is virtual: the waits are exact
@@ -139,14 +151,7 @@ async def test_a_canary_run_waiting_for_a_slot_is_measured() -> None:
 
     before = {s: sample(s) for s in ("count", "sum")}
     at_once = {s: sample("bucket", le=s) for s in ("0.01", "15.0")}
-    guards = GuardSupervisor(
-        _SettledReader(), Observations(), wake=lambda key: None, runner=runner, canaries_at_once=2
-    )
-    spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
-    try:
-        await asyncio.gather(*(guards._round(("ns", f"w{i}"), spec) for i in range(6)))
-    finally:
-        await guards.close()
+    await _rounds_at_once(runner, 2, [("ns", f"w{i}") for i in range(6)])
     assert sample("count") - before["count"] == 6
     assert sample("sum") - before["sum"] == pytest.approx(60.0, abs=0.1)
     assert sample("bucket", le="0.01") - at_once["0.01"] == 2  # the first two
