@@ -557,8 +557,18 @@ def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
     """Engines whose KV pool holds 8 tokens, less than any one request (the double reports that
     capacity), under steady traffic: `sglang:token_usage` stays at 1 and DSV4KVPoolPressure
     fires with the labels the ServiceMonitor's relabelling gives; with the pool back to the
-    plan's, it resolves."""
-    tiny_pool = {"engine.env": [{"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": "8"}]}
+    plan's, it resolves.
+
+    Requests are held ~1 s (the double's default 0.2 s): the usage gauge is read at each
+    scrape, and `for:` restarts on one scrape that finds all four clients between requests
+    (at 0.2 s that is a few percent of scrapes on a busy machine, enough to miss 20 in a row).
+    """
+    tiny_pool = {
+        "engine.env": [
+            {"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": "8"},
+            {"name": "DSV4_DOUBLE_LATENCY_MS", "value": "1000"},
+        ]
+    }
     _engine_env_alerts_fire_and_resolve(served, tiny_pool, ("DSV4KVPoolPressure",), {})
 
 

@@ -58,3 +58,18 @@ def test_a_late_deletion_does_not_remove_the_object_created_again_since() -> Non
     cache.fold(DSV4, "DELETED", _deployment("16", "Pending"))  # a deletion after it
     assert _phase(cache) is None
     assert changes == [("10", False), ("16", True)]
+
+
+def test_the_reply_of_a_write_made_before_a_deletion_does_not_bring_the_object_back() -> None:
+    """A pass's status write committed at 15, the object deleted at 20, the watch's deletion
+    folded in before the write's reply: the reply must not resurrect it (nothing would remove
+    it again, and the operator would go on reconciling a deleted deployment)."""
+    changes: list[tuple[str, bool]] = []
+    cache = _cache(changes)
+    cache.fold(DSV4, "ADDED", _deployment("10", "Pending"))
+    cache.fold(DSV4, "DELETED", _deployment("20", "Pending"))
+    cache.observe(_deployment("15", "Progressing"))  # the write's late reply
+    assert _phase(cache) is None
+    cache.observe(_deployment("25", "Pending"))  # created again since: kept
+    assert _phase(cache) == "Pending"
+    assert changes == [("10", False), ("20", True)]

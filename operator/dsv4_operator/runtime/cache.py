@@ -16,6 +16,7 @@ import builtins
 import contextlib
 import logging
 import sys
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ Count = Callable[[Resource], None]
 
 ERROR_BACKOFF_MAX = 60.0
 ABSENT_RECHECK_SECONDS = 300.0
+# Deletions remembered per kind (the newest), for `observe` (see `_Store.gone`).
+TOMBSTONES_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,24 @@ class _Store:
 
     objects: dict[Key, Obj] = field(default_factory=dict)
     by_owner: dict[Key, set[Key]] = field(default_factory=dict)
+    # Deleted keys -> the deletion's resourceVersion. The reply to a write sent before a
+    # deletion may reach `observe` after the watch delivered the deletion: it must not put
+    # the object back, since no event would ever remove it again (a deleted DSV4Deployment
+    # kept in the cache was reconciled on, and kept its DSV4Model in use).
+    gone: OrderedDict[Key, str] = field(default_factory=OrderedDict)
+
+    def bury(self, key: Key, version: str | None) -> None:
+        if version is None:
+            return
+        self.gone[key] = version
+        self.gone.move_to_end(key)
+        while len(self.gone) > TOMBSTONES_MAX:
+            self.gone.popitem(last=False)
+
+    def buried_since(self, key: Key, version: str | None) -> bool:
+        """Whether `key` was deleted at or after `version` (a reply older than its deletion)."""
+        deleted = self.gone.get(key)
+        return deleted is not None and not _newer(version, deleted)
 
     @staticmethod
     def _owner(obj: Obj) -> Key | None:
@@ -98,6 +119,7 @@ class _Store:
 
     def put(self, obj: Obj) -> Obj | None:
         key = _key(obj)
+        self.gone.pop(key, None)  # here again (created since, or a relist has it)
         old = self.objects.get(key)
         if old is not None:
             self._unindex(key, old)
@@ -222,8 +244,11 @@ class WatchCache:
         if res is None or not obj.get("metadata"):
             return
         store = self._stores[res]
-        cached = store.objects.get(_key(obj))
+        key = _key(obj)
+        cached = store.objects.get(key)
         version = obj["metadata"].get("resourceVersion")
+        if cached is None and store.buried_since(key, version):
+            return  # the reply to a write made before a deletion the watch already brought
         if cached is None or _newer(version, cached["metadata"].get("resourceVersion")):
             store.put(_trim(obj, res))
 
@@ -354,7 +379,9 @@ class WatchCache:
             last["metadata"].get("resourceVersion"), cached["metadata"].get("resourceVersion")
         ):
             return  # the deletion of an object the operator has created again since
-        if self._stores[res].pop(key) is not None:
+        store = self._stores[res]
+        if store.pop(key) is not None:
+            store.bury(key, last["metadata"].get("resourceVersion"))
             self._notify(res, last, deleted=True)
 
     def _replace(self, res: Resource, ns: str | None, listed: set[Key]) -> None:
