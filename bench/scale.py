@@ -133,6 +133,8 @@ def operator_counts(operator: OperatorProcess) -> dict[str, float]:
                 key = f"{kind} {s.labels['verb']} {s.labels['resource']}"
             elif s.name in ("dsv4_reconciles_total", "dsv4_canary_responses_total"):
                 key = s.name
+            elif s.name == "dsv4_canary_runs_total":  # by who ran them: tap or operator
+                key = f"{s.name} {s.labels['runner']}"
             else:
                 continue
             out[key] = out.get(key, 0.0) + s.value
@@ -161,6 +163,9 @@ class Plan:
     profile: Path | None = None  # py-spy's folded stacks of the idle operator go here
     # The guard's sources left on; the others get `enabled: false` (what each one costs).
     sources: tuple[str, ...] = ("canary", "tap", "engine")
+    # Who runs the canary: "tap" (the default spec: the router pods' taps, asked by the
+    # operator) or "operator" (canary.endpoint set: the operator runs every request).
+    canary_on: str = "tap"
 
 
 @dataclass
@@ -175,6 +180,7 @@ class Figures:
     # requests and reads whatever the operator's code, so operator / doubles is a figure that
     # holds across runs on a machine whose speed varies (a shared VM).
     fleet_cpu_s: float = 0.0
+    taps_cpu_s: float = 0.0  # of fleet_cpu_s, the taps' (they run the canary by default)
     rss_mb: float = 0.0
     idle_calls: dict[str, float] = field(default_factory=dict)
     canary_runs: float = 0.0
@@ -303,7 +309,9 @@ async def run_fleet(
             with_sources(
                 guarded(
                     d,
-                    engines.canary_endpoint(d["metadata"]["name"]),
+                    engines.canary_endpoint(d["metadata"]["name"])
+                    if plan.canary_on == "operator"
+                    else None,
                     plan.canary_interval,
                     plan.bake_time,
                     plan.confidence,
@@ -340,8 +348,7 @@ async def run_fleet(
         figures.baked_s = time.monotonic() - start
         say(n, f"all baked {figures.baked_s:.1f}s after creation")
         await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
-        fleet = [d.process.pid for d in engines.doubles] + [t.pid for t in engines.taps]
-        await idle_with(plan, figures, cp, operator, baked, fleet)
+        await idle_with(plan, figures, cp, operator, baked, engines)
     finally:
         operator.stop()
     if plan.without:
@@ -394,19 +401,21 @@ async def idle_with(
     cp: ControlPlane,
     operator: OperatorProcess,
     one: dict[str, Any],
-    fleet: list[int],
+    engines: FleetEngines,
 ) -> None:
     """The idle window with the operator: its cost, and what it and the API server did."""
     assert operator.proc is not None
     pid, server = operator.proc.pid, apiserver_pid(cp)
     ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
-    fleet_cpu = sum(cpu_seconds(p) for p in fleet)
+    doubles, taps = [d.process.pid for d in engines.doubles], [t.pid for t in engines.taps]
+    doubles_cpu, taps_cpu = sum(map(cpu_seconds, doubles)), sum(map(cpu_seconds, taps))
     spy = profiler(plan, pid, "idle")
     await asyncio.sleep(plan.idle)
     stop_profiler(spy)
     figures.idle_cpu_s = cpu_seconds(pid) - cpu
-    figures.fleet_cpu_s = sum(cpu_seconds(p) for p in fleet) - fleet_cpu
+    figures.taps_cpu_s = sum(map(cpu_seconds, taps)) - taps_cpu
+    figures.fleet_cpu_s = sum(map(cpu_seconds, doubles)) - doubles_cpu + figures.taps_cpu_s
     figures.server_cpu_with_s = cpu_seconds(server) - server_cpu
     figures.rss_mb = rss_mb(pid)
     figures.idle_calls = delta(operator_counts(operator), ops)
@@ -465,14 +474,16 @@ def total(calls: dict[str, float]) -> str:
 def table(rows: list[Figures], plan: Plan) -> str:
     lines = [
         f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
-        f"{plan.bake_time}; guard sources {', '.join(plan.sources)}; CPU in % of one core "
-        "over the window",
+        f"{plan.bake_time}; guard sources {', '.join(plan.sources)}; canary run by the "
+        f"{'taps' if plan.canary_on == 'tap' else 'operator'}; CPU in % of one core over the "
+        "window",
         "",
-        "| N | operator CPU idle (vs the doubles') | RSS | writes idle (verb resource) "
+        "| N | operator CPU idle (vs the doubles') | taps' CPU idle | RSS "
+        "| writes idle (verb resource) "
         "| reads idle | canary runs idle (due) | API server requests idle (our kinds) "
         "| API server CPU with, with again vs without (mean of the two with) "
         "| children: operator vs plain apply | start-up: first / all reconciled |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in rows:
         with_mean = (f.server_cpu_with_s + f.server_cpu_with_again_s) / 2
@@ -487,7 +498,8 @@ def table(rows: list[Figures], plan: Plan) -> str:
         )
         lines.append(
             f"| {f.n} | {100 * f.idle_cpu_s / plan.idle:.1f}% "
-            f"({f.idle_cpu_s / max(f.fleet_cpu_s, 0.01):.2f}x) | {f.rss_mb:.0f} MiB "
+            f"({f.idle_cpu_s / max(f.fleet_cpu_s, 0.01):.2f}x) "
+            f"| {100 * f.taps_cpu_s / plan.idle:.1f}% | {f.rss_mb:.0f} MiB "
             f"| {total(f.calls('write'))} | {total(f.calls('read'))} "
             f"| {f.canary_runs:.0f} ({f.canary_runs_due:.0f}) | {by_verb(f.server_requests)} "
             f"| {server} "
@@ -537,10 +549,19 @@ def main() -> int:
         help="the guard's sources left on (canary always: the fleet bakes on it); "
         "e.g. --sources canary for the canary's cost alone",
     )
+    parser.add_argument(
+        "--canary-on",
+        choices=("tap", "operator"),
+        default="tap",
+        help="who runs the canary: the router pods' taps (the default spec) or the operator "
+        "(canary.endpoint set)",
+    )
     args = parser.parse_args()
     sources = tuple(s.strip() for s in args.sources.split(",") if s.strip())
     if "canary" not in sources or not set(sources) <= {"canary", "tap", "engine"}:
         parser.error("--sources: canary, and any of tap and engine (comma-separated)")
+    if args.canary_on == "tap" and "tap" not in sources:
+        parser.error("--canary-on tap needs the tap on (--sources canary,tap,...)")
     if args.profile is not None:
         if shutil.which("py-spy") is None:
             parser.error("--profile needs py-spy on PATH: pip install py-spy")
@@ -561,6 +582,7 @@ def main() -> int:
                 without=not args.idle_only,
                 startup=not args.idle_only,
                 sources=sources,
+                canary_on=args.canary_on,
             )
             started = time.monotonic()
             rows.append(asyncio.run(measure(plan, Path(logs))))

@@ -375,7 +375,9 @@ def _address(text: str) -> tuple[str, int]:
 
 @main.command(
     help=with_exit_codes(
-        "tap", "Run the leak tap: proxy to the router, classify tool calls, serve /metrics."
+        "tap",
+        "Run the leak tap: proxy to the router, classify tool calls, serve /metrics, run "
+        "the operator's canary against the router when asked.",
     )
 )
 @click.option("--upstream", required=True, help="The router's URL, e.g. http://127.0.0.1:8000.")
@@ -401,8 +403,22 @@ def _address(text: str) -> tuple[str, int]:
     help="Processes relaying on the same port, each with its own classifier (one event loop "
     "relays about 17,000 chunks/s on 0.6 of a core); /metrics sums them.",
 )
+@click.option(
+    "--canary-runs-at-once",
+    type=click.IntRange(0, 64),
+    default=1,
+    show_default=True,
+    help="Canary runs the operator may ask of this tap at a time (POST /canary on the "
+    "metrics address, against --upstream); 0 serves none.",
+)
 def tap(
-    upstream: str, listen: str, metrics: str, deployment: str, namespace: str | None, workers: int
+    upstream: str,
+    listen: str,
+    metrics: str,
+    deployment: str,
+    namespace: str | None,
+    workers: int,
+    canary_runs_at_once: int,
 ) -> None:
     import logging
     import tempfile
@@ -415,7 +431,12 @@ def tap(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     name, namespace = _tap_scope(deployment, namespace)
-    config = TapConfig(upstream.rstrip("/"), deployment=name, namespace=namespace)
+    config = TapConfig(
+        upstream.rstrip("/"),
+        deployment=name,
+        namespace=namespace,
+        canary_runs_at_once=canary_runs_at_once,
+    )
     try:
         config.router_address()
     except ValueError as exc:

@@ -64,6 +64,12 @@ CANARY_LAST_RUN = Gauge(
     "Unix time of the last completed canary run.",
     list(SCOPE),
 )
+CANARY_RUNS = Counter(
+    "dsv4_canary_runs",
+    "Canary runs by where they ran: `tap` (asked of a router pod's leak tap, against the "
+    "router beside it) or `operator` (canary.endpoint set, no tap, or the tap did not run it).",
+    [*SCOPE, "runner"],
+)
 CANARY_SLOT_WAIT = Histogram(
     "dsv4_canary_slot_wait_seconds",
     "Seconds a due canary run waited for a slot (DSV4_GUARD_CANARIES_AT_ONCE runs in flight "
@@ -138,6 +144,7 @@ PER_DEPLOYMENT = (
     WINDOW_LEAKS,
     CANARY_RESPONSES,
     CANARY_LAST_RUN,
+    CANARY_RUNS,
     ROLLBACKS,
     OOM_EVENTS,
     GUARD_OUTCOME,
@@ -156,7 +163,7 @@ PER_DEPLOYMENT = (
 # The series each guard source exports (signals/supervisor.py): retired when the source is
 # switched off, so an alert on them (DSV4CanaryNotRunning, DSV4LeakTapUnreachable) resolves.
 SOURCE_SERIES: dict[str, tuple[Counter | Gauge, ...]] = {
-    "canary": (CANARY_LAST_RUN, CANARY_RESPONSES),
+    "canary": (CANARY_LAST_RUN, CANARY_RESPONSES, CANARY_RUNS),
     "tap": (TAPS_UNREACHABLE, TRAFFIC_UNATTRIBUTED),
     "engine": (ENGINES_UNREACHABLE,),
 }

@@ -142,13 +142,16 @@ class TapProcess:
 
 
 @contextlib.asynccontextmanager
-async def running_tap(upstream_url: str, workers: int = 1) -> AsyncIterator[TapProcess]:
-    """`dsv4 tap --workers N` (deployment "d") in front of `upstream_url`, once it serves."""
+async def running_tap(
+    upstream_url: str, workers: int = 1, *options: str
+) -> AsyncIterator[TapProcess]:
+    """`dsv4 tap --workers N` (deployment "d") in front of `upstream_url`, once it serves;
+    `options`: more of the CLI's."""
     port, metrics = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", upstream_url,
         "--listen", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{metrics}",
-        "--deployment", "d", "--workers", str(workers),
+        "--deployment", "d", "--workers", str(workers), *options,
     )  # fmt: skip
     tap = TapProcess(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics")
     try:

@@ -42,6 +42,10 @@ def test_an_idle_fleet_with_every_guard_running_writes_nothing(tmp_path: Path) -
     # falls behind, so at least one each on average).
     assert figures.canary_runs >= DEPLOYMENTS, figures
     assert figures.idle_calls.get("dsv4_reconciles_total", 0) > 0, figures  # passes still ran
+    # The default spec's canary is run by the router pods' taps (`dsv4 tap`, POST /canary),
+    # never by the operator itself while they answer.
+    assert figures.idle_calls.get("dsv4_canary_runs_total tap", 0) >= DEPLOYMENTS, figures
+    assert figures.idle_calls.get("dsv4_canary_runs_total operator", 0) == 0, figures
     writes, reads = figures.calls("write"), figures.calls("read")
     # The one read by design: whether the ServiceMonitor API appeared, every 5 min (cache.py).
     reads.pop("get discovery", None)

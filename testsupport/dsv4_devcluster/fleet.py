@@ -5,8 +5,9 @@ kwok runs no container and gives pods made-up IPs, so a guard at scale would rea
 Here the engine pods of every deployment get the address of one engine double per role (the
 double serves many deployments: it is started with the argv and env the operator renders for
 that role, so the plan check passes), every router pod gets the address of a `dsv4 tap` (its
-/metrics on the tap port, as the router pod's sidecar serves it), and every deployment's
-canary probes a double of its own address (the decode engine's argv). `spread` > 1 runs that
+/metrics and /canary on the tap port, as the router pod's sidecar serves them, in front of a
+decode double), and a deployment whose canary names an endpoint probes a double of its own
+address (the decode engine's argv); one that names none has the tap run it. `spread` > 1 runs that
 many of each, deployments assigned by a hash of their name, so the doubles keep up at N=1,000.
 
     with FleetEngines(rendered_docs, capabilities, log_dir, spread=2) as engines:
@@ -64,16 +65,20 @@ def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 def guarded(
     doc: dict[str, Any],
-    endpoint: str,
+    endpoint: str | None,
     interval: str,
     bake_time: str,
     confidence: float | None = None,
 ) -> dict[str, Any]:
-    """`doc` (a DSV4Deployment) with its canary at `endpoint` every `interval`, baking after
-    `bake_time`, a Pass at leakRate `confidence` if given; every other guard setting (tap,
-    engines, thresholds) is the default."""
+    """`doc` (a DSV4Deployment) with its canary every `interval` at `endpoint` (None: the
+    default, the router; a router pod's tap runs it), baking after `bake_time`, a Pass at
+    leakRate `confidence` if given; every other guard setting (tap, engines, thresholds) is
+    the default."""
     guard = doc["spec"].setdefault("guard", {})
-    guard.setdefault("canary", {}).update({"endpoint": endpoint, "interval": interval})
+    canary = guard.setdefault("canary", {})
+    canary["interval"] = interval
+    if endpoint is not None:
+        canary["endpoint"] = endpoint
     guard["bakeTime"] = bake_time
     if confidence is not None:
         guard.setdefault("leakRate", {})["confidence"] = confidence
@@ -139,6 +144,8 @@ class FleetEngines:
                 "--listen", f"{ip}:{free_port()}",
                 "--metrics", f"{ip}:{TAP_METRICS_PORT}",
                 "--deployment", "fleet", "--namespace", "fleet",
+                # One tap stands in for many deployments' router pods: each asks its runs.
+                "--canary-runs-at-once", "64",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

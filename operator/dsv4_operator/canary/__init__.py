@@ -5,5 +5,6 @@ the leak detector (`leak/`).
 - `transport`: model discovery, one request, which failures are retried, the typed errors;
 - `report`: records, session results, the per-response and per-session leak rates;
 - `harness`: `run_canary`;
+- `remote`: a run asked of a router pod's leak tap (`POST /canary`), both sides;
 - `cli`: `dsv4 probe`.
 """

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.engine.canary_load import canary_load
-from dsv4_operator.leak.verdict import VerdictKind
 from dsv4_operator.names import router_url
 
 if TYPE_CHECKING:  # the harness is imported on the first run (it brings the classifier)
+    from dsv4_operator.canary.remote import Poster
     from dsv4_operator.canary.transport import Exchanges
 
 
@@ -43,6 +43,8 @@ def probe_runner(client: Exchanges) -> CanaryRunner:
 
         canary = spec.guard.canary
         # A new seed each run: fresh prompts, so runs are independent samples.
+        from dsv4_operator.canary.remote import RunCounts
+
         report = await run_canary(
             client,
             endpoint,
@@ -51,7 +53,33 @@ def probe_runner(client: Exchanges) -> CanaryRunner:
             rounds=canary.rounds,
             seed=random.randrange(1 << 30),
         )
-        failed = (r.verdict.reason for r in report.records if r.verdict.kind == VerdictKind.ERROR)
-        return CanaryRun({str(k): int(v) for k, v in report.counts.items()}, next(failed, None))
+        counts = RunCounts.of(report)
+        return CanaryRun(counts.counts, counts.first_error)
 
     return run
+
+
+def tap_canary_runner(client: Poster) -> CanaryRunner:
+    """The canary run by a router pod's leak tap against the router beside it
+    (canary/remote.py): one request of the operator's per run instead of every session's.
+    `endpoint` is the tap's `http://pod-ip:port`; raises TapCanaryUnavailable when the tap did
+    not run it (the caller then runs it itself)."""
+
+    async def run(tap: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
+        from dsv4_operator.canary.remote import RunRequest, run_on_tap
+
+        asked = RunRequest(
+            model=model, sessions=canary_load(spec).sessions, rounds=spec.guard.canary.rounds
+        )
+        counts = await run_on_tap(client, tap, asked)
+        return CanaryRun(counts.counts, counts.first_error)
+
+    return run
+
+
+def runs_on_tap(spec: DSV4DeploymentSpec) -> bool:
+    """Whether a router pod's tap can run this spec's canary: it probes the router (no
+    canary.endpoint), and the router pods carry the tap (on, read at the pods, not at
+    tap.metricsEndpoints)."""
+    guard = spec.guard
+    return guard.canary.endpoint is None and guard.tap.enabled and not guard.tap.metrics_endpoints

@@ -61,9 +61,18 @@ class AiohttpExchanges:
         self._session: aiohttp.ClientSession | None = None
 
     async def reply(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        timeout: float,
+        *,
+        connect: float | None = None,
     ) -> tuple[int, bytes, str | None]:
-        """The reply's status, whole body and charset (None when it names none)."""
+        """The reply's status, whole body and charset (None when it names none). `timeout`
+        bounds connecting and each wait for bytes; `connect`, if given, connecting alone (a
+        tap's canary run answers after tens of seconds, a dead pod should fail in seconds)."""
         if self._session is None:  # made on the first request, inside the running loop
             connector = (
                 aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S)
@@ -73,7 +82,8 @@ class AiohttpExchanges:
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar()
             )
-        limits = aiohttp.ClientTimeout(connect=timeout, sock_connect=timeout, sock_read=timeout)
+        connect = timeout if connect is None else connect
+        limits = aiohttp.ClientTimeout(connect=connect, sock_connect=connect, sock_read=timeout)
         with as_httpx(lambda: httpx.Request(method, url)):
             async with self._session.request(
                 method, url, data=body, headers=headers, allow_redirects=False, timeout=limits
@@ -81,9 +91,16 @@ class AiohttpExchanges:
                 return reply.status, await reply.read(), reply.charset
 
     async def exchange(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str], timeout: float
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        timeout: float,
+        *,
+        connect: float | None = None,
     ) -> tuple[int, bytes]:
-        status, content, _ = await self.reply(method, url, body, headers, timeout)
+        status, content, _ = await self.reply(method, url, body, headers, timeout, connect=connect)
         return status, content
 
     async def aclose(self) -> None:
@@ -96,10 +113,10 @@ class PodPages:
     besides the canary: one request each, no connection kept."""
 
     def __init__(self, tls: ssl.SSLContext) -> None:
-        self._exchanges = AiohttpExchanges(tls, keep=False)
+        self.exchanges = AiohttpExchanges(tls, keep=False)  # also a tap's canary runs
 
     async def text(self, url: str, timeout: float) -> str:
-        status, body, charset = await self._exchanges.reply("GET", url, None, {}, timeout)
+        status, body, charset = await self.exchanges.reply("GET", url, None, {}, timeout)
         if not 200 <= status < 300:  # as httpx's raise_for_status: a redirect is not a page
             request = httpx.Request("GET", url)
             raise httpx.HTTPStatusError(
@@ -111,7 +128,7 @@ class PodPages:
             return body.decode("utf-8", errors="replace")
 
     async def aclose(self) -> None:
-        await self._exchanges.aclose()
+        await self.exchanges.aclose()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import random
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus, Phase, parse_status
 from dsv4_operator.api.times import Duration
+from dsv4_operator.canary.remote import TapCanaryUnavailable
 from dsv4_operator.guard.observations import CANARY, ENGINE, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.taps import (
     Serving,
@@ -48,7 +50,14 @@ from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.series import scope_labels
 from dsv4_operator.signals.bisector import Bisector
-from dsv4_operator.signals.canary_runner import CanaryRunner, default_endpoint, probe_runner
+from dsv4_operator.signals.canary_runner import (
+    CanaryRun,
+    CanaryRunner,
+    default_endpoint,
+    probe_runner,
+    runs_on_tap,
+    tap_canary_runner,
+)
 from dsv4_operator.signals.engine import EngineReader
 from dsv4_operator.signals.http import GuardHttp, HttpxPages, Pages
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
@@ -62,6 +71,7 @@ from dsv4_operator.trust import (
 
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
+CANARY_TAP = "canary-tap"  # the logged-once key of a tap that did not run the canary
 # An idle source (its last read found nothing new) is read ever less often, up to this far
 # apart, or its interval if longer (docs/guard.md, "An idle source is read less often").
 IDLE_READS_AT_MOST_EVERY = 30.0
@@ -107,6 +117,7 @@ class GuardSupervisor:
         policy: TrustPolicy | None = None,
         canaries_at_once: int = 64,
         bisector: Bisector | None = None,
+        tap_runner: CanaryRunner | None = None,
     ) -> None:
         """`http`: the operator's clients (made here, and closed by `close`, when not given);
         `canaries_at_once`: how many canary runs may be in flight across all deployments."""
@@ -114,6 +125,11 @@ class GuardSupervisor:
         self._own_http = http is None
         self.clients = http or GuardHttp.create()
         self.runner = runner or probe_runner(self.clients.canary)
+        # A router pod's tap runs the canary where it can (signals/canary_runner.py); a test
+        # that gives its own `runner` and no `tap_runner` keeps every run on `runner`.
+        self.tap_runner = tap_runner
+        if tap_runner is None and runner is None:
+            self.tap_runner = tap_canary_runner(self.clients.pods.exchanges)
         self._canary_slots = asyncio.Semaphore(canaries_at_once)
         # The last failure logged, per deployment and source.
         self._said: dict[tuple[Key, str], str] = {}
@@ -271,13 +287,19 @@ class GuardSupervisor:
         to read them with."""
         if spec.guard.tap.metrics_endpoints:
             return self.spec_pages, list(spec.guard.tap.metrics_endpoints)
+        return self.pod_http, [tap + "/metrics" for tap in await self._router_taps(key)]
+
+    async def _router_taps(self, key: Key) -> list[str]:
+        """Each running router pod's tap, `http://pod-ip:port` (its /metrics and /canary)."""
         namespace, name = key
         listed = await self.client.list(
             POD, namespace, {DEPLOYMENT_LABEL: name, ROLE_LABEL: ROUTER}
         )
         pods = [PodView.of(pod) for pod in listed]
-        return self.pod_http, sorted(
-            pod_url(pod.ip, TAP_METRICS_PORT) for pod in pods if pod.phase == "Running" and pod.ip
+        return sorted(
+            pod_url(pod.ip, TAP_METRICS_PORT, "")
+            for pod in pods
+            if pod.phase == "Running" and pod.ip
         )
 
     async def _tap_round(self, key: Key, spec: DSV4DeploymentSpec) -> bool:
@@ -350,21 +372,52 @@ class GuardSupervisor:
         if spec.guard.canary.enabled and revision and status.phase in SETTLED_PHASES:
             endpoint = spec.guard.canary.endpoint or default_endpoint(name, namespace, spec)
             model = spec.model.served_name or spec.model.profile
+            taps = await self._router_taps(key) if self.tap_runner and runs_on_tap(spec) else []
             clock = asyncio.get_running_loop()
             due = clock.time()
             async with self._canary_slots:
                 metrics.CANARY_SLOT_WAIT.observe(clock.time() - due)
-                await self._canary(key, spec, revision, endpoint, model)
+                await self._canary(key, spec, revision, endpoint, model, taps)
         self.wake(key)
         return True
 
+    async def _run_canary(
+        self, key: Key, spec: DSV4DeploymentSpec, endpoint: str, model: str, taps: list[str]
+    ) -> CanaryRun:
+        """A router pod's tap runs it when it can (`taps`: the pods' taps, tried one, chosen
+        at random); else, or when that tap does not, the operator, against `endpoint`."""
+        if taps and self.tap_runner is not None:
+            tap = random.choice(taps)
+            try:
+                run = await self.tap_runner(tap, model, spec)
+            except TapCanaryUnavailable as error:
+                self._say(
+                    key,
+                    CANARY_TAP,
+                    f"the tap at {tap} did not run the canary ({error}); the operator runs it "
+                    f"against {endpoint}",
+                )
+            else:
+                self._said.pop((key, CANARY_TAP), None)
+                metrics.CANARY_RUNS.labels(*key, "tap").inc()
+                return run
+        run = await self.runner(endpoint, model, spec)
+        metrics.CANARY_RUNS.labels(*key, "operator").inc()
+        return run
+
     async def _canary(
-        self, key: Key, spec: DSV4DeploymentSpec, revision: str, endpoint: str, model: str
+        self,
+        key: Key,
+        spec: DSV4DeploymentSpec,
+        revision: str,
+        endpoint: str,
+        model: str,
+        taps: list[str],
     ) -> None:
         """One canary run, recorded for `revision`."""
         now = datetime.now(UTC)
         try:
-            run = await self.runner(endpoint, model, spec)
+            run = await self._run_canary(key, spec, endpoint, model, taps)
         except Exception as error:  # the canary itself failed: count toward errorLimit
             # The class only: the error text may quote the reply, and status is readable
             # by anyone who can read the object.

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class TapConfig:
     deployment: str  # the DSV4Deployment's bare name
     capture_limit: int = CAPTURE_LIMIT
     namespace: str = "default"
+    canary_runs_at_once: int = 1  # the guard's runs against the router (0: no /canary)
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -138,10 +140,31 @@ class Tap:
         return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def metrics_app(tap: Tap) -> web.Application:
+def metrics_app(tap: Tap, canary: bool = True) -> web.Application:
+    """/metrics, and /canary unless `canary` is False (a worker's app: its parent serves it)."""
     app = web.Application()
     app.router.add_get("/metrics", tap.serve_metrics)
+    if canary:
+        add_canary(app, tap.config)
     return app
+
+
+def add_canary(app: web.Application, config: TapConfig) -> None:
+    """`POST /canary` (canary/remote.py): the guard's canary runs against the router, with a
+    client made once and closed with the app."""
+    if config.canary_runs_at_once < 1:
+        return
+    from dsv4_operator.canary.remote import CANARY_PATH, CanaryService
+    from dsv4_operator.signals.http import AiohttpExchanges
+
+    client = AiohttpExchanges(ssl.create_default_context(), keep=True)
+    service = CanaryService(config.upstream, client, config.canary_runs_at_once)
+    app.router.add_post(CANARY_PATH, service.handle)
+
+    async def close(_: web.Application) -> None:
+        await client.aclose()
+
+    app.on_cleanup.append(close)
 
 
 async def run_tap(
@@ -155,7 +178,7 @@ async def run_tap(
     worker of `tap.workers`, read by its parent). `ready` is called once both listen."""
     tap = Tap(config)
     await tap.start()
-    runner = web.AppRunner(metrics_app(tap))
+    runner = web.AppRunner(metrics_app(tap, canary=not isinstance(metrics, str)))
     try:
         await runner.setup()
         if isinstance(metrics, str):

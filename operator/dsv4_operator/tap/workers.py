@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from dsv4_operator.series import SCOPE
-from dsv4_operator.tap.proxy import TapConfig, run_tap
+from dsv4_operator.tap.proxy import TapConfig, add_canary, run_tap
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,7 @@ async def run_pool(
 
     app = web.Application()
     app.router.add_get("/metrics", serve_metrics)
+    add_canary(app, config)  # on the parent: one per tap, whatever the workers
     runner = web.AppRunner(app)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
