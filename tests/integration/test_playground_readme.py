@@ -111,6 +111,8 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
     assert router == ["real: sglang-router (PyPI wheel)"], kinds
     assert engines == ["stand-in: the engine test double"] * 2, kinds
     assert not pg.runner.unrunnable, pg.runner.unrunnable
+    router_pod = next(w.split("/")[1] for w in kinds if w.endswith("/router"))
+    tap_log = pg.root / "pods" / f"default_{router_pod}" / "tap.log"
     # A client in the cluster (here: in an operator pod's network) reaches the router Service
     # by name, through the tap and the real router, to the engines.
     operator_pod = sorted(w.split("/")[1] for w in kinds if w.startswith("dsv4-system/"))[0]
@@ -133,6 +135,13 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
         done = _shell(pg, command)
         assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
     assert re.search(r"Phase:\s+Succeeded", done.stdout), done.stdout  # helm test's pod
+    # The guard's canary runs in the router pod's tap, against the real router (the
+    # operator's POST /canary, docs/guard.md): the first run comes within an interval (60 s).
+    wait_for(
+        "a canary run by the router pod's tap",
+        lambda: '"POST /canary HTTP/1.1" 200' in tap_log.read_text(),
+        timeout=150,
+    )
     assert _shell(pg, uninstall).returncode == 0
 
     # What docs/install.md#uninstall says stays: the CRD, the DSV4Deployment, its engines.

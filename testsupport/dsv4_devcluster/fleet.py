@@ -5,9 +5,10 @@ kwok runs no container and gives pods made-up IPs, so a guard at scale would rea
 Here the engine pods of every deployment get the address of one engine double per role (the
 double serves many deployments: it is started with the argv and env the operator renders for
 that role, so the plan check passes), every router pod gets the address of a `dsv4 tap` (its
-/metrics and /canary on the tap port, as the router pod's sidecar serves them, in front of a
-decode double), and a deployment whose canary names an endpoint probes a double of its own
-address (the decode engine's argv); one that names none has the tap run it. `spread` > 1 runs that
+/metrics and /canary on the tap port, as the router pod's sidecar serves them), and every
+deployment's canary reaches a decode double of its own address (the decode engine's argv):
+through the tap, which runs it when the canary names no endpoint, or from the operator when it
+names that double. `spread` > 1 runs that
 many of each, deployments assigned by a hash of their name, so the doubles keep up at N=1,000.
 
     with FleetEngines(rendered_docs, capabilities, log_dir, spread=2) as engines:
@@ -159,7 +160,10 @@ class FleetEngines:
                 ("decode", self.ips["canary"][i]),  # the canary talks to a decode engine
             ):
                 self.doubles.append(self._double(role, ip).start(timeout=60))
-            upstream = f"http://{self.ips['decode'][i]}:{ENGINE_PORT}"
+            # The taps' router is the canary's double, not the engine pods' decode double:
+            # that one serves every deployment's engine reads, which would each count every
+            # other deployment's canary requests (a deployment's own engines count its own).
+            upstream = f"http://{self.ips['canary'][i]}:{ENGINE_PORT}"
             self.taps.append(self._tap(self.ips["router"][i], upstream))
         for ip in self.ips["router"]:
             wait_for(f"the tap's /metrics on {ip}", functools.partial(_serves, ip), timeout=60)
