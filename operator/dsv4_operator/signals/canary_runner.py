@@ -40,11 +40,10 @@ def probe_runner(client: Exchanges) -> CanaryRunner:
 
     async def run(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
         from dsv4_operator.canary.harness import run_canary
+        from dsv4_operator.canary.remote import RunCounts
 
         canary = spec.guard.canary
         # A new seed each run: fresh prompts, so runs are independent samples.
-        from dsv4_operator.canary.remote import RunCounts
-
         report = await run_canary(
             client,
             endpoint,
@@ -62,8 +61,8 @@ def probe_runner(client: Exchanges) -> CanaryRunner:
 def tap_canary_runner(client: Poster) -> CanaryRunner:
     """The canary run by a router pod's leak tap against the router beside it
     (canary/remote.py): one request of the operator's per run instead of every session's.
-    `endpoint` is the tap's `http://pod-ip:port`; raises TapCanaryUnavailable when the tap did
-    not run it (the caller then runs it itself)."""
+    Called with the tap's `http://pod-ip:port` where the operator's runner takes the endpoint;
+    raises TapCanaryUnavailable when the tap did not run it (the caller then runs it itself)."""
 
     async def run(tap: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
         from dsv4_operator.canary.remote import RunRequest, run_on_tap

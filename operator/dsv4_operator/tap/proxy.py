@@ -157,7 +157,8 @@ def add_canary(app: web.Application, config: TapConfig) -> None:
     from dsv4_operator.canary.remote import CANARY_PATH, CanaryService
     from dsv4_operator.signals.http import AiohttpExchanges
 
-    client = AiohttpExchanges(ssl.create_default_context(), keep=True)
+    # The router is plain HTTP in the same pod (`router_address`): no CA bundle to load.
+    client = AiohttpExchanges(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), keep=True)
     service = CanaryService(config.upstream, client, config.canary_runs_at_once)
     app.router.add_post(CANARY_PATH, service.handle)
 
