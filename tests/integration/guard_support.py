@@ -157,7 +157,8 @@ class EngineKubelet:
         env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(capabilities)
         env["DSV4_DOUBLE_SGLANG_VERSION"] = stored["data"]["spec"]["engine"]["sglangVersion"]
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
-        env["DSV4_DOUBLE_LATENCY_MS"] = "20"  # no effect on verdicts; keeps canary runs short
+        # No effect on verdicts; keeps canary runs short (unless the spec's env sets it).
+        env.setdefault("DSV4_DOUBLE_LATENCY_MS", "20")
         command = with_pair_hicache(list(container["command"]), prefill_command)
         # What a kubelet does with `$(VAR)` in a command; a group's leader is this process.
         known = {**group_env(children, self.name, "decode"), **env}

@@ -447,7 +447,7 @@ def _engine_env_alerts_fire_and_resolve(
     `alerts` fires on decode's series with the deployment's labels; `base` again, the double
     restarted without the knobs, and each resolves."""
     cluster, prom, ports, scope = _unpack(served)
-    knobs = {e["name"] for e in faulty["engine.env"]}
+    knobs = {(e["name"], e["value"]) for e in faulty["engine.env"]}
     with Traffic(f"http://127.0.0.1:{ports['tap']}"):
         cluster.apply(_spec(cluster.namespace, ports, **base, **faulty))
         for alert in alerts:
@@ -459,7 +459,7 @@ def _engine_env_alerts_fire_and_resolve(
         cluster.apply(_spec(cluster.namespace, ports, **base))
         wait_for(
             "the double without the knobs",
-            lambda: not knobs & set(served.engine.env),
+            lambda: not knobs & set(served.engine.env.items()),
             timeout=120,
         )
         for alert in alerts:
@@ -559,9 +559,9 @@ def test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves(
     fires with the labels the ServiceMonitor's relabelling gives; with the pool back to the
     plan's, it resolves.
 
-    Requests are held ~1 s (the double's default 0.2 s): the usage gauge is read at each
-    scrape, and `for:` restarts on one scrape that finds all four clients between requests
-    (at 0.2 s that is a few percent of scrapes on a busy machine, enough to miss 20 in a row).
+    Requests are held ~1 s (the stack's double answers in 20 ms): the usage gauge is read at
+    each scrape, and `for:` restarts on one scrape that finds all four clients between requests
+    (at 20 ms a few percent of scrapes on a busy machine, enough to miss 20 in a row).
     """
     tiny_pool = {
         "engine.env": [
