@@ -52,8 +52,9 @@ class RunRequest(BaseModel):
 
 @dataclass(frozen=True)
 class RunCounts:
-    """Verdict counts of one run, and why its first failed request failed (the reason only,
-    such as `HTTP 503`: never the reply's text, which status would show to its readers)."""
+    """What one canary run saw: verdict counts, and why its first failed request failed (the
+    reason only, such as `HTTP 503` or `cannot connect after 3 attempts: ConnectError`: never
+    the reply's text, since status is readable by anyone who can read the object)."""
 
     counts: dict[str, int]
     first_error: str | None = None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.canary.remote import RunCounts, RunRequest, run_on_tap
 from dsv4_operator.engine.canary_load import canary_load
 from dsv4_operator.names import router_url
 
@@ -16,15 +16,8 @@ if TYPE_CHECKING:  # the harness is imported on the first run (it brings the cla
     from dsv4_operator.canary.transport import Exchanges
 
 
-@dataclass(frozen=True)
-class CanaryRun:
-    """What one canary run saw: verdict counts, and why the first failed request failed
-    (the reason only, such as `HTTP 503` or `cannot connect after 3 attempts: ConnectError`:
-    never the reply's text, since status is readable by anyone who can read the object)."""
-
-    counts: dict[str, int]
-    first_error: str | None = None
-
+# What one canary run saw, run here or by a tap: one type for both (canary/remote.py).
+CanaryRun = RunCounts
 
 # (endpoint, served model, spec) -> one canary run
 CanaryRunner = Callable[[str, str, DSV4DeploymentSpec], Awaitable[CanaryRun]]
@@ -40,7 +33,6 @@ def probe_runner(client: Exchanges) -> CanaryRunner:
 
     async def run(endpoint: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
         from dsv4_operator.canary.harness import run_canary
-        from dsv4_operator.canary.remote import RunCounts
 
         canary = spec.guard.canary
         # A new seed each run: fresh prompts, so runs are independent samples.
@@ -52,8 +44,7 @@ def probe_runner(client: Exchanges) -> CanaryRunner:
             rounds=canary.rounds,
             seed=random.randrange(1 << 30),
         )
-        counts = RunCounts.of(report)
-        return CanaryRun(counts.counts, counts.first_error)
+        return RunCounts.of(report)
 
     return run
 
@@ -65,13 +56,11 @@ def tap_canary_runner(client: Poster) -> CanaryRunner:
     raises TapCanaryUnavailable when the tap did not run it (the caller then runs it itself)."""
 
     async def run(tap: str, model: str, spec: DSV4DeploymentSpec) -> CanaryRun:
-        from dsv4_operator.canary.remote import RunRequest, run_on_tap
 
         asked = RunRequest(
             model=model, sessions=canary_load(spec).sessions, rounds=spec.guard.canary.rounds
         )
-        counts = await run_on_tap(client, tap, asked)
-        return CanaryRun(counts.counts, counts.first_error)
+        return await run_on_tap(client, tap, asked)
 
     return run
 
