@@ -12,7 +12,7 @@ from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.resources import Resource
 from dsv4_operator.names import DEFAULT_OPERATOR_IMAGE
 from dsv4_operator.reasons import RollbackReason
-from dsv4_operator.reconcile.diff import in_place, stamped
+from dsv4_operator.reconcile.diff import to_apply
 from dsv4_operator.reconcile.world import World
 from dsv4_operator.trust import TrustPolicy
 
@@ -60,8 +60,8 @@ class Actions:
         """Queue objects that differ from the world; True when all were already in place."""
         done = True
         for obj in objs:
-            desired = stamped(obj)
-            if not in_place(desired, self.world.live(obj["kind"], obj["metadata"]["name"])):
+            desired = to_apply(obj, self.world.live(obj["kind"], obj["metadata"]["name"]))
+            if desired is not None:
                 self.decision.apply.append(desired)
                 done = False
         return done

@@ -7,20 +7,29 @@ from typing import Any
 
 from dsv4_operator.kube.objects import Obj
 from dsv4_operator.names import APPLIED_ANNOTATION
-from dsv4_operator.revisions.hashing import canonical_hash
+from dsv4_operator.revisions.hashing import canonical_json, json_hash
 
 APPLIED_HASH_LENGTH = 16
+# How many (live object version, desired content) pairs found in place are remembered: every
+# child of a thousand deployments, with room for the versions a rollout goes through.
+IN_PLACE_REMEMBERED = 16384
 
 
-def content_hash(obj: Obj) -> str:
-    return canonical_hash(obj, APPLIED_HASH_LENGTH)
-
-
-def stamped(desired: Obj) -> Obj:
-    """The desired object annotated with the hash of its own content."""
-    out: Obj = json.loads(json.dumps(desired))
-    out["metadata"].setdefault("annotations", {})[APPLIED_ANNOTATION] = content_hash(desired)
+def _stamp(canonical: str, digest: str) -> Obj:
+    # The copy is parsed from the canonical JSON the hash is of: one serialisation, not two.
+    out: Obj = json.loads(canonical)
+    out["metadata"].setdefault("annotations", {})[APPLIED_ANNOTATION] = digest
     return out
+
+
+def to_apply(desired: Obj, live: Obj | None) -> Obj | None:
+    """`desired` annotated with the hash of its own content, to apply; None when `live`
+    already carries that hash and holds every desired field (no drift)."""
+    canonical = canonical_json(desired)
+    digest = json_hash(canonical, APPLIED_HASH_LENGTH)
+    if live is not None and _holds(live, desired, digest):
+        return None
+    return _stamp(canonical, digest)
 
 
 # The merge keys of the lists the operator renders (containers, env, volumes, ports, mounts):
@@ -59,10 +68,42 @@ def _subset(want: Any, have: Any) -> bool:
     return bool(want == have or str(want) == str(have))
 
 
-def in_place(desired_stamped: Obj, live: Obj | None) -> bool:
-    """Live carries the same applied hash and still holds every desired field (no drift)."""
-    if live is None:
+class _InPlaceMemo:
+    """The (uid, resourceVersion, desired hash) triples found in place, oldest first.
+
+    A pass checks every child against its desired content, and an idle deployment's pass
+    finds the same live versions and the same content each time: the API server gives an
+    object a new resourceVersion on every change, and the hash is of the whole desired
+    object, so a triple's answer never changes. Only "in place" is kept (drift is applied,
+    which makes a new version)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._held: dict[tuple[str, str, str], None] = {}
+
+    def __contains__(self, key: tuple[str, str, str]) -> bool:
+        return key in self._held
+
+    def add(self, key: tuple[str, str, str]) -> None:
+        if len(self._held) >= self.size:
+            del self._held[next(iter(self._held))]
+        self._held[key] = None
+
+
+_IN_PLACE = _InPlaceMemo(IN_PLACE_REMEMBERED)
+
+
+def _holds(live: Obj, desired: Obj, digest: str) -> bool:
+    """`live` carries the applied hash `digest` (of `desired`) and still holds every field of
+    `desired` (no drift)."""
+    meta = live.get("metadata", {})
+    if digest != meta.get("annotations", {}).get(APPLIED_ANNOTATION):
         return False
-    want_hash = desired_stamped["metadata"]["annotations"][APPLIED_ANNOTATION]
-    have_hash = live.get("metadata", {}).get("annotations", {}).get(APPLIED_ANNOTATION)
-    return bool(want_hash == have_hash and _subset(desired_stamped, live))
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    key = (str(uid), str(version), digest) if uid and version else None
+    if key is not None and key in _IN_PLACE:
+        return True
+    held = _subset(desired, live)
+    if held and key is not None:
+        _IN_PLACE.add(key)
+    return held

@@ -22,7 +22,7 @@ from dsv4_operator.reasons import (
     WeightsReason,
     weights_event_reason,
 )
-from dsv4_operator.reconcile.diff import in_place, stamped
+from dsv4_operator.reconcile.diff import to_apply
 from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY
 from dsv4_operator.reconcile.model_world import ModelWorld
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
@@ -109,8 +109,8 @@ def _download(world: ModelWorld, ctx: ModelContext, decision: ModelDecision) -> 
     state = weights_state(world, ctx)
     if state.reason != WeightsReason.TOKEN_SECRET_MISSING and not world.deleting:
         for obj in render_weights(ctx):
-            desired = stamped(obj)
-            if not in_place(desired, world.live(obj["kind"], obj["metadata"]["name"])):
+            desired = to_apply(obj, world.live(obj["kind"], obj["metadata"]["name"]))
+            if desired is not None:
                 decision.apply.append(desired)
     for name in stale_jobs(world, ctx, state.ready):
         if world.live(JOB.kind, name) is not None:

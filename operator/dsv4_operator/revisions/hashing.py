@@ -17,10 +17,19 @@ from dsv4_operator.names import REVISION_HASH_LENGTH
 HASH_LENGTH = REVISION_HASH_LENGTH
 
 
+def canonical_json(payload: object) -> str:
+    """The canonical JSON of `payload`: sorted keys, no spaces."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+def json_hash(canonical: str, length: int = HASH_LENGTH) -> str:
+    """SHA-256 of a canonical JSON text, hex, truncated."""
+    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
+
+
 def canonical_hash(payload: object, length: int = HASH_LENGTH) -> str:
     """SHA-256 of the canonical JSON of `payload` (sorted keys, no spaces), hex, truncated."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:length]
+    return json_hash(canonical_json(payload), length)
 
 
 def config_hash(image: str, launches: Mapping[Role, Launch], gpus: Mapping[Role, int]) -> str:
@@ -66,4 +75,10 @@ def transfer_format_key(spec: DSV4DeploymentSpec) -> str:
     return canonical_hash(payload)
 
 
-__all__ = ["canonical_hash", "config_hash", "transfer_format_key"]
+__all__ = [
+    "canonical_hash",
+    "canonical_json",
+    "config_hash",
+    "json_hash",
+    "transfer_format_key",
+]
