@@ -119,6 +119,15 @@ class OperatorSettings(BaseSettings):
         "its rounds: keep it above deployments x run seconds / interval seconds "
         "(dsv4_canary_slot_wait_seconds shows runs waiting).",
     )
+    guard_idle_read_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=300,
+        description="The longest wait between two reads of a leak tap or an engine whose last "
+        "read found nothing new (reads that find something come every spec interval): what "
+        "an idle fleet costs against how late the first read after an idle spell may come "
+        "(docs/guard.md).",
+    )
 
     leader_election: bool = Field(
         default=False,

@@ -465,6 +465,7 @@ def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
         ({"guard": {"allowedCanaryEndpoints": ["http://a,b"]}}, "allowedCanaryEndpoints/0"),
         ({"guard": {"minCanaryInterval": "soon"}}, "/guard/minCanaryInterval"),
         ({"guard": {"canariesAtOnce": 0}}, "/guard/canariesAtOnce"),
+        ({"guard": {"idleReadSeconds": 0.5}}, "/guard/idleReadSeconds"),
         ({"operator": {"retryBackoffMaxSeconds": 0}}, "/operator/retryBackoffMaxSeconds"),
         ({"security": {"hostPathPrefixes": ["relative/path"]}}, "/security/hostPathPrefixes/0"),
         (
@@ -595,13 +596,18 @@ def test_queue_and_guard_values_reach_the_operator_settings() -> None:
         env = _env(render(values))
         return OperatorSettings(**{k.removeprefix("DSV4_").lower(): v for k, v in env.items()})
 
+    fields = ("retry_backoff_max_seconds", "guard_canaries_at_once", "guard_idle_read_seconds")
     defaults = settings({})
-    assert (defaults.retry_backoff_max_seconds, defaults.guard_canaries_at_once) == (
-        OperatorSettings.model_fields["retry_backoff_max_seconds"].default,
-        OperatorSettings.model_fields["guard_canaries_at_once"].default,
+    assert tuple(getattr(defaults, f) for f in fields) == tuple(
+        OperatorSettings.model_fields[f].default for f in fields
     ), "the chart's defaults are the operator's"
-    tuned = settings({"operator": {"retryBackoffMaxSeconds": 60}, "guard": {"canariesAtOnce": 4}})
-    assert (tuned.retry_backoff_max_seconds, tuned.guard_canaries_at_once) == (60.0, 4)
+    tuned = settings(
+        {
+            "operator": {"retryBackoffMaxSeconds": 60},
+            "guard": {"canariesAtOnce": 4, "idleReadSeconds": 30},
+        }
+    )
+    assert tuple(getattr(tuned, f) for f in fields) == (60.0, 4, 30.0)
 
 
 def test_trust_values_reach_the_operator_policy() -> None:

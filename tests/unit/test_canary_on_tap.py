@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import httpx
 import pytest
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client import REGISTRY
@@ -17,6 +18,7 @@ from dsv4_operator.canary.remote import (
     CanaryService,
     RunCounts,
     RunRequest,
+    TapCanaryTimedOut,
     TapCanaryUnavailable,
     run_on_tap,
 )
@@ -115,6 +117,19 @@ async def test_a_tap_that_does_not_run_it_leaves_the_run_to_the_operator(
     assert "did not run the canary (HTTP 404)" in caplog.text
 
 
+async def test_a_run_the_tap_took_and_did_not_answer_is_a_failed_run_not_run_again() -> None:
+    before = _runs("tap"), _runs("operator")
+    here, taps, observed = await _one_round(
+        [_router_pod("10.0.0.7")], _spec(), tap_fails=TapCanaryTimedOut("no answer within 270 s")
+    )
+    assert taps == ["http://10.0.0.7:9100"] and here == []  # not repeated by the operator
+    window = observed.snapshot(KEY)
+    assert window is not None and window.samples == 0
+    assert window.consecutive_errors == 1  # counts toward errorLimit (GuardBlind)
+    assert window.failing_causes == "canary run by a router pod's tap: no answer within 270 s"
+    assert (_runs("tap") - before[0], _runs("operator") - before[1]) == (0, 0)
+
+
 @pytest.mark.parametrize(
     ("guard", "why"),
     [
@@ -203,6 +218,35 @@ async def test_a_tap_that_did_not_run_it_says_so(status: int, body: bytes, why: 
     with pytest.raises(TapCanaryUnavailable, match=why):
         await run_on_tap(
             _Poster(status, body), "http://t:9100", RunRequest(model="m", sessions=1, rounds=1)
+        )
+
+
+class _Raising:
+    """A client that fails as the transport would."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def exchange(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        (httpx.ConnectTimeout("connect"), TapCanaryUnavailable),  # never asked: run it here
+        (httpx.ConnectError("refused"), TapCanaryUnavailable),
+        (httpx.ReadError("reset"), TapCanaryUnavailable),  # the tap went away mid-run
+        (httpx.ReadTimeout("no byte for the run's time"), TapCanaryTimedOut),
+        (TimeoutError(), TapCanaryTimedOut),
+    ],
+)
+async def test_only_a_run_the_tap_took_and_never_answered_is_timed_out(
+    error: Exception, raised: type[Exception]
+) -> None:
+    with pytest.raises(raised):
+        await run_on_tap(
+            _Raising(error), "http://t:9100", RunRequest(model="m", sessions=1, rounds=1)
         )
 
 

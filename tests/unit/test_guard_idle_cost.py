@@ -200,10 +200,22 @@ def test_an_idle_source_is_read_half_as_often_each_time_up_to_a_bound() -> None:
 
 
 @pytest.mark.looptime
-async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news() -> None:
-    """Interval 5 s: reads that find nothing are 10, 20, 30, 30 s apart; one that finds
-    something brings the next back to 5 s; a served-revision change (the early event) reads at
-    once, and the next read is at the next 5 s slot."""
+@pytest.mark.parametrize(
+    ("every", "woken_at", "expected"),
+    [
+        # The default (DSV4_GUARD_IDLE_READ_SECONDS 60): reads at 0, 10, 30, 70, 130 (news),
+        # 135, 136 (woken), 140 (the next slot).
+        (None, 136, [10.0, 20.0, 40.0, 60.0, 5.0, 1.0, 4.0]),
+        # Set to 30: reads at 0, 10, 30, 60, 90 (news), 95, 96 (woken), 100.
+        (30.0, 96, [10.0, 20.0, 30.0, 30.0, 5.0, 1.0, 4.0]),
+    ],
+)
+async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news(
+    every: float | None, woken_at: float, expected: list[float]
+) -> None:
+    """Interval 5 s: reads that find nothing are twice as far apart each time, up to the
+    setting; one that finds something brings the next back to 5 s; a served-revision change
+    (the early event) reads at once, and the next read is at the next 5 s slot."""
     clock = asyncio.get_running_loop()
     key = ("ns", "idle")
     reads: list[float] = []
@@ -214,20 +226,20 @@ async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news()
         reads.append(clock.time())
         return len(reads) - 1 in news
 
-    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None)
+    tuned = {} if every is None else {"idle_reads_every": every}
+    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None, **tuned)
     spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
     start = clock.time()
     loop = asyncio.create_task(guards._loop(key, spec, tap_round, Duration("5s"), early))
     try:
-        await asyncio.sleep(until_slot(start, 5.0, phase(key) * 5.0) + 96)
-        early.set()  # the served revision changed: read now (96 s after the first read)
+        await asyncio.sleep(until_slot(start, 5.0, phase(key) * 5.0) + woken_at)
+        early.set()  # the served revision changed: read now
         await asyncio.sleep(5.5)
     finally:
         loop.cancel()
         await guards.close()
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(reads)]
-    # reads at 0, 10, 30, 60, 90 (news), 95, 96 (woken), 100 (the next slot)
-    assert gaps == [10.0, 20.0, 30.0, 30.0, 5.0, 1.0, 4.0], gaps
+    assert gaps == expected, gaps
 
 
 @pytest.mark.looptime

@@ -102,11 +102,16 @@ class TapCanaryUnavailable(Exception):
     reply that is not a run's counts): the caller runs it itself."""
 
 
+class TapCanaryTimedOut(Exception):
+    """The tap took the run and did not answer in time: the router it probes is that slow, so
+    this is a failed run (the caller counts it so), not one to repeat from elsewhere."""
+
+
 async def run_on_tap(
     client: Poster, tap_url: str, request: RunRequest, connect_timeout: float = 2.0
 ) -> RunCounts:
     """Ask the tap at `tap_url` (http://pod-ip:port) to run the canary; TapCanaryUnavailable
-    when it did not."""
+    when it did not, TapCanaryTimedOut when it took the run and did not answer in time."""
     body = request.model_dump_json().encode()
     timeout = request.timeout()
     try:
@@ -114,7 +119,9 @@ async def run_on_tap(
             status, raw = await client.exchange(
                 "POST", tap_url + CANARY_PATH, body, JSON_HEADERS, timeout, connect=connect_timeout
             )
-    except (httpx.HTTPError, TimeoutError) as error:
+    except (httpx.ReadTimeout, TimeoutError) as error:  # connected and asked: the run's time
+        raise TapCanaryTimedOut(f"no answer within {timeout:.0f} s") from error
+    except httpx.HTTPError as error:
         raise TapCanaryUnavailable(f"{type(error).__name__}") from error
     if status != 200:
         raise TapCanaryUnavailable(f"HTTP {status}")

@@ -34,7 +34,7 @@ from dsv4_operator.api.limits import TAP_METRICS_PORT
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.api.status import DSV4DeploymentStatus, Phase, parse_status
 from dsv4_operator.api.times import Duration
-from dsv4_operator.canary.remote import TapCanaryUnavailable
+from dsv4_operator.canary.remote import TapCanaryTimedOut, TapCanaryUnavailable
 from dsv4_operator.guard.observations import CANARY, ENGINE, PROMETHEUS, TAP, Key, Observations
 from dsv4_operator.guard.taps import (
     Serving,
@@ -73,8 +73,9 @@ log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
 CANARY_TAP = "canary-tap"  # the logged-once key of a tap that did not run the canary
 # An idle source (its last read found nothing new) is read ever less often, up to this far
-# apart, or its interval if longer (docs/guard.md, "An idle source is read less often").
-IDLE_READS_AT_MOST_EVERY = 30.0
+# apart by default (DSV4_GUARD_IDLE_READ_SECONDS), or its interval if longer (docs/guard.md,
+# "An idle source is read less often").
+IDLE_READS_AT_MOST_EVERY = 60.0
 
 
 def _served(status: DSV4DeploymentStatus) -> str | None:
@@ -118,9 +119,12 @@ class GuardSupervisor:
         canaries_at_once: int = 64,
         bisector: Bisector | None = None,
         tap_runner: CanaryRunner | None = None,
+        idle_reads_every: float = IDLE_READS_AT_MOST_EVERY,
     ) -> None:
         """`http`: the operator's clients (made here, and closed by `close`, when not given);
-        `canaries_at_once`: how many canary runs may be in flight across all deployments."""
+        `canaries_at_once`: how many canary runs may be in flight across all deployments;
+        `idle_reads_every`: the longest wait between reads of an idle tap or engine."""
+        self.idle_reads_every = idle_reads_every
         self.client, self.observations, self.wake = client, observations, wake
         self._own_http = http is None
         self.clients = http or GuardHttp.create()
@@ -261,11 +265,11 @@ class GuardSupervisor:
     ) -> None:
         """`round_` every `every` at the key's phase in it, and at once when `early` is set.
         With `idle`, a round that returns False (nothing new) stretches the wait to the next
-        one (`next_stretch`), up to IDLE_READS_AT_MOST_EVERY; `early` or a busy round ends
-        the stretch."""
+        one (`next_stretch`), up to `idle_reads_every`; `early` or a busy round ends the
+        stretch."""
         interval = every.delta.total_seconds()
         offset = phase(key) * interval
-        most = max(1, int(IDLE_READS_AT_MOST_EVERY // interval)) if idle else 1
+        most = max(1, int(self.idle_reads_every // interval)) if idle else 1
         early = early or asyncio.Event()
         clock = asyncio.get_running_loop()
         stretch = 1
@@ -385,7 +389,9 @@ class GuardSupervisor:
         self, key: Key, spec: DSV4DeploymentSpec, endpoint: str, model: str, taps: list[str]
     ) -> CanaryRun:
         """A router pod's tap runs it when it can (`taps`: the pods' taps, tried one, chosen
-        at random); else, or when that tap does not, the operator, against `endpoint`."""
+        at random); else, or when that tap does not, the operator, against `endpoint`. A tap
+        that took the run and did not answer in time raises TapCanaryTimedOut: the operator
+        does not run it again against a router already that slow."""
         if taps and self.tap_runner is not None:
             tap = random.choice(taps)
             try:
@@ -418,6 +424,8 @@ class GuardSupervisor:
         now = datetime.now(UTC)
         try:
             run = await self._run_canary(key, spec, endpoint, model, taps)
+        except TapCanaryTimedOut as error:  # a failed run: the router is that slow
+            self._failed(key, f"canary run by a router pod's tap: {error}", now)
         except Exception as error:  # the canary itself failed: count toward errorLimit
             # The class only: the error text may quote the reply, and status is readable
             # by anyone who can read the object.
