@@ -82,6 +82,9 @@ CHILD_KINDS = (STATEFULSET, DEPLOYMENT, SERVICE, PDB)
 OPERATOR_RESOURCES = (*(w.resource.plural for w in WATCHED), "events")
 WORKERS = 4  # the operator's default (DSV4_WORKERS); the floor keeps as many applies in flight
 DEPLOYMENTS_PER_NODE = 32  # 8 GPUs and 3 pods each: 96 of a node's 110 pods
+# One tap per this many deployments: in a cluster each router pod's tap runs its own canary; 25
+# deployments' runs a minute each is what a tap here keeps up with beside the rest at N=1,000.
+DEPLOYMENTS_PER_TAP = 25
 # The controller-manager's default 20 requests/s would take minutes to create the engine
 # pods of 1,000 deployments; the figures are the operator's, not that queue's.
 CONTROLLER_MANAGER = {"kube-api-qps": "500", "kube-api-burst": "1000"}
@@ -156,8 +159,12 @@ class Plan:
     # fleet bakes within a canary interval or two; a run's cost does not depend on it.
     confidence: float = 0.6
     resync: float | None = None  # DSV4_RESYNC_SECONDS; None: the operator's default
+    idle_reads: float | None = None  # DSV4_GUARD_IDLE_READ_SECONDS; None: the default
     quiet_seconds: float = 10.0
-    spread: int = 1  # engine doubles per role (and taps, canaries)
+    spread: int = 1  # engine doubles per role (and canaries)
+    # Taps: each runs the canary of every deployment it stands for (a cluster has one per
+    # router pod), so a large fleet needs more taps than doubles.
+    taps: int = 1
     without: bool = True  # the idle window without the operator
     startup: bool = True  # the restart with N deployments
     profile: Path | None = None  # py-spy's folded stacks of the idle operator go here
@@ -248,6 +255,7 @@ def say(n: int, what: str) -> None:
 
 async def measure(plan: Plan, logs: Path) -> Figures:
     n, figures = plan.n, Figures(plan.n)
+    say(n, f"{plan.spread} engine double(s) per role, {plan.taps} tap(s)")
     crd = REPO / "crds" / "dsv4.io_dsv4deployments.yaml"
     with ControlPlane(
         with_scheduler=True,
@@ -270,7 +278,11 @@ async def measure(plan: Plan, logs: Path) -> Figures:
             weights_volume(dyn, ns)
         one = example("op")
         with FleetEngines(
-            rendered("op", 1), one["spec"]["engine"]["capabilities"], logs, plan.spread
+            rendered("op", 1),
+            one["spec"]["engine"]["capabilities"],
+            logs,
+            plan.spread,
+            plan.taps,
         ) as engines:
             try:
                 await run_fleet(plan, figures, cp, client, engines, logs)
@@ -298,6 +310,8 @@ async def run_fleet(
     env = {"DSV4_CANARY_ENDPOINT_ALLOW": engines.allow}
     if seconds(plan.canary_interval) < OPERATOR_FLOOR:
         env["DSV4_MIN_CANARY_INTERVAL"] = plan.canary_interval
+    if plan.idle_reads is not None:
+        env["DSV4_GUARD_IDLE_READ_SECONDS"] = str(plan.idle_reads)
     operator = OperatorProcess(cp.kubeconfig_path, "op", logs, **env)
     if plan.resync is None:
         del operator.env["DSV4_RESYNC_SECONDS"]  # the operator's own default
@@ -475,8 +489,9 @@ def table(rows: list[Figures], plan: Plan) -> str:
     lines = [
         f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
         f"{plan.bake_time}; guard sources {', '.join(plan.sources)}; canary run by the "
-        f"{'taps' if plan.canary_on == 'tap' else 'operator'}; CPU in % of one core over the "
-        "window",
+        f"{'taps' if plan.canary_on == 'tap' else 'operator'}; idle reads at most "
+        f"{f'{plan.idle_reads:g} s' if plan.idle_reads else 'the default'} apart; CPU in % of "
+        "one core over the window",
         "",
         "| N | operator CPU idle (vs the doubles') | taps' CPU idle | RSS "
         "| writes idle (verb resource) "
@@ -530,7 +545,21 @@ def main() -> int:
         "--resync", type=float, default=None, help="DSV4_RESYNC_SECONDS (default: the operator's)"
     )
     parser.add_argument(
+        "--idle-read-seconds",
+        type=float,
+        default=None,
+        help="DSV4_GUARD_IDLE_READ_SECONDS: the longest wait between reads of an idle tap or "
+        "engine (default: the operator's)",
+    )
+    parser.add_argument(
         "--spread", type=int, default=0, help="doubles per role (default: one per 250 deployments)"
+    )
+    parser.add_argument(
+        "--taps",
+        type=int,
+        default=0,
+        help=f"router taps (default: one per {DEPLOYMENTS_PER_TAP} deployments; each runs the "
+        "canary of the deployments it stands for)",
     )
     parser.add_argument(
         "--profile",
@@ -577,7 +606,9 @@ def main() -> int:
                 bake_time=args.bake_time,
                 confidence=args.confidence,
                 resync=args.resync,
+                idle_reads=args.idle_read_seconds,
                 spread=args.spread or max(1, n // 250),
+                taps=args.taps or max(1, n // DEPLOYMENTS_PER_TAP),
                 profile=args.profile,
                 without=not args.idle_only,
                 startup=not args.idle_only,

@@ -9,9 +9,12 @@ that role, so the plan check passes), every router pod gets the address of a `ds
 deployment's canary reaches a decode double of its own address (the decode engine's argv):
 through the tap, which runs it when the canary names no endpoint, or from the operator when it
 names that double. `spread` > 1 runs that
-many of each, deployments assigned by a hash of their name, so the doubles keep up at N=1,000.
+many of each, deployments assigned by a hash of their name, so the doubles keep up at N=1,000;
+`taps` (default `spread`) runs that many taps: each runs the canary of every deployment it
+stands for, where a cluster has one per router pod, so a large fleet needs more of them than
+of the doubles.
 
-    with FleetEngines(rendered_docs, capabilities, log_dir, spread=2) as engines:
+    with FleetEngines(rendered_docs, capabilities, log_dir, spread=2, taps=40) as engines:
         doc = guarded(example("ns", name="a"), engines.canary_endpoint("a"), "60s", "10s")
         await give_pods_addresses(http, "ns", engines, expected_pods=3 * n)
 
@@ -50,8 +53,10 @@ from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL
 ROLES = ("prefill", "decode", "router")
 # Simulated time per chat request: no effect on verdicts, keeps canary runs short.
 LATENCY_MS = "20"
-# The last octet of each role's addresses, and of the canary's: 127.<a>.<b>.<octet + i>.
-OCTETS = {"prefill": 10, "decode": 40, "router": 70, "canary": 100}
+# The last octet of each role's addresses, and of the canary's: 127.<a>.<b>.<octet + i>
+# (at most 30 doubles of each; the router's taps from 100 on, at most 150).
+OCTETS = {"prefill": 10, "decode": 40, "canary": 70, "router": 100}
+MAX_SPREAD, MAX_TAPS = 30, 150
 
 
 def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
@@ -95,9 +100,16 @@ class FleetEngines:
         capabilities: Iterable[str],
         log_dir: Path,
         spread: int = 1,
+        taps: int | None = None,
     ) -> None:
         """`rendered`: one deployment's children as `dsv4 render` gives them (every deployment
         of the fleet has the same spec but its name); `capabilities`: its engine's."""
+        taps = spread if taps is None else taps
+        if not (1 <= spread <= MAX_SPREAD and 1 <= taps <= MAX_TAPS):
+            raise ValueError(
+                f"spread {spread} and taps {taps}: at most {MAX_SPREAD} doubles per role and "
+                f"{MAX_TAPS} taps, at least one of each"
+            )
         capabilities = list(capabilities)
         statefulsets = {
             doc["metadata"]["labels"][ROLE_LABEL]: doc
@@ -110,13 +122,15 @@ class FleetEngines:
         self.log_dir, self.spread = log_dir, spread
         base = f"127.{random.randrange(32, 250)}.{random.randrange(1, 250)}"
         self.ips = {
-            role: [f"{base}.{octet + i}" for i in range(spread)] for role, octet in OCTETS.items()
+            role: [f"{base}.{octet + i}" for i in range(taps if role == "router" else spread)]
+            for role, octet in OCTETS.items()
         }
         self.doubles: list[DoubleProcess] = []
         self.taps: list[subprocess.Popen[bytes]] = []
 
     def _pick(self, role: str, deployment: str) -> str:
-        return self.ips[role][zlib.crc32(deployment.encode()) % self.spread]
+        ips = self.ips[role]
+        return ips[zlib.crc32(deployment.encode()) % len(ips)]
 
     def address(self, role: str, deployment: str) -> str:
         """The pod IP of `deployment`'s `role` pods."""
@@ -160,11 +174,13 @@ class FleetEngines:
                 ("decode", self.ips["canary"][i]),  # the canary talks to a decode engine
             ):
                 self.doubles.append(self._double(role, ip).start(timeout=60))
-            # The taps' router is the canary's double, not the engine pods' decode double:
-            # that one serves every deployment's engine reads, which would each count every
-            # other deployment's canary requests (a deployment's own engines count its own).
-            upstream = f"http://{self.ips['canary'][i]}:{ENGINE_PORT}"
-            self.taps.append(self._tap(self.ips["router"][i], upstream))
+        for i, ip in enumerate(self.ips["router"]):
+            # The taps' router is a canary double, not the engine pods' decode double: that
+            # one serves every deployment's engine reads, which would each count every other
+            # deployment's canary requests (a deployment's own engines count its own).
+            canaries = self.ips["canary"]
+            upstream = f"http://{canaries[i % len(canaries)]}:{ENGINE_PORT}"
+            self.taps.append(self._tap(ip, upstream))
         for ip in self.ips["router"]:
             wait_for(f"the tap's /metrics on {ip}", functools.partial(_serves, ip), timeout=60)
         return self
