@@ -1,4 +1,4 @@
-"""The guard's HTTP clients (signals/http.py, signals/aiohttp_transport.py) against small
+"""The guard's HTTP clients (signals/http.py, aiohttp_transport.py) against small
 servers on 127.0.0.1: what a request brings back, and which httpx error says when it failed
 (the canary retries only the ones raised before the request was sent), for the spec URLs'
 client and the pods' pages alike."""

@@ -1,6 +1,6 @@
 """The guard's HTTP clients, made once per operator and shared by every deployment's loops.
 
-httpx's API (requests, timeouts, exceptions) over aiohttp's connections (aiohttp_transport.py)
+httpx's API (requests, timeouts, exceptions) over aiohttp's connections (../aiohttp_transport.py)
 for what a spec names; the canary's requests and the pods' pages (taps, engines), most of an
 idle guard's requests, on aiohttp directly (`AiohttpExchanges`), with httpx's exceptions. The
 guard makes ~120 requests a second at 100 deployments.
@@ -12,13 +12,17 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.request import getproxies
 
 import aiohttp
 import httpx
 
+from dsv4_operator.aiohttp_transport import (
+    AiohttpTransport,
+    aiohttp_session,
+    as_httpx,
+    environment_proxies,
+)
 from dsv4_operator.canary.transport import Exchanges, HttpxExchanges
-from dsv4_operator.signals.aiohttp_transport import AiohttpTransport, as_httpx
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
 DEFAULT_TIMEOUT = 10.0
@@ -48,7 +52,7 @@ class HttpxPages:
 
 class AiohttpExchanges:
     """Requests on aiohttp directly, never through a proxy, with httpx's errors as its
-    transport would raise them (aiohttp_transport.py). Without httpx's request and response
+    transport would raise them (../aiohttp_transport.py). Without httpx's request and response
     objects a request costs half the CPU or less (`python bench/http_client.py`).
 
     `keep`: connections kept `KEEPALIVE_S` between requests (the canary: a run's rounds reuse
@@ -177,15 +181,7 @@ def _client(tls: ssl.SSLContext) -> httpx.AsyncClient:
     """
     if environment_proxies():
         return _httpx_client(tls, None, trust_env=True)
-
-    def session() -> aiohttp.ClientSession:  # made on the first request, inside the loop
-        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=KEEPALIVE_S)
-        # httpx keeps the cookies (none here) and decodes the content: aiohttp does neither.
-        return aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False
-        )
-
-    return _httpx_client(tls, AiohttpTransport(session), trust_env=False)
+    return _httpx_client(tls, AiohttpTransport(aiohttp_session(tls, KEEPALIVE_S)), trust_env=False)
 
 
 def _httpx_client(
@@ -203,10 +199,3 @@ def _httpx_client(
             max_connections=None, max_keepalive_connections=32, keepalive_expiry=KEEPALIVE_S
         ),
     )
-
-
-def environment_proxies() -> dict[str, str]:
-    """The proxies the environment names for http, https or all schemes (what httpx reads,
-    through the same `urllib.request.getproxies`)."""
-    found = getproxies()
-    return {scheme: found[scheme] for scheme in ("http", "https", "all") if found.get(scheme)}

@@ -3,7 +3,8 @@
 httpcore's pool checks every kept connection before each request: 0.45-0.57 ms of CPU per
 request one at a time and 1.9-2.1 ms with 64 in flight (a canary run's sessions), against
 0.26-0.41 ms here with kept connections (`python bench/http_client.py`, two runs). The guard
-makes ~120 requests a second at 100 deployments.
+makes ~120 requests a second at 100 deployments; the Kubernetes client (kube/client.py) a
+dozen per deployment it creates, up to 16 at once.
 
 Written here rather than taken from httpx-aiohttp (0.2.0), whose error map takes the first
 aiohttp class that matches: a refused connection came out as `httpx.ConnectTimeout`, and so
@@ -15,8 +16,10 @@ then retry. Here the httpx error says when it happened, as httpx's own transport
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
+from urllib.request import getproxies
 
 import aiohttp
 import httpx
@@ -102,3 +105,25 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def environment_proxies() -> dict[str, str]:
+    """The proxies the environment names for http, https or all schemes (what httpx reads,
+    through the same `urllib.request.getproxies`): where one is named, a client keeps httpx's
+    own transport and its proxy rules."""
+    found = getproxies()
+    return {scheme: found[scheme] for scheme in ("http", "https", "all") if found.get(scheme)}
+
+
+def aiohttp_session(tls: ssl.SSLContext, keepalive: float) -> Callable[[], aiohttp.ClientSession]:
+    """What makes an `AiohttpTransport`'s session: no bound on connections (the callers bound
+    their own requests), each kept `keepalive` seconds, no cookies, no decompression (httpx
+    keeps the cookies and decodes the content)."""
+
+    def session() -> aiohttp.ClientSession:  # made on the first request, inside the loop
+        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=keepalive)
+        return aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False
+        )
+
+    return session
