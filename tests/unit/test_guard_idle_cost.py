@@ -203,11 +203,11 @@ def test_an_idle_source_is_read_half_as_often_each_time_up_to_a_bound() -> None:
 @pytest.mark.parametrize(
     ("every", "woken_at", "expected"),
     [
-        # The default (DSV4_GUARD_IDLE_READ_SECONDS 60): reads at 0, 10, 30, 70, 130 (news),
-        # 135, 136 (woken), 140 (the next slot).
-        (None, 136, [10.0, 20.0, 40.0, 60.0, 5.0, 1.0, 4.0]),
-        # Set to 30: reads at 0, 10, 30, 60, 90 (news), 95, 96 (woken), 100.
-        (30.0, 96, [10.0, 20.0, 30.0, 30.0, 5.0, 1.0, 4.0]),
+        # The default (DSV4_GUARD_IDLE_READ_SECONDS 30): reads at 0, 10, 30, 60, 90 (news),
+        # 95, 96 (woken), 100 (the next slot).
+        (None, 96, [10.0, 20.0, 30.0, 30.0, 5.0, 1.0, 4.0]),
+        # Set to 60: reads at 0, 10, 30, 70, 130 (news), 135, 136 (woken), 140.
+        (60.0, 136, [10.0, 20.0, 40.0, 60.0, 5.0, 1.0, 4.0]),
     ],
 )
 async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news(

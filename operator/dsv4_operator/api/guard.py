@@ -68,7 +68,7 @@ class TapSpec(ApiModel):
     interval: TapInterval = Field(
         default=Duration("5s"),
         description="How often the guard reads the taps' counters (1s to 5m); reads that find "
-        "nothing new come less often, up to 60s apart by default (docs/guard.md).",
+        "nothing new come less often, up to 30s apart by default (docs/guard.md).",
     )
     alpha: float = Field(
         default=0.01,
@@ -110,7 +110,7 @@ class EngineSignalSpec(ApiModel):
     interval: TapInterval = Field(
         default=Duration("5s"),
         description="How often the guard reads the engines' counters (1s to 5m); reads that "
-        "find nothing new come less often, up to 60s apart by default (docs/guard.md).",
+        "find nothing new come less often, up to 30s apart by default (docs/guard.md).",
     )
     alpha: float = Field(
         default=0.01,

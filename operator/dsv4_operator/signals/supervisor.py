@@ -75,7 +75,7 @@ CANARY_TAP = "canary-tap"  # the logged-once key of a tap that did not run the c
 # An idle source (its last read found nothing new) is read ever less often, up to this far
 # apart by default (DSV4_GUARD_IDLE_READ_SECONDS), or its interval if longer (docs/guard.md,
 # "An idle source is read less often").
-IDLE_READS_AT_MOST_EVERY = 60.0
+IDLE_READS_AT_MOST_EVERY = 30.0
 
 
 def _served(status: DSV4DeploymentStatus) -> str | None:
