@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -68,9 +69,10 @@ from dsv4_devcluster.fleet import (
     until_baked,
 )
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_operator.api.status import parse_status
 from dsv4_operator.api.times import Duration
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
-from dsv4_operator.kube.resources import DEPLOYMENT, PDB, SERVICE, STATEFULSET
+from dsv4_operator.kube.resources import DEPLOYMENT, DSV4, PDB, SERVICE, STATEFULSET
 from dsv4_operator.runtime.watched import WATCHED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -362,7 +364,7 @@ async def run_fleet(
         figures.baked_s = time.monotonic() - start
         say(n, f"all baked {figures.baked_s:.1f}s after creation")
         await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
-        await idle_with(plan, figures, cp, operator, baked, engines)
+        await idle_with(plan, figures, cp, operator, baked, engines, http)
     finally:
         operator.stop()
     if plan.without:
@@ -416,9 +418,11 @@ async def idle_with(
     operator: OperatorProcess,
     one: dict[str, Any],
     engines: FleetEngines,
+    http: httpx.AsyncClient,
 ) -> None:
     """The idle window with the operator: its cost, and what it and the API server did."""
     assert operator.proc is not None
+    statuses = await status_by_name(http, "op")
     pid, server = operator.proc.pid, apiserver_pid(cp)
     ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
@@ -439,6 +443,40 @@ async def idle_with(
     figures.canary_runs = figures.idle_calls.get("dsv4_canary_responses_total", 0) / per_run
     figures.canary_runs_due = plan.n * plan.idle / seconds(plan.canary_interval)
     say(plan.n, f"idle {figures.idle_calls}; API server {figures.server_requests}")
+    for name, change in status_changes(statuses, await status_by_name(http, "op")):
+        say(plan.n, f"status written while idle: {name}: {change}")
+
+
+async def status_by_name(http: httpx.AsyncClient, namespace: str) -> dict[str, dict[str, Any]]:
+    listed = await http.get(DSV4.path(namespace))
+    listed.raise_for_status()
+    items = listed.json().get("items") or []
+    return {d["metadata"]["name"]: d.get("status") or {} for d in items}
+
+
+def status_changes(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> list[tuple[str, str]]:
+    """What a user sees changed in each status between two lists (the operator's own
+    `visible_wire`: status.guard's live counts left out): the fields by name, a condition by
+    type (its status and reason), `guard` by field; so an idle write says why it was made."""
+
+    def fields(raw: dict[str, Any]) -> dict[str, Any]:
+        status = parse_status(raw).visible_wire()
+        out = {k: v for k, v in status.items() if k not in ("conditions", "guard")}
+        out |= {f"guard.{k}": v for k, v in (status.get("guard") or {}).items()}
+        for c in status.get("conditions") or []:
+            out[f"condition {c.get('type')}"] = f"{c.get('status')} {c.get('reason')}"
+        return out
+
+    changes = []
+    for name in sorted(set(before) | set(after)):
+        was, now = fields(before.get(name, {})), fields(after.get(name, {}))
+        moved = [f"{k} {was.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(was) | set(now))
+                 if was.get(k) != now.get(k)]  # fmt: skip
+        if moved:
+            changes.append((name, "; ".join(moved)))
+    return changes
 
 
 async def restart(
@@ -489,9 +527,9 @@ def table(rows: list[Figures], plan: Plan) -> str:
     lines = [
         f"idle window {plan.idle:.0f} s, canary every {plan.canary_interval}, bake "
         f"{plan.bake_time}; guard sources {', '.join(plan.sources)}; canary run by the "
-        f"{'taps' if plan.canary_on == 'tap' else 'operator'}; idle reads at most "
-        f"{f'{plan.idle_reads:g} s' if plan.idle_reads else 'the default'} apart; CPU in % of "
-        "one core over the window",
+        f"{'taps' if plan.canary_on == 'tap' else 'operator'}; idle-read bound: "
+        f"{f'{plan.idle_reads:g} s' if plan.idle_reads else 'the operator default'}; CPU in % "
+        "of one core over the window",
         "",
         "| N | operator CPU idle (vs the doubles') | taps' CPU idle | RSS "
         "| writes idle (verb resource) "
@@ -568,6 +606,13 @@ def main() -> int:
         help="a folder: py-spy (pip install py-spy) samples the idle operator into it",
     )
     parser.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="a folder kept after the run for the operator's, the doubles' and the taps' logs "
+        "(default: a temporary one)",
+    )
+    parser.add_argument(
         "--idle-only",
         action="store_true",
         help="skip the idle window without the operator and the start-up (A/B of idle cost)",
@@ -597,7 +642,8 @@ def main() -> int:
         args.profile.mkdir(parents=True, exist_ok=True)
     rows: list[Figures] = []
     plan = Plan(0)
-    with tempfile.TemporaryDirectory() as logs:
+    with contextlib.ExitStack() as stack:
+        logs = args.logs or stack.enter_context(tempfile.TemporaryDirectory())
         for n in (int(s) for s in args.n.split(",")):
             plan = Plan(
                 n,
@@ -616,7 +662,9 @@ def main() -> int:
                 canary_on=args.canary_on,
             )
             started = time.monotonic()
-            rows.append(asyncio.run(measure(plan, Path(logs))))
+            here = Path(logs) / f"n{n}"  # each N's logs apart
+            here.mkdir(parents=True, exist_ok=True)
+            rows.append(asyncio.run(measure(plan, here)))
             say(n, f"measured in {time.monotonic() - started:.0f}s")
             print(table(rows, plan), flush=True)
     return 0
