@@ -67,21 +67,33 @@ def playground() -> Iterator[Playground]:
     with Playground(say=lines.append) as pg:
         yield pg
         print("\n".join(lines))
+        # Shown with a failure (pytest prints a passing test's output nowhere), so whatever
+        # step failed, the state it left is in the report.
+        print("the playground at the end:\n" + "\n".join(pg.diagnosis()))
 
 
-def _shell(pg: Playground, command: str) -> subprocess.CompletedProcess[str]:
+def _shell(pg: Playground, command: str, succeeds: bool = True) -> subprocess.CompletedProcess[str]:
+    """`command` run as the README's reader runs it; when it should succeed and does not, the
+    playground's state is printed with the failure."""
     started = time.monotonic()
-    done = subprocess.run(
-        ["bash", "-c", command],
-        cwd=REPO,
-        env=pg.env(),
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=REPO,
+            env=pg.env(),
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        print(f"$ {command}  # no exit after {COMMAND_TIMEOUT}s; the playground:")
+        print("\n".join(pg.diagnosis()))
+        raise
     print(f"$ {command}  # exit {done.returncode}, {time.monotonic() - started:.1f}s")
     print((done.stdout + done.stderr)[-3000:])
+    if succeeds and done.returncode != 0:
+        print("the playground:\n" + "\n".join(pg.diagnosis()))
     return done
 
 
@@ -127,7 +139,7 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
     assert json.loads(answer.stdout)["model"] == "deepseek-v4-flash"
 
     unsafe, upgrade, rollout, helm_test, uninstall = readme_commands("readme-day2")
-    refused = _shell(pg, unsafe)
+    refused = _shell(pg, unsafe, succeeds=False)
     assert refused.returncode != 0
     assert 'admission webhook "rules.dsv4.io.validation" denied' in refused.stderr
     assert "[DSV4-R001] bf16 index-K with HiCache" in refused.stderr

@@ -6,9 +6,9 @@ test_guard_e2e), at the declared load of 60 sessions. `dsv4 tap` runs here in fr
 the router pod's sidecar would (kwok runs no container), and a traffic generator sends
 tool-calling requests through it the whole time. The guard reads the tap's /metrics
 (`spec.guard.tap.metricsEndpoints`). After a good revision has baked, the canary is slowed to
-one run in 10 minutes and a leaking configuration (bf16 index-K + HiCache: 4.55% of
-responses) is applied: the traffic signal must roll it back on its own, with the canary
-holding no sample of the bad revision.
+an interval of hours whose first run is at least 10 minutes away, and a leaking configuration
+(bf16 index-K + HiCache: 4.55% of responses) is applied: the traffic signal must roll it
+back on its own, with the canary holding no sample of the bad revision.
 
 A rollout shorter than the taps' read interval charges the responses answered before it to no
 revision, in particular not to the new one (the guard reads the taps at each change of the
@@ -33,6 +33,7 @@ from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example
 from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
+from dsv4_operator.signals.supervisor import phase, until_slot
 
 from .engine_support import cluster_fixture, gpu_pool_fixture
 from .guard_support import (
@@ -102,6 +103,18 @@ def _spec(namespace: str, ports: dict[str, int], canary_interval: str, **changes
     return example(namespace, **{"guard": guard, **changes})
 
 
+def _interval_with_no_canary_run_soon(key: tuple[str, str], margin: float = 600) -> str:
+    """A canary interval whose first run, in the operator's schedule for `key`, is at least
+    `margin` seconds from now: the loop restarted for the new interval runs at the key's slot
+    in it (`phase`; the operator's clock is this machine's monotonic clock), which a fixed
+    interval would put within the test's window once in a few dozen namespaces."""
+    for hours in range(24, 0, -1):
+        interval = hours * 3600.0
+        if until_slot(time.monotonic(), interval, phase(key) * interval) > margin:
+            return f"{hours}h"
+    raise AssertionError(f"every interval of 1-24 h runs {key}'s canary within {margin} s")
+
+
 @pytest.mark.long(seconds=55)
 def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_could(
     cluster: Cluster,
@@ -141,7 +154,8 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
             "engine.capabilities": ["bf16IndexK", "poolSizingFix"],
             "safety.policy": "Warn",
         }
-        cluster.apply(_spec(namespace, ports, "10m", **leaking))
+        far = _interval_with_no_canary_run_soon((namespace, "dsv4-flash"))
+        cluster.apply(_spec(namespace, ports, far, **leaking))
         wait_for(
             "the leaking revision to be served",
             lambda: engine.env.get("SGLANG_DSV4_BF16_INDEX_K") == "1",
@@ -170,7 +184,7 @@ def test_production_traffic_rolls_back_a_leaking_revision_before_the_canary_coul
     assert entry["reason"] == "LeakRate" and entry["hash"] != good
     assert entry["message"].startswith("production traffic: ")
     # The canary could not have decided: it never ran against the leaking revision (its next
-    # run was 10 minutes away), so the decision is the traffic's alone.
+    # run was at least 10 minutes away), so the decision is the traffic's alone.
     assert entry["hash"] not in canary_revisions
     wait_good_revision_served(cluster, engine, good)
     # Nothing else changed: the user's spec is as applied, one rollback, one quarantine entry.

@@ -48,6 +48,13 @@ from dsv4_devcluster.process import free_port, stop_on_signals
 REPO = Path(__file__).resolve().parents[2]
 RTX = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
 DEFAULT_NODES = (("gpu-rtxpro-0", 8, RTX), ("gpu-rtxpro-1", 8, RTX))
+# Listed by `Playground.diagnosis`.
+RESOURCES_SHOWN = (
+    ("v1", "Pod"),
+    ("v1", "PersistentVolumeClaim"),
+    ("batch/v1", "Job"),
+    ("dsv4.io/v1alpha1", "DSV4Deployment"),
+)
 
 PARTS = (
     ("real", "etcd, kube-apiserver, kube-controller-manager, kube-scheduler"),
@@ -159,6 +166,53 @@ class Playground:
         dirs = os.pathsep.join(str(d) for d in [*tool_dirs(), Path(sys.executable).parent])
         kubeconfig = shlex.quote(str(self.cp.kubeconfig_path))
         return f'export KUBECONFIG={kubeconfig} PATH={shlex.quote(dirs)}:"$PATH"'
+
+    def diagnosis(self, log_lines: int = 15) -> list[str]:
+        """What a failed step needs to be told apart: the runner's errors and refusals, every
+        pod, claim, Job and DSV4Deployment with its phase, the newest events, and the tail of
+        each container's log (there is no `kubectl logs` here)."""
+        lines = [f"runner error: {e}" for e in (self.runner.errors if self.runner else [])]
+        lines += [f"runner cannot run {k}: {why}" for k, why in
+                  sorted((self.runner.unrunnable if self.runner else {}).items())]  # fmt: skip
+        for what in (*RESOURCES_SHOWN, ("v1", "Event")):
+            try:
+                lines += self._listed(*what)
+            except Exception as error:  # the diagnosis must not hide the failure it explains
+                lines.append(f"cannot list {what[1]}: {type(error).__name__}: {error}")
+        for log in sorted((self.root / "pods").glob("*/*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-log_lines:]
+            lines += [f"--- {log.parent.name}/{log.name} (last {len(tail)} lines)", *tail]
+        return lines
+
+    def _listed(self, api_version: str, kind: str) -> list[str]:
+        """A line per object of `kind`: its phase, node and conditions not True; for events,
+        the newest 20."""
+        items = self.cp.dynamic_client().resources.get(api_version=api_version, kind=kind)
+        found = items.get().items
+        if kind == "Event":
+            newest = sorted(found, key=lambda e: str(e.lastTimestamp or e.eventTime))[-20:]
+            return [
+                f"event {e.lastTimestamp or e.eventTime} {e.type} {e.involvedObject.kind}/"
+                f"{e.involvedObject.name}: {e.reason}: {str(e.message)[:200]}"
+                for e in newest
+            ]
+        lines = []
+        for item in found:
+            status = item.get("status") or {}
+            unmet = [
+                f"{c.get('type')}={c.get('status')} ({c.get('reason')}: "
+                f"{str(c.get('message', ''))[:160]})"
+                for c in status.get("conditions") or []
+                if c.get("status") != "True"
+            ]
+            node = (item.get("spec") or {}).get("nodeName")
+            lines.append(
+                f"{kind} {item.metadata.namespace}/{item.metadata.name}: phase "
+                f"{status.get('phase')}"
+                + (f", node {node}" if node else "")
+                + "".join(f"; {u}" for u in unmet)
+            )
+        return lines
 
     def stop(self) -> None:
         if self.runner is not None:
