@@ -424,8 +424,7 @@ def tap(
     import tempfile
     from pathlib import Path
 
-    import uvloop
-
+    from dsv4_operator import event_loop
     from dsv4_operator.tap.proxy import TapConfig, run_tap
     from dsv4_operator.tap.workers import WorkerFailed, run_pool
 
@@ -446,11 +445,11 @@ def tap(
         _fail("--listen: a port of 0 would give each worker a port of its own; name one")
     if workers == 1:
         # libuv's event loop: the tap's per-chunk cost is mostly the loop's own (bench/tap.py).
-        uvloop.run(run_tap(config, proxy, scrape))
+        event_loop.run(run_tap(config, proxy, scrape))
         return
     with tempfile.TemporaryDirectory(prefix="dsv4-tap-") as sockets:
         try:
-            uvloop.run(run_pool(config, proxy, scrape, workers, Path(sockets)))
+            event_loop.run(run_pool(config, proxy, scrape, workers, Path(sockets)))
         except WorkerFailed as exc:
             _fail(f"--workers {workers}: {exc}")
 

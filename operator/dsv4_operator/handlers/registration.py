@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
-import uvloop
 
+from dsv4_operator import event_loop
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.handlers import admission
 from dsv4_operator.kube.errors import KubeError
@@ -85,8 +85,9 @@ def run(op: OperatorSettings) -> None:
     raise_open_files_limit()
     namespaces = op.namespace_list
     # On uvloop, as `kopf run` does: the guard's reads and canaries are many small requests,
-    # and asyncio's own loop and transports were a tenth of an idle operator's CPU.
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    # and asyncio's own loop and transports were a tenth of an idle operator's CPU. Ours
+    # connects to pod IPs without uvloop's name lookups (event_loop.py).
+    with asyncio.Runner(loop_factory=event_loop.new_event_loop) as runner:
         kopf.run(
             loop=runner.get_loop(),
             registry=build_registry(op),

@@ -54,12 +54,12 @@ def _worker_main(
     ready: multiprocessing.connection.Connection,
 ) -> None:
     """A worker process: the whole tap, /metrics on `socket_path`; says "ready" or its error."""
-    import uvloop
+    from dsv4_operator import event_loop
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
     try:
-        uvloop.run(
+        event_loop.run(
             run_tap(config, listen, socket_path, reuse_port=True, ready=lambda: ready.send("ready"))
         )
     except Exception as exc:
