@@ -115,15 +115,22 @@ def environment_proxies() -> dict[str, str]:
     return {scheme: found[scheme] for scheme in ("http", "https", "all") if found.get(scheme)}
 
 
-def aiohttp_session(tls: ssl.SSLContext, keepalive: float) -> Callable[[], aiohttp.ClientSession]:
-    """What makes an `AiohttpTransport`'s session: no bound on connections (the callers bound
-    their own requests), each kept `keepalive` seconds, no cookies, no decompression (httpx
-    keeps the cookies and decodes the content)."""
+def aiohttp_session(
+    tls: ssl.SSLContext, keepalive: float | None, decompress: bool = False
+) -> Callable[[], aiohttp.ClientSession]:
+    """What makes an aiohttp session: no bound on connections (the callers bound their own
+    requests), each kept `keepalive` seconds (None: closed after each request), no cookies;
+    no decompression unless `decompress` (an `AiohttpTransport` leaves both cookies and
+    content decoding to httpx)."""
 
     def session() -> aiohttp.ClientSession:  # made on the first request, inside the loop
-        connector = aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=keepalive)
+        connector = (
+            aiohttp.TCPConnector(limit=0, ssl=tls, force_close=True)
+            if keepalive is None
+            else aiohttp.TCPConnector(limit=0, ssl=tls, keepalive_timeout=keepalive)
+        )
         return aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=decompress
         )
 
     return session

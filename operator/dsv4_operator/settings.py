@@ -21,6 +21,10 @@ from dsv4_operator.names import (
 )
 from dsv4_operator.trust import TrustPolicy, split_list
 
+# The longest wait between reads of an idle tap or engine unless DSV4_GUARD_IDLE_READ_SECONDS
+# says otherwise (docs/guard.md, "An idle source is read less often").
+GUARD_IDLE_READ_SECONDS = 30.0
+
 
 class OperatorSettings(BaseSettings):
     """Every knob of `dsv4 run`; docs/settings.md lists them (generated)."""
@@ -120,7 +124,7 @@ class OperatorSettings(BaseSettings):
         "(dsv4_canary_slot_wait_seconds shows runs waiting).",
     )
     guard_idle_read_seconds: float = Field(
-        default=30.0,
+        default=GUARD_IDLE_READ_SECONDS,
         ge=1,
         le=300,
         description="The longest wait between two reads of a leak tap or an engine whose last "

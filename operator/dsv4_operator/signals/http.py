@@ -61,7 +61,7 @@ class AiohttpExchanges:
     """
 
     def __init__(self, tls: ssl.SSLContext, keep: bool) -> None:
-        self._tls, self._keep = tls, keep
+        self._make = aiohttp_session(tls, KEEPALIVE_S if keep else None, decompress=True)
         self._session: aiohttp.ClientSession | None = None
 
     async def reply(
@@ -78,14 +78,7 @@ class AiohttpExchanges:
         bounds connecting and each wait for bytes; `connect`, if given, connecting alone (a
         tap's canary run answers after tens of seconds, a dead pod should fail in seconds)."""
         if self._session is None:  # made on the first request, inside the running loop
-            connector = (
-                aiohttp.TCPConnector(limit=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S)
-                if self._keep
-                else aiohttp.TCPConnector(limit=0, ssl=self._tls, force_close=True)
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector, cookie_jar=aiohttp.DummyCookieJar()
-            )
+            self._session = self._make()
         connect = timeout if connect is None else connect
         limits = aiohttp.ClientTimeout(connect=connect, sock_connect=connect, sock_read=timeout)
         with as_httpx(lambda: httpx.Request(method, url)):

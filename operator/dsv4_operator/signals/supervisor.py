@@ -49,6 +49,7 @@ from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.series import scope_labels
+from dsv4_operator.settings import GUARD_IDLE_READ_SECONDS
 from dsv4_operator.signals.bisector import Bisector
 from dsv4_operator.signals.canary_runner import (
     CanaryRun,
@@ -72,10 +73,6 @@ from dsv4_operator.trust import (
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
 CANARY_TAP = "canary-tap"  # the logged-once key of a tap that did not run the canary
-# An idle source (its last read found nothing new) is read ever less often, up to this far
-# apart by default (DSV4_GUARD_IDLE_READ_SECONDS), or its interval if longer (docs/guard.md,
-# "An idle source is read less often").
-IDLE_READS_AT_MOST_EVERY = 30.0
 
 
 def _served(status: DSV4DeploymentStatus) -> str | None:
@@ -119,7 +116,7 @@ class GuardSupervisor:
         canaries_at_once: int = 64,
         bisector: Bisector | None = None,
         tap_runner: CanaryRunner | None = None,
-        idle_reads_every: float = IDLE_READS_AT_MOST_EVERY,
+        idle_reads_every: float = GUARD_IDLE_READ_SECONDS,
     ) -> None:
         """`http`: the operator's clients (made here, and closed by `close`, when not given);
         `canaries_at_once`: how many canary runs may be in flight across all deployments;
