@@ -4,6 +4,7 @@ and a genuine 410 Gone (watch cache off for Services, etcd compacted every secon
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -239,3 +240,84 @@ async def test_a_genuine_410_gone_relists_and_misses_no_change(
                 await vault.close()
         finally:
             await kube.close()
+
+
+def _crd(group: str) -> dict[str, Any]:
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"probes.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "probes", "singular": "probe", "kind": "Probe"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def _install_then_create(control_plane: ControlPlane, crd_file: Path, obj: dict[str, Any]) -> None:
+    control_plane.install_crds([crd_file])  # waits until Established
+    dyn = control_plane.dynamic_client()
+    try:
+        dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).create(
+            body=obj, namespace=obj["metadata"]["namespace"]
+        )
+    finally:
+        dyn.client.close()
+
+
+def _delete_crd(control_plane: ControlPlane, name: str) -> None:
+    dyn = control_plane.dynamic_client()
+    try:
+        crds = dyn.resources.get(
+            api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition"
+        )
+        crds.delete(name=name)
+    finally:
+        dyn.client.close()
+
+
+async def test_an_optional_kind_installed_after_the_start_is_watched_within_seconds(
+    control_plane: ControlPlane,
+    namespace: str,
+    client: KubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # As `helm install` does: the CRD comes with the operator, often after its first look.
+    await _kopf_login(control_plane.kubeconfig_path, monkeypatch)
+    group = f"t{uuid.uuid4().hex[:8]}.dsv4.test"
+    probe = Resource(f"{group}/v1", "Probe", "probes")
+    crd_file = tmp_path / "crd.yaml"
+    crd_file.write_text(json.dumps(_crd(group)))  # JSON is YAML
+    changes: list[Change] = []
+    cache = WatchCache(
+        kopf.OperatorSettings(),
+        [Watched(probe, optional=True)],
+        [namespace],
+        lambda res, obj, deleted: changes.append((obj["metadata"]["name"], "", deleted)),
+        discover=client.serves,
+    )
+    await cache.start()
+    try:
+        await cache.wait_synced()  # an absent kind counts as listed
+        assert not await cache.serves(probe)
+        obj = {"apiVersion": f"{group}/v1", "kind": "Probe",
+               "metadata": {"name": "p", "namespace": namespace}}  # fmt: skip
+        await asyncio.to_thread(_install_then_create, control_plane, crd_file, obj)
+        # Looked for again 2, 4, 8 ... s apart: well within this (the fixed 300 s was not).
+        await until("the new kind's object in the cache", lambda: ("p", "", False) in changes, 60)
+        assert await cache.serves(probe)
+        assert cache.keys(probe) == [(namespace, "p")]
+    finally:
+        await cache.close()
+        await asyncio.to_thread(_delete_crd, control_plane, f"probes.{group}")

@@ -53,6 +53,7 @@ RESOURCES_SHOWN = (
     ("v1", "Pod"),
     ("v1", "PersistentVolumeClaim"),
     ("batch/v1", "Job"),
+    ("dsv4.io/v1alpha1", "DSV4Model"),
     ("dsv4.io/v1alpha1", "DSV4Deployment"),
 )
 
@@ -167,7 +168,7 @@ class Playground:
         kubeconfig = shlex.quote(str(self.cp.kubeconfig_path))
         return f'export KUBECONFIG={kubeconfig} PATH={shlex.quote(dirs)}:"$PATH"'
 
-    def diagnosis(self, log_lines: int = 15) -> list[str]:
+    def diagnosis(self, log_lines: int = 25) -> list[str]:
         """What a failed step needs to be told apart: the runner's errors and refusals, every
         pod, claim, Job and DSV4Deployment with its phase, the newest events, and the tail of
         each container's log (there is no `kubectl logs` here)."""
@@ -180,7 +181,10 @@ class Playground:
             except Exception as error:  # the diagnosis must not hide the failure it explains
                 lines.append(f"cannot list {what[1]}: {type(error).__name__}: {error}")
         for log in sorted((self.root / "pods").glob("*/*.log")):
-            tail = log.read_text(errors="replace").splitlines()[-log_lines:]
+            # Probes' access lines (every 5 s) would push out what the log has to say.
+            said = [line for line in log.read_text(errors="replace").splitlines()
+                    if "GET /healthz" not in line and "GET /readyz" not in line]  # fmt: skip
+            tail = said[-log_lines:]
             lines += [f"--- {log.parent.name}/{log.name} (last {len(tail)} lines)", *tail]
         return lines
 

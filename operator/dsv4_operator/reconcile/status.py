@@ -166,8 +166,8 @@ def _plan(ctx: RenderContext) -> PlanStatus:
 
 MONITORING_CRD_MISSING = (
     "spec.monitoring.serviceMonitor.enabled is true, but the API server does not serve "
-    "monitoring.coreos.com/v1 ServiceMonitor: install the prometheus-operator CRDs (checked "
-    "again every 5 minutes) or set spec.monitoring.serviceMonitor.enabled: false; the rest of "
+    "monitoring.coreos.com/v1 ServiceMonitor: install the prometheus-operator CRDs (looked for "
+    "again within 5 minutes) or set spec.monitoring.serviceMonitor.enabled: false; the rest of "
     "the deployment is reconciled as usual"
 )
 

@@ -47,9 +47,20 @@ Discover = Callable[[Resource], Awaitable[bool]]
 Count = Callable[[Resource], None]
 
 ERROR_BACKOFF_MAX = 60.0
+# An optional kind that is not served is looked for again after 2 s, then twice as long each
+# time, up to 300 s: a CRD installed with the operator (helm install) is often not yet in
+# discovery when the operator starts, and waiting the whole 300 s left the first deployment's
+# DSV4Model unreconciled for five minutes; a kind that never comes costs a request per 300 s.
+ABSENT_FIRST_RECHECK_SECONDS = 2.0
 ABSENT_RECHECK_SECONDS = 300.0
 # Deletions remembered per kind (the newest), for `observe` (see `_Store.gone`).
 TOMBSTONES_MAX = 4096
+
+
+def absent_recheck(times: int) -> float:
+    """Seconds until an absent optional kind is looked for again, after `times` looks that
+    found it absent."""
+    return min(ABSENT_FIRST_RECHECK_SECONDS * 2.0**times, ABSENT_RECHECK_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ class WatchCache:
 
     `namespaces`: the namespaces watched (one stream per kind and namespace), or None for
     cluster-wide streams. `discover(resource)` answers whether an optional kind's API is
-    served; the cache asks it at start and every `ABSENT_RECHECK_SECONDS` while it is not.
+    served; the cache asks it at start and, while it is not, `absent_recheck` apart.
     """
 
     def __init__(
@@ -230,7 +241,7 @@ class WatchCache:
 
     async def serves(self, res: Resource) -> bool:
         """Whether `res` is served, as of the last discovery (optional kinds only are ever
-        absent; they are checked again every ABSENT_RECHECK_SECONDS)."""
+        absent; they are looked for again, `absent_recheck` apart)."""
         return res not in self._absent
 
     def keys(self, res: Resource) -> builtins.list[Key]:
@@ -293,13 +304,15 @@ class WatchCache:
         return served
 
     async def _run(self, w: Watched, ns: str | None) -> None:
-        failures = 0
+        failures = absent = 0
         while True:
             try:
                 if not await self._served(w):
                     self._listed(w.resource, ns)
-                    await asyncio.sleep(ABSENT_RECHECK_SECONDS)
+                    await asyncio.sleep(absent_recheck(absent))
+                    absent += 1
                     continue
+                absent = 0
                 await self._session(w, ns)
                 failures = 0
                 # The session ended: a 410 Gone or a broken list; the next one lists again.
@@ -309,7 +322,8 @@ class WatchCache:
             except APINotFoundError:
                 self._absent.add(w.resource)  # the kind went away (CRD deleted)
                 self._listed(w.resource, ns)
-                await asyncio.sleep(ABSENT_RECHECK_SECONDS)
+                await asyncio.sleep(absent_recheck(absent))
+                absent += 1
             except Exception as error:  # one broken stream must not stop the others
                 failures += 1
                 delay = min(2.0**failures, ERROR_BACKOFF_MAX)
