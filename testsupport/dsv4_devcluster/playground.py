@@ -180,12 +180,38 @@ class Playground:
                 lines += self._listed(*what)
             except Exception as error:  # the diagnosis must not hide the failure it explains
                 lines.append(f"cannot list {what[1]}: {type(error).__name__}: {error}")
+        lines += self._operator_metrics()
         for log in sorted((self.root / "pods").glob("*/*.log")):
             # Probes' access lines (every 5 s) would push out what the log has to say.
             said = [line for line in log.read_text(errors="replace").splitlines()
                     if "GET /healthz" not in line and "GET /readyz" not in line]  # fmt: skip
             tail = said[-log_lines:]
             lines += [f"--- {log.parent.name}/{log.name} (last {len(tail)} lines)", *tail]
+        return lines
+
+    def _operator_metrics(self) -> list[str]:
+        """Each operator pod's leadership, passes, watch lists and errors and discovery reads,
+        read from its metrics port inside its network (which kinds it watches, whether it
+        leads and reconciles)."""
+        if self.runner is None:
+            return []
+        wanted = ("dsv4_leader ", "dsv4_reconciles_total", "dsv4_watch_lists_total",
+                  "dsv4_watch_errors_total", 'resource="discovery"')  # fmt: skip
+        url = "http://127.0.0.1:8080/metrics"  # the chart's ports.metrics
+        read = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=5).read().decode())"
+        lines = []
+        for where in sorted(self.runner.kinds()):
+            namespace, pod, container = where.split("/")
+            if container != "operator":
+                continue
+            try:
+                argv = self.runner.command_in_pod(namespace, pod, [sys.executable, "-c", read])
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            except Exception as error:  # gone since, or not answering: say so, go on
+                lines.append(f"--- {pod} metrics: {type(error).__name__}: {error}")
+                continue
+            found = [m for m in done.stdout.splitlines() if m.startswith(wanted) or wanted[-1] in m]
+            lines.append(f"--- {pod} metrics: " + ("; ".join(found) or done.stderr[-300:]))
         return lines
 
     def _listed(self, api_version: str, kind: str) -> list[str]:
