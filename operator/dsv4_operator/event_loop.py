@@ -14,7 +14,6 @@ to uvloop's resolver.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import Coroutine
 from typing import Any, TypeVar, cast
@@ -70,6 +69,6 @@ def new_event_loop() -> Loop:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """`main` to completion on a new `Loop` (as `uvloop.run`)."""
-    with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(main)
+    """`main` to completion on a new `Loop`."""
+    result: T = uvloop.run(main, loop_factory=new_event_loop)
+    return result

@@ -170,16 +170,25 @@ class Playground:
 
     def diagnosis(self, log_lines: int = 25) -> list[str]:
         """What a failed step needs to be told apart: the runner's errors and refusals, every
-        pod, claim, Job and DSV4Deployment with its phase, the newest events, and the tail of
-        each container's log (there is no `kubectl logs` here)."""
+        pod, claim, Job, DSV4Model and DSV4Deployment with its phase, the newest events, each
+        operator pod's metrics that say what it watches and does, and the tail of each
+        container's log (there is no `kubectl logs` here)."""
         lines = [f"runner error: {e}" for e in (self.runner.errors if self.runner else [])]
         lines += [f"runner cannot run {k}: {why}" for k, why in
                   sorted((self.runner.unrunnable if self.runner else {}).items())]  # fmt: skip
-        for what in (*RESOURCES_SHOWN, ("v1", "Event")):
+        try:
+            dyn = self.cp.dynamic_client()
+        except Exception as error:  # the diagnosis must not hide the failure it explains
+            lines.append(f"cannot reach the API server: {type(error).__name__}: {error}")
+        else:
             try:
-                lines += self._listed(*what)
-            except Exception as error:  # the diagnosis must not hide the failure it explains
-                lines.append(f"cannot list {what[1]}: {type(error).__name__}: {error}")
+                for what in (*RESOURCES_SHOWN, ("v1", "Event")):
+                    try:
+                        lines += _listed(dyn, *what)
+                    except Exception as error:
+                        lines.append(f"cannot list {what[1]}: {type(error).__name__}: {error}")
+            finally:
+                dyn.client.close()
         lines += self._operator_metrics()
         for log in sorted((self.root / "pods").glob("*/*.log")):
             # Probes' access lines (every 5 s) would push out what the log has to say.
@@ -195,8 +204,9 @@ class Playground:
         leads and reconciles)."""
         if self.runner is None:
             return []
-        wanted = ("dsv4_leader ", "dsv4_reconciles_total", "dsv4_watch_lists_total",
-                  "dsv4_watch_errors_total", 'resource="discovery"')  # fmt: skip
+        families = ("dsv4_leader ", "dsv4_reconciles_total", "dsv4_watch_lists_total",
+                    "dsv4_watch_errors_total")  # fmt: skip
+        discovery = 'resource="discovery"'  # the reads that look for kinds not installed
         url = "http://127.0.0.1:8080/metrics"  # the chart's ports.metrics
         read = f"import urllib.request as u; print(u.urlopen({url!r}, timeout=5).read().decode())"
         lines = []
@@ -210,38 +220,9 @@ class Playground:
             except Exception as error:  # gone since, or not answering: say so, go on
                 lines.append(f"--- {pod} metrics: {type(error).__name__}: {error}")
                 continue
-            found = [m for m in done.stdout.splitlines() if m.startswith(wanted) or wanted[-1] in m]
+            said = done.stdout.splitlines()
+            found = [m for m in said if m.startswith(families) or discovery in m]
             lines.append(f"--- {pod} metrics: " + ("; ".join(found) or done.stderr[-300:]))
-        return lines
-
-    def _listed(self, api_version: str, kind: str) -> list[str]:
-        """A line per object of `kind`: its phase, node and conditions not True; for events,
-        the newest 20."""
-        items = self.cp.dynamic_client().resources.get(api_version=api_version, kind=kind)
-        found = items.get().items
-        if kind == "Event":
-            newest = sorted(found, key=lambda e: str(e.lastTimestamp or e.eventTime))[-20:]
-            return [
-                f"event {e.lastTimestamp or e.eventTime} {e.type} {e.involvedObject.kind}/"
-                f"{e.involvedObject.name}: {e.reason}: {str(e.message)[:200]}"
-                for e in newest
-            ]
-        lines = []
-        for item in found:
-            status = item.get("status") or {}
-            unmet = [
-                f"{c.get('type')}={c.get('status')} ({c.get('reason')}: "
-                f"{str(c.get('message', ''))[:160]})"
-                for c in status.get("conditions") or []
-                if c.get("status") != "True"
-            ]
-            node = (item.get("spec") or {}).get("nodeName")
-            lines.append(
-                f"{kind} {item.metadata.namespace}/{item.metadata.name}: phase "
-                f"{status.get('phase')}"
-                + (f", node {node}" if node else "")
-                + "".join(f"; {u}" for u in unmet)
-            )
         return lines
 
     def stop(self) -> None:
@@ -266,6 +247,37 @@ class Playground:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _listed(dyn: Any, api_version: str, kind: str) -> list[str]:
+    """A line per object of `kind`: its phase, node and conditions not True; for events,
+    the newest 20."""
+    items = dyn.resources.get(api_version=api_version, kind=kind)
+    found = items.get().items
+    if kind == "Event":
+        newest = sorted(found, key=lambda e: str(e.lastTimestamp or e.eventTime))[-20:]
+        return [
+            f"event {e.lastTimestamp or e.eventTime} {e.type} {e.involvedObject.kind}/"
+            f"{e.involvedObject.name}: {e.reason}: {str(e.message)[:200]}"
+            for e in newest
+        ]
+    lines = []
+    for item in found:
+        status = item.get("status") or {}
+        unmet = [
+            f"{c.get('type')}={c.get('status')} ({c.get('reason')}: "
+            f"{str(c.get('message', ''))[:160]})"
+            for c in status.get("conditions") or []
+            if c.get("status") != "True"
+        ]
+        node = (item.get("spec") or {}).get("nodeName")
+        lines.append(
+            f"{kind} {item.metadata.namespace}/{item.metadata.name}: phase "
+            f"{status.get('phase')}"
+            + (f", node {node}" if node else "")
+            + "".join(f"; {u}" for u in unmet)
+        )
+    return lines
 
 
 def describe_parts() -> list[str]:
