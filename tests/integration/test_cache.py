@@ -68,7 +68,7 @@ def _cache(namespace: str, changes: list[Change], **watching: Any) -> WatchCache
     for key, value in watching.items():
         setattr(settings.watching, key, value)
 
-    def listener(res: Resource, obj: dict[str, Any], deleted: bool) -> None:
+    def listener(res: Resource, obj: dict[str, Any], deleted: bool, own: bool = False) -> None:
         meta = obj["metadata"]
         changes.append((meta["name"], meta.get("resourceVersion", ""), deleted))
 
@@ -304,7 +304,7 @@ async def test_an_optional_kind_installed_after_the_start_is_watched_within_seco
         kopf.OperatorSettings(),
         [Watched(probe, optional=True)],
         [namespace],
-        lambda res, obj, deleted: changes.append((obj["metadata"]["name"], "", deleted)),
+        lambda res, obj, deleted, own=False: changes.append((obj["metadata"]["name"], "", deleted)),
         discover=client.serves,
     )
     await cache.start()

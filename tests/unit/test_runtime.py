@@ -18,7 +18,8 @@ from kubernetes.config import kube_config
 from dsv4_operator import metrics
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.guard.observations import Observations
-from dsv4_operator.kube.resources import DSV4, POD, STATEFULSET
+from dsv4_operator.kube.resources import DSV4, DSV4_MODEL, POD, STATEFULSET
+from dsv4_operator.names import CREATED_FOR_LABEL, MODEL_KEY_PREFIX
 from dsv4_operator.reconcile.group_capture import GroupRestartCapture
 from dsv4_operator.runtime.leadership import Leadership
 from dsv4_operator.runtime.lease import Timing
@@ -278,6 +279,40 @@ def test_the_listener_hands_every_pod_event_to_the_group_restart_capture() -> No
     [restart] = reconciler.group_capture.pending(("ns", "x"), recorded=[])
     assert restart.group == "x-decode-0" and restart.key == "uid-1/1"
     assert queue.added[-1] == (("ns", "x"), None)
+
+
+def test_the_operators_own_writes_wake_only_what_depends_on_them_across_objects() -> None:
+    """A write the cache hears of from its reply (own) tells the listener once; its watch event
+    then tells no one. So an own write must still wake what another object's pass needs."""
+    guards, queue = _Guards(), _Queue()
+    listener = enqueue_owner(queue, guards, _Reconciler(), _Leadership(True), OwnerSpecs())
+    # The DSV4Model a deployment's pass created: its own pass and its user's run.
+    model = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "flash",
+            "generation": 1,
+            "labels": {CREATED_FOR_LABEL: "x"},
+        }
+    }
+    listener(DSV4_MODEL, model, False, True)
+    assert queue.added == [(("ns", MODEL_KEY_PREFIX + "flash"), 1), (("ns", "x"), None)]
+    # A deployment's own status write: not queued again (its pass just ran), but its guard
+    # sees the status (a rollback's served revision, its culprit search).
+    queue.added.clear()
+    owner = _owner(example_doc()["spec"])
+    listener(DSV4, owner, False, True)
+    assert queue.added == [] and guards.ensured == []
+    assert guards.statuses == [(("ns", "x"), {"phase": "Pending"})]
+    assert guards.owners == [(("ns", "x"), 1)]
+    # A child the deployment's pass applied wakes no one.
+    child = {
+        "metadata": {"namespace": "ns", "name": "x-decode", "labels": {"dsv4.io/deployment": "x"}}
+    }
+    listener(STATEFULSET, child, False, True)
+    assert queue.added == []
+    listener(STATEFULSET, child, False)  # the same child changed by someone else
+    assert queue.added == [(("ns", "x"), None)]
 
 
 def test_a_standby_runs_no_guard() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from typing import Any
 
 from dsv4_operator.engine.validation import validate_object
 from dsv4_operator.kube.errors import KubeError, error_for
 from dsv4_operator.selftest import (
     UNSAFE_RULE,
+    await_leader,
     judge_deployment,
     judge_lease,
     judge_sound,
@@ -80,3 +83,40 @@ def test_admission_judgements_tell_a_broken_webhook_from_a_refusing_one() -> Non
     assert judge_unsafe(UNREACHABLE).reason == "WebhookCallFailed"
     schema_refusal = KubeError(422, "Invalid", "spec.engine.indexKDtype: Unsupported value")
     assert judge_unsafe(schema_refusal).reason == "RefusedElsewhere"
+
+
+class _Leases:
+    """The Lease as successive reads find it (the last one stays)."""
+
+    def __init__(self, *reads: dict[str, object] | None) -> None:
+        self.reads = list(reads)
+
+    async def get(self, res: Any, namespace: str, name: str) -> dict[str, object] | None:
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+
+def _leader(leases: _Leases, wait: float) -> tuple[Any, list[float]]:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    client: Any = leases
+    return asyncio.run(await_leader(client, "ops", "dsv4", lambda: NOW, sleep, wait)), slept
+
+
+def test_a_lease_being_handed_over_is_read_again_until_a_replica_takes_it() -> None:
+    """A rolling update's old leader releases the Lease as it stops; `helm test` right after
+    `rollout status` read it released and failed, though a standby took it a second later."""
+    handover = _Leases(_lease("", NOW), _lease("", NOW), _lease("pod-b", NOW))
+    check, slept = _leader(handover, wait=30)
+    assert (check.ok, check.reason) == (True, "Leading") and "pod-b" in check.message
+    assert slept == [1.0, 1.0]
+    # Nobody takes it: the check fails after the wait, and says it waited.
+    check, slept = _leader(_Leases(_lease("", NOW)), wait=5)
+    assert (check.ok, check.reason) == (False, "NoLeader")
+    assert check.message.endswith("(read again for 5s)") and len(slept) == 5
+    # No wait (--leader-wait 0): one read.
+    check, slept = _leader(_Leases(None), wait=0)
+    assert (check.reason, slept) == ("NoLease", [])
+    assert check.message == "Lease dsv4 not found: no replica ever led"

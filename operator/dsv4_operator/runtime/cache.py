@@ -5,8 +5,9 @@ kopf's streams and why they are used: runtime/kopf_streams.py.
 Children and pods are watched with a server-side selector (`managed-by=dsv4-operator`),
 never every pod in the cluster. Reads are served from memory (callers must not mutate what
 they get); `observe()` folds the reply of the operator's own write in, so the next pass does
-not act again on a stale copy. `metadata.managedFields` is dropped (memory; never read), and
-keys and short strings are shared between objects (half the memory; `_shared`).
+not act again on a stale copy, and tells the listener of it (`own`). `metadata.managedFields`
+is dropped (memory; never read), and keys and short strings are shared between objects (half
+the memory; `_shared`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 
@@ -39,8 +40,16 @@ from dsv4_operator.runtime.kopf_streams import (
 log = logging.getLogger(__name__)
 Objs = list[Obj]  # (the class below has a method named `list`)
 Key = tuple[str, str]  # (namespace, name)
-# What changed: the kind, the object (its last state when deleted), whether it was deleted.
-Listener = Callable[[Resource, Obj, bool], None]
+
+
+class Listener(Protocol):
+    """Told of each version of an object the cache takes up, once: the kind, the object (its
+    last state when deleted), whether it was deleted, and whether it came from the operator's
+    own write (`observe`) rather than from a watch event."""
+
+    def __call__(self, res: Resource, obj: Obj, deleted: bool, own: bool = False) -> None: ...
+
+
 # Whether a kind's API is served (ServiceMonitor needs the prometheus-operator CRDs).
 Discover = Callable[[Resource], Awaitable[bool]]
 # Told of each LIST session a kind's stream starts, and of each failed stream (metrics).
@@ -261,7 +270,12 @@ class WatchCache:
         if cached is None and store.buried_since(key, version):
             return  # the reply to a write made before a deletion the watch already brought
         if cached is None or _newer(version, cached["metadata"].get("resourceVersion")):
-            store.put(_trim(obj, res))
+            kept = _trim(obj, res)
+            store.put(kept)
+            # The watch event of this version finds it here and tells no one, so the listener
+            # hears of it now: another object's pass may depend on it (a DSV4Model a
+            # deployment's pass created has its own pass, which nothing else would start).
+            self._notify(res, kept, deleted=False, own=True)
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -405,11 +419,11 @@ class WatchCache:
         for key in gone:
             self._remove(res, key, store.objects[key])
 
-    def _notify(self, res: Resource, obj: Obj, deleted: bool) -> None:
+    def _notify(self, res: Resource, obj: Obj, deleted: bool, own: bool = False) -> None:
         if self.listener is None:
             return
         try:
-            self.listener(res, obj, deleted)
+            self.listener(res, obj, deleted, own)
         except Exception:  # a listener bug must not stop the stream
             log.exception("cache listener failed for %s %s", res.kind, _key(obj))
 

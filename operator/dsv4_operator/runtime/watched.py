@@ -111,11 +111,18 @@ def enqueue_owner(
     specs: OwnerSpecs,
 ) -> Listener:
     """What a change seen by the watch cache does: enqueue the owner; (re)start its guard with
-    the spec, parsed once per generation."""
+    the spec, parsed once per generation.
 
-    def changed(res: Resource, obj: Obj, deleted: bool) -> None:
+    A change the operator wrote itself (`own`) enqueues no one for its own sake: the pass that
+    wrote it has just acted on it. It still wakes what depends on it across objects: a
+    DSV4Model (created by its first user's pass, its status written by its own pass) wakes
+    its pass and its users, and a deployment's status goes to its guard (a rollback's)."""
+
+    def changed(res: Resource, obj: Obj, deleted: bool, own: bool = False) -> None:
         meta = obj["metadata"]
         namespace = meta.get("namespace") or ""
+        if own and res not in (DSV4_MODEL, DSV4):
+            return  # a child the owner's pass applied
         if res == DSV4_MODEL:
             if not deleted:
                 queue.add(model_key(namespace, meta["name"]), meta.get("generation"))
@@ -129,6 +136,11 @@ def enqueue_owner(
             return
         if res == DSV4:
             key = (namespace, meta["name"])
+            if own:  # its own pass wrote it: only the guard hears of it
+                if leadership.leading.is_set():
+                    guards.saw_status(key, obj.get("status"))
+                    guards.saw_owner(key, obj)
+                return
             model = model_name_of(obj)
             if model is not None:  # its status names its users: a new or a gone one
                 queue.add(model_key(namespace, model))
