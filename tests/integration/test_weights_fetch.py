@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,8 +144,10 @@ def test_the_container_logs_files_bytes_and_resumption_never_the_token(
 
 def test_a_volume_too_small_is_refused_before_downloading(hub: StandInHub, tmp_path: Path) -> None:
     # A free-space figure below the repo's size: the fetcher must refuse up front. The file
-    # system's real free space is far larger, so the repo is made larger than it instead.
-    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    # system's real free space is far larger, so the repo is made larger than it instead:
+    # larger than the whole file system, since other tests write and delete beside this one
+    # (free space read here, then again by check_room, once grew past free + 1 in CI).
+    whole = shutil.disk_usage(tmp_path).total
     repo = hub.repos[REPO_ID]
     request = FetchRequest(REPO_ID, "main", tmp_path / "hub", endpoint=hub.endpoint)
     from huggingface_hub import HfApi
@@ -155,7 +158,7 @@ def test_a_volume_too_small_is_refused_before_downloading(hub: StandInHub, tmp_p
     assert plan.commit == repo.commit
     assert plan.total_bytes == sum(len(d) for d in repo.files.values())
     huge = WeightsPlan(
-        plan.commit, (*plan.files, PlannedFile("shard.safetensors", free + 1, "x", None))
+        plan.commit, (*plan.files, PlannedFile("shard.safetensors", whole + 1, "x", None))
     )
     with pytest.raises(FetchError) as err:
         check_room(request, huge, present=0)

@@ -96,3 +96,28 @@ async def test_forget_stops_retries() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert calls == 1
+
+
+async def test_a_key_whose_object_is_gone_is_not_resynced_unless_it_came_back() -> None:
+    """The garbage collector deletes a deployment's children after it, and each deletion
+    queues the owner's key again: a pass that finds no object must drop the key, or every
+    deleted deployment is resynced for the operator's life."""
+    calls: list[tuple[str, str]] = []
+    came_back = ("ns", "y")
+    queue: WorkQueue
+
+    async def reconcile(key: tuple[str, str]) -> None:
+        calls.append(key)
+        if key == KEY or calls.count(key) == 1:
+            if key == came_back:
+                queue.add(key)  # created again while the pass that found nothing ran
+            queue.gone(key)
+
+    queue = WorkQueue(reconcile, workers=1, resync_seconds=10)
+    queue.add(KEY)
+    queue.add(came_back)
+    await _run_for(queue, 35)
+    # KEY: its one pass, no resync. The key created again: the pass that found nothing, the
+    # one its event asked for (which found it), then a resync every 10 s as for any object.
+    assert calls.count(KEY) == 1
+    assert calls.count(came_back) == 2 + 3

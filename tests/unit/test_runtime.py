@@ -105,6 +105,12 @@ async def test_build_operator_wires_one_operator_from_the_settings(
         assert cache.listener is not None
         cache.listener(DSV4, {"metadata": {"namespace": "a", "name": "d", "generation": 1}}, False)
         assert queue._queued == {("a", "d")}
+        # A pass that finds no object drops its key from the queue's resync (and a model's).
+        for gone in (("a", "deleted"), ("a", MODEL_KEY_PREFIX + "deleted")):
+            queue.add(gone)
+            assert gone in queue._known
+            assert await reconciler(gone) is None
+            assert gone not in queue._known
     finally:
         await guards.close()
         await client.close()

@@ -80,6 +80,8 @@ class Reconciler:
         self._events_forbidden = False
         self._secrets_forbidden = False
         self._pod_events: dict[tuple[str, str], tuple[datetime, list[Obj]]] = {}
+        # Told of a key whose object no longer exists (the work queue's `gone`).
+        self.gone: Callable[[tuple[str, str]], None] = lambda key: None
 
     def forget(self, key: tuple[str, str]) -> None:
         """The deployment is gone: its canary window and every metric series of it."""
@@ -139,6 +141,7 @@ class Reconciler:
         """One DSV4Model pass: gather_model -> decide_model -> act_model."""
         world = await gather_model(self.reader, namespace, name, self.clock())
         if world is None:
+            self.gone((namespace, MODEL_KEY_PREFIX + name))
             return None
         events: dict[str, list[Obj]] = {}
         names = [] if self._events_forbidden else unexplained(world.weights_pods, world.now)
@@ -215,6 +218,7 @@ class Reconciler:
         )
         if world is None:
             self.forget(key)
+            self.gone(key)
             return None
         world = await self._with_pod_events(world)
         recorded = [r.key for r in world.status.group_restarts]

@@ -83,6 +83,14 @@ class WorkQueue:
         if timer is not None:
             timer.cancel()
 
+    def gone(self, key: Key) -> None:
+        """A pass found no object for `key`: forget it (a key is queued by its children's
+        events too, and the garbage collector deletes those after the owner: every deleted
+        deployment was resynced for the operator's life), unless an event came for it while
+        that pass ran (created again: the pass that follows finds it)."""
+        if key not in self._again:
+            self.forget(key)
+
     async def _work(self) -> None:
         while True:
             key = await self._queue.get()

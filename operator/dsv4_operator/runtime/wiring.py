@@ -96,6 +96,7 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         resync_seconds=op.resync_seconds,
         backoff_max=op.retry_backoff_max_seconds,
     )
+    reconciler.gone = queue.gone
     http = GuardHttp.create()
     guards = GuardSupervisor(
         cache,
