@@ -213,7 +213,14 @@ def _prove_rbac(
     ).start()
     try:
         _lifecycle(Cluster(dyn, work), op)
-        op.more_passes(2)  # resyncs after the delete, still authorized
+        # The deletion reached the operator (the deployment's series retired) and it goes on,
+        # its watches still authorized (a denial would be in its log, read below). Not passes:
+        # a deleted deployment's key leaves the work queue, and nothing is left to resync.
+        wait_for(
+            "the deleted deployment's series retired",
+            lambda: not op.series("dsv4_guard_outcome"),
+            timeout=60,
+        )
         op.alive_or_raise()
     finally:
         op.stop()
