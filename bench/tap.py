@@ -65,6 +65,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import cast
 
 import uvloop
@@ -181,13 +182,19 @@ TIMINGS = {
 _EVENTS = [_event(i) for i in range(60)]
 
 
-def _upstream(port: int, chunks: int, gap_ms: float) -> None:
+def _upstream(bound: Connection, chunks: int, gap_ms: float) -> None:
+    """The upstream stand-in's process: serves on a port the kernel picks and sends it on
+    `bound` (a port chosen beforehand was once taken by another test's connection before
+    this bound it, and the bench then measured whatever listened there)."""
+
     async def serve() -> None:
         loop = asyncio.get_running_loop()
         clock = _DecodeSteps(gap_ms / 1000)
         server = await loop.create_server(
-            lambda: _StreamingUpstream(chunks, gap_ms, clock), "127.0.0.1", port
+            lambda: _StreamingUpstream(chunks, gap_ms, clock), "127.0.0.1", 0
         )
+        bound.send(server.sockets[0].getsockname()[1])
+        bound.close()
         await server.serve_forever()
 
     uvloop.run(serve())
@@ -427,13 +434,17 @@ def _start_reference(
             stderr=subprocess.DEVNULL,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
-        _wait_port(port)
+        _wait_port(port, proxy)
     return proxy
 
 
-def _wait_port(port: int) -> None:
+def _wait_port(port: int, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Until something listens on `port`; `process`, the one meant to: fail when it exited
+    (its port taken since `free_port` picked it), rather than measure whatever listens."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"pid {process.pid} exited ({process.returncode}) before {port}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -480,10 +491,14 @@ def main() -> int:
     if pin:  # this process (the load generator) and the upstream it spawns: the first CPU
         os.sched_setaffinity(0, cpus[:1])
     ctx = multiprocessing.get_context("spawn")
-    up_port, tap_port, metrics_port = free_port(), free_port(), free_port()
-    upstream = ctx.Process(target=_upstream, args=(up_port, args.chunks, args.gap_ms), daemon=True)
+    port_of_upstream, bound = ctx.Pipe(duplex=False)
+    upstream = ctx.Process(target=_upstream, args=(bound, args.chunks, args.gap_ms), daemon=True)
     upstream.start()
-    _wait_port(up_port)
+    bound.close()
+    if not port_of_upstream.poll(30):
+        raise TimeoutError("the upstream stand-in did not bind within 30 s")
+    up_port: int = port_of_upstream.recv()
+    tap_port, metrics_port = free_port(), free_port()
     up_url, tap_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{tap_port}"
     # The tap as it runs in the router pod: `dsv4 tap` (it starts its classifier process).
     tap = subprocess.Popen(
@@ -494,8 +509,8 @@ def main() -> int:
         stderr=subprocess.DEVNULL,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
     )  # fmt: skip
-    _wait_port(tap_port)
-    _wait_port(metrics_port)  # with workers: once every one of them serves
+    _wait_port(tap_port, tap)
+    _wait_port(metrics_port, tap)  # with workers: once every one of them serves
     relays = spawned_children(tap.pid) if args.tap_workers > 1 else [tap.pid]
     classifiers = [child for relay in relays for child in spawned_children(relay)]
     if len(relays) != args.tap_workers or len(classifiers) != args.tap_workers:
