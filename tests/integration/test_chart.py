@@ -181,6 +181,9 @@ def _lifecycle(cluster: Cluster, op: OperatorProcess) -> None:
     assert "dsv4-flash-prefill" not in names, "BlueGreen deleted the old pair"
     wait_for("revisions pruned to the limit", lambda: len(cluster.revisions()) == 1, timeout=30)
     assert any(e["reason"] for e in cluster.events()), "no Events were posted"
+    # Its series exist (every pass sets them): their retirement is what shows, after the
+    # delete, that the operator saw it.
+    assert op.series("dsv4_guard_outcome"), "no dsv4_guard_outcome series before the delete"
     cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
     wait_for("children garbage-collected", lambda: not cluster.children(), timeout=120)
 
