@@ -8,19 +8,25 @@ all deployments, so each guard's canary, engine and tap reads get real answers):
 1. floor: a plain client server-side applies the manifests `dsv4 render` gives for N
    deployments (namespace `plain`, the operator's number of workers in flight) and times until
    all N x 9 children exist;
-2. operator: `dsv4 run` watching namespace `op`; N guarded DSV4Deployments created at once
-   (canary every `--canary-interval`, bake after `--bake-time`); time until their N x 9
-   children exist, the ratio to the floor, and the requests the operator made for them;
-3. every pod at its double's address, then every deployment baked (its revision last known
+2. ideal controller: bench/ideal_controller.py watching namespace `ideal` (the plain apply's
+   requests, from a controller, plus only what any controller must: the user's create, one
+   status write); the same N guarded DSV4Deployments created at once; time until their
+   children exist (what of the operator's time over the floor is any controller's);
+3. operator: `dsv4 run` watching namespace `op`, its cache synced; N guarded DSV4Deployments
+   created at once (canary every `--canary-interval`, bake after `--bake-time`); time until
+   their N x 9 children exist, the ratio to the floor, the requests the operator made for
+   them, and in each of the three windows the CPU of every process (the API server, the
+   controllers, the operator or the ideal controller, this bench's own client);
+4. every pod at its double's address, then every deployment baked (its revision last known
    good), then nobody writing the children's kinds for a few seconds;
-4. idle with the operator (`--idle` seconds): its CPU, RSS, API requests by verb and resource
+5. idle with the operator (`--idle` seconds): its CPU, RSS, API requests by verb and resource
    (its own counters: what it wrote while nothing a user sees changed), canary runs (the
    guard's schedule), the API server's CPU and the requests it answered on our kinds;
-5. idle without the operator (stopped; same objects, same doubles, same length): the API
+6. idle without the operator (stopped; same objects, same doubles, same length): the API
    server's CPU; then the operator started again and, once settled, the same window with it
    again: the ratio is the mean of the two windows with over the one without, between them
    (the API server's own load drifts over a run, so one order alone biases it);
-6. start-up: every deployment's spec changed while the operator is down (guard.errorLimit:
+7. start-up: every deployment's spec changed while the operator is down (guard.errorLimit:
    no rollout), the operator started; time to the first and to the last status that observed
    the new generation.
 
@@ -28,7 +34,7 @@ Figures come from /proc (CPU = utime + stime, RSS = VmRSS), the operator's /metr
 API server's own `apiserver_request_total`. Children are counted from metadata-only watches.
 The machine is shared: read ratios measured in the same run, not absolute times.
 
-    python bench/scale.py [--n 10,100,1000] [--idle 120] [--canary-interval 60s]
+    python bench/scale.py [--n 10,100,1000] [--idle 120] [--canary-interval 60s] [--rounds 3]
                           [--idle-only] [--sources canary,tap,engine] [--profile DIR]
 
 `--sources canary` leaves the tap and engine reads off: what the canary alone costs, the
@@ -40,9 +46,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
+import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,6 +82,7 @@ from dsv4_operator.api.status import parse_status
 from dsv4_operator.api.times import Duration
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
 from dsv4_operator.kube.resources import DEPLOYMENT, DSV4, PDB, SERVICE, STATEFULSET
+from dsv4_operator.names import DEPLOYMENT_LABEL
 from dsv4_operator.runtime.watched import WATCHED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +92,7 @@ PODS_PER_DEPLOYMENT = 3  # prefill, decode, router: one replica each in the exam
 CHILD_KINDS = (STATEFULSET, DEPLOYMENT, SERVICE, PDB)
 # Every kind the operator reads (its watch cache's list), and the Events it posts.
 OPERATOR_RESOURCES = (*(w.resource.plural for w in WATCHED), "events")
+IDEAL = "ideal"  # the namespace bench/ideal_controller.py watches
 WORKERS = 4  # the operator's default (DSV4_WORKERS); the floor keeps as many applies in flight
 DEPLOYMENTS_PER_NODE = 32  # 8 GPUs and 3 pods each: 96 of a node's 110 pods
 # One tap per this many deployments: in a cluster each router pod's tap runs its own canary; 25
@@ -113,6 +124,28 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def process_cpu(
+    cp: ControlPlane,
+    engines: FleetEngines,
+    operator: OperatorProcess | None = None,
+    controller: subprocess.Popen[bytes] | None = None,
+) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process, the doubles and taps (summed), the
+    operator's or the ideal controller's, and this bench's own (the plain apply's client)."""
+    pids: dict[str, list[int]] = {}
+    for p in cp.processes:
+        pids.setdefault(p.name, []).append(p.pid)
+    pids["doubles+taps"] = [d.process.pid for d in engines.doubles] + [t.pid for t in engines.taps]
+    if operator is not None and operator.proc is not None:
+        pids["operator"] = [operator.proc.pid]
+    if controller is not None:
+        pids["ideal controller"] = [controller.pid]
+    cpu = {name: sum(map(cpu_seconds, group)) for name, group in pids.items()}
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    cpu["bench (its client, watches)"] = own.ru_utime + own.ru_stime
+    return cpu
+
+
 def apiserver_pid(cp: ControlPlane) -> int:
     return next(p.pid for p in cp.processes if p.name == "kube-apiserver")
 
@@ -124,6 +157,31 @@ def seconds(duration: str) -> float:
 
 def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+
+
+async def until_listed(operator: OperatorProcess, timeout: float = 60.0) -> None:
+    """Until the operator has listed every kind it watches (its cache synced: no new LIST for a
+    second), so the creation window does not time its start-up (measured on its own, step 7)."""
+    deadline, last = time.monotonic() + timeout, -1.0
+    while time.monotonic() < deadline:
+        lists = operator_total(operator, "dsv4_watch_lists_total")
+        if lists > 0 and lists == last:
+            return
+        last = lists
+        await asyncio.sleep(1.0)
+    raise TimeoutError(f"the operator did not list its kinds in {timeout:.0f}s")
+
+
+def operator_total(operator: OperatorProcess, name: str) -> float:
+    """A counter of the operator's summed over its labels."""
+    with httpx.Client() as http:
+        text = http.get(f"http://{operator.host}:{operator.metrics_port}/metrics").text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )
 
 
 def operator_counts(operator: OperatorProcess) -> dict[str, float]:
@@ -175,6 +233,24 @@ class Plan:
     # Who runs the canary: "tap" (the default spec: the router pods' taps, asked by the
     # operator) or "operator" (canary.endpoint set: the operator runs every request).
     canary_on: str = "tap"
+    # Creation rounds (plain apply, ideal controller, operator): the ratios are read as the
+    # median of these, since one round's vary by 0.3x on a shared machine.
+    rounds: int = 1
+
+
+@dataclass
+class Round:
+    """One creation round: seconds until the children exist, for each of the three."""
+
+    floor_s: float
+    ideal_s: float
+    operator_s: float
+
+    def __str__(self) -> str:
+        return (
+            f"plain apply {self.floor_s:.1f} s, ideal controller {self.ideal_s:.1f} s, "
+            f"operator {self.operator_s:.1f} s"
+        )
 
 
 @dataclass
@@ -183,6 +259,15 @@ class Figures:
     floor_s: float = 0.0
     operator_s: float = 0.0
     creation: dict[str, float] = field(default_factory=dict)
+    creation_passes: float = 0.0
+    rounds: list[Round] = field(default_factory=list)  # --rounds, the main one last
+    # CPU seconds each process used while the children were made: the floor's window and the
+    # operator's (whose extra work beside the 9 applies the time ratio is made of).
+    floor_cpu: dict[str, float] = field(default_factory=dict)
+    # bench/ideal_controller.py: the plain apply's requests plus only what any controller must.
+    ideal_s: float = 0.0
+    ideal_cpu: dict[str, float] = field(default_factory=dict)
+    operator_cpu: dict[str, float] = field(default_factory=dict)
     baked_s: float = 0.0
     idle_cpu_s: float = 0.0
     # The engine doubles' and taps' CPU over the same window: they answer the same canary
@@ -266,14 +351,16 @@ async def measure(plan: Plan, logs: Path) -> Figures:
         extra_apiserver_args=API_SERVER,
         extra_controller_manager_args=CONTROLLER_MANAGER,
     ) as cp:
-        for i in range(-(-2 * n // DEPLOYMENTS_PER_NODE)):  # the floor's and the operator's
+        # The floor's, the ideal controller's and the operator's pods, in each round.
+        for i in range(-(-3 * n * plan.rounds // DEPLOYMENTS_PER_NODE)):
             cp.add_gpu_node(
                 f"fleet-{i}", gpus=8 * DEPLOYMENTS_PER_NODE, product=RTX, labels={POOL_LABEL: POOL}
             )
         cfg = load_configuration(str(cp.kubeconfig_path))
         client = KubeClient(http_client_for(cfg, timeout=120), field_manager="bench")
         dyn = cp.dynamic_client()
-        for ns in ("plain", "op"):
+        earlier = [f"{ns}-{r}" for r in range(1, plan.rounds) for ns in ("plain", IDEAL, "op")]
+        for ns in (*earlier, "plain", IDEAL, "op"):
             dyn.resources.get(api_version="v1", kind="Namespace").create(
                 body={"metadata": {"name": ns}}
             )
@@ -293,6 +380,142 @@ async def measure(plan: Plan, logs: Path) -> Figures:
     return figures
 
 
+def guarded_docs(plan: Plan, engines: FleetEngines, namespace: str) -> list[dict[str, Any]]:
+    """The N guarded DSV4Deployments the operator (or the ideal controller) is given."""
+    return [
+        with_sources(
+            guarded(
+                d,
+                engines.canary_endpoint(d["metadata"]["name"])
+                if plan.canary_on == "operator"
+                else None,
+                plan.canary_interval,
+                plan.bake_time,
+                plan.confidence,
+            ),
+            plan.sources,
+        )
+        for d in deployments(namespace, plan.n)
+    ]
+
+
+async def ideal_round(
+    plan: Plan,
+    cp: ControlPlane,
+    client: KubeClient,
+    engines: FleetEngines,
+    logs: Path,
+    namespace: str = IDEAL,
+) -> tuple[float, dict[str, float]]:
+    """The same creates, taken up by bench/ideal_controller.py in `namespace`: the time until
+    the children exist and the CPU each process used meanwhile."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for child in rendered(namespace, plan.n):
+        by_name.setdefault(child["metadata"]["labels"][DEPLOYMENT_LABEL], []).append(child)
+    children = logs / f"{namespace}-children.json"
+    children.write_text(json.dumps(by_name))
+    with (logs / f"{namespace}-controller.log").open("wb") as log:
+        controller = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "bench" / "ideal_controller.py"),
+                str(cp.kubeconfig_path),
+                namespace,
+                str(children),
+                "--workers",
+                str(WORKERS),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    # Its pods get the doubles' addresses too: the operator's window has that load (its
+    # guard reads them), so this one must.
+    addresses = asyncio.create_task(with_addresses(plan, client, engines, namespace))
+    try:
+        docs = guarded_docs(plan, engines, namespace)
+        await asyncio.sleep(2)  # its watch is open (the creates are not listed, but watched)
+        cpu = process_cpu(cp, engines, controller=controller)
+        elapsed = await timed_children(
+            client.http, namespace, plan.n, lambda: bounded(16, (client.apply(d) for d in docs))
+        )
+        return elapsed, delta(process_cpu(cp, engines, controller=controller), cpu)
+    finally:
+        addresses.cancel()
+        controller.terminate()
+        controller.wait(30)
+
+
+async def with_addresses(
+    plan: Plan, client: KubeClient, engines: FleetEngines, namespace: str
+) -> None:
+    await give_pods_addresses(
+        client.http,
+        namespace,
+        engines,
+        plan.n * PODS_PER_DEPLOYMENT,
+        timeout=600 + 2 * plan.n,
+        interval=2,
+    )
+
+
+async def floor_round(
+    plan: Plan, cp: ControlPlane, client: KubeClient, engines: FleetEngines, namespace: str
+) -> tuple[float, dict[str, float]]:
+    """The plain apply of the rendered children in `namespace`: time and CPU."""
+    manifests = rendered(namespace, plan.n)
+    cpu = process_cpu(cp, engines)
+    elapsed = await timed_children(
+        client.http,
+        namespace,
+        plan.n,
+        lambda: bounded(WORKERS, (client.apply(m) for m in manifests)),
+    )
+    return elapsed, delta(process_cpu(cp, engines), cpu)
+
+
+def operator_process(
+    plan: Plan, cp: ControlPlane, engines: FleetEngines, logs: Path, namespace: str
+) -> OperatorProcess:
+    env = {"DSV4_CANARY_ENDPOINT_ALLOW": engines.allow}
+    if seconds(plan.canary_interval) < OPERATOR_FLOOR:
+        env["DSV4_MIN_CANARY_INTERVAL"] = plan.canary_interval
+    if plan.idle_reads is not None:
+        env["DSV4_GUARD_IDLE_READ_SECONDS"] = str(plan.idle_reads)
+    operator = OperatorProcess(cp.kubeconfig_path, namespace, logs, **env)
+    if plan.resync is None:
+        del operator.env["DSV4_RESYNC_SECONDS"]  # the operator's own default
+    else:
+        operator.env["DSV4_RESYNC_SECONDS"] = str(plan.resync)
+    return operator
+
+
+async def earlier_round(
+    number: int, plan: Plan, cp: ControlPlane, client: KubeClient, engines: FleetEngines, logs: Path
+) -> Round:
+    """One more creation round before the main one (--rounds): the plain apply, the ideal
+    controller and an operator of its own, each in a namespace of its own."""
+    plain, ideal, op = (f"{ns}-{number}" for ns in ("plain", IDEAL, "op"))
+    floor_s, _ = await floor_round(plan, cp, client, engines, plain)
+    await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
+    ideal_s, _ = await ideal_round(plan, cp, client, engines, logs, ideal)
+    await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
+    operator = operator_process(plan, cp, engines, logs, op)
+    operator.start()
+    addresses = asyncio.create_task(with_addresses(plan, client, engines, op))
+    try:
+        docs = guarded_docs(plan, engines, op)
+        await until_listed(operator)
+        operator_s = await timed_children(
+            client.http, op, plan.n, lambda: bounded(16, (client.apply(d) for d in docs))
+        )
+    finally:
+        addresses.cancel()
+        operator.stop()
+    say(plan.n, f"round {number}: {Round(floor_s, ideal_s, operator_s)}")
+    await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
+    return Round(floor_s, ideal_s, operator_s)
+
+
 async def run_fleet(
     plan: Plan,
     figures: Figures,
@@ -302,60 +525,43 @@ async def run_fleet(
     logs: Path,
 ) -> None:
     n, http = plan.n, client.http
-    manifests = rendered("plain", n)
-    figures.floor_s = await timed_children(
-        http, "plain", n, lambda: bounded(WORKERS, (client.apply(m) for m in manifests))
-    )
+    for number in range(1, plan.rounds):
+        figures.rounds.append(await earlier_round(number, plan, cp, client, engines, logs))
+    figures.floor_s, figures.floor_cpu = await floor_round(plan, cp, client, engines, "plain")
     say(n, f"floor {figures.floor_s:.1f}s")
     await asyncio.to_thread(quiet, cp, plan.quiet_seconds)  # the floor's pods are all Running
+    figures.ideal_s, figures.ideal_cpu = await ideal_round(plan, cp, client, engines, logs)
+    say(n, f"ideal controller {figures.ideal_s:.1f}s")
+    await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
 
-    env = {"DSV4_CANARY_ENDPOINT_ALLOW": engines.allow}
-    if seconds(plan.canary_interval) < OPERATOR_FLOOR:
-        env["DSV4_MIN_CANARY_INTERVAL"] = plan.canary_interval
-    if plan.idle_reads is not None:
-        env["DSV4_GUARD_IDLE_READ_SECONDS"] = str(plan.idle_reads)
-    operator = OperatorProcess(cp.kubeconfig_path, "op", logs, **env)
-    if plan.resync is None:
-        del operator.env["DSV4_RESYNC_SECONDS"]  # the operator's own default
-    else:
-        operator.env["DSV4_RESYNC_SECONDS"] = str(plan.resync)
+    operator = operator_process(plan, cp, engines, logs, "op")
     operator.start()
     try:
-        docs = [
-            with_sources(
-                guarded(
-                    d,
-                    engines.canary_endpoint(d["metadata"]["name"])
-                    if plan.canary_on == "operator"
-                    else None,
-                    plan.canary_interval,
-                    plan.bake_time,
-                    plan.confidence,
-                ),
-                plan.sources,
-            )
-            for d in deployments("op", n)
-        ]
+        docs = guarded_docs(plan, engines, "op")
+        await until_listed(operator)  # running before the creates, as a user's operator is
         before = operator_counts(operator)
         start = time.monotonic()
         # Pods get their engines' addresses as they start, as on a cluster: a guard reading
         # kwok's made-up IPs meanwhile would time out and slow the creation it measures.
-        addresses = asyncio.create_task(
-            give_pods_addresses(
-                http, "op", engines, n * PODS_PER_DEPLOYMENT, timeout=600 + 2 * n, interval=2
-            )
-        )
+        addresses = asyncio.create_task(with_addresses(plan, client, engines, "op"))
         try:
             assert operator.proc is not None
             spy = profiler(plan, operator.proc.pid, "creation")
+            cpu = process_cpu(cp, engines, operator)
             figures.operator_s = await timed_children(
                 http, "op", n, lambda: bounded(16, (client.apply(d) for d in docs))
             )
+            figures.operator_cpu = delta(process_cpu(cp, engines, operator), cpu)
             stop_profiler(spy)
-            figures.creation = {
-                k: v for k, v in delta(operator_counts(operator), before).items() if " " in k
-            }
-            say(n, f"operator {figures.operator_s:.1f}s; {figures.creation}")
+            counts = delta(operator_counts(operator), before)
+            figures.creation = {k: v for k, v in counts.items() if " " in k}
+            figures.creation_passes = counts.get("dsv4_reconciles_total", 0.0)
+            figures.rounds.append(Round(figures.floor_s, figures.ideal_s, figures.operator_s))
+            say(
+                n,
+                f"operator {figures.operator_s:.1f}s; {figures.creation_passes:.0f} passes; "
+                f"{figures.creation}",
+            )
             await addresses
         finally:
             addresses.cancel()
@@ -556,7 +762,7 @@ def table(rows: list[Figures], plan: Plan) -> str:
             f"| {total(f.calls('write'))} | {total(f.calls('read'))} "
             f"| {f.canary_runs:.0f} ({f.canary_runs_due:.0f}) | {by_verb(f.server_requests)} "
             f"| {server} "
-            f"| {f.operator_s:.1f} s vs {f.floor_s:.1f} s ({f.operator_s / f.floor_s:.2f}x) "
+            f"| {children(f)} "
             f"| {startup} |"
         )
     creation = "\n".join(
@@ -564,13 +770,56 @@ def table(rows: list[Figures], plan: Plan) -> str:
         f"apply's {CHILDREN_PER_DEPLOYMENT} ({by_verb(f.creation)})"
         for f in rows
     )
-    return "\n".join(lines) + f"\n\nthe operator's API requests while creating:\n{creation}"
+    cpu = "\n".join(
+        f"  N={f.n}: plain apply {cpu_line(f.floor_cpu)}\n"
+        f"  N={f.n}: ideal controller {cpu_line(f.ideal_cpu)}\n"
+        f"  N={f.n}: operator {cpu_line(f.operator_cpu)}"
+        for f in rows
+    )
+    return (
+        "\n".join(lines)
+        + f"\n\nthe operator's API requests while creating:\n{creation}"
+        + f"\n\nCPU seconds while the children were made:\n{cpu}"
+    )
+
+
+def children(f: Figures) -> str:
+    """The creation figures: the main round's times, then the median ratios over the rounds."""
+    main = (
+        f"{f.operator_s:.1f} s vs {f.floor_s:.1f} s ({f.operator_s / f.floor_s:.2f}x; "
+        f"ideal controller {f.ideal_s:.1f} s, {f.ideal_s / f.floor_s:.2f}x)"
+    )
+    if len(f.rounds) < 2:
+        return main
+    over_floor = [r.operator_s / r.floor_s for r in f.rounds]
+    ideal_over_floor = [r.ideal_s / r.floor_s for r in f.rounds]
+    over_ideal = [r.operator_s / r.ideal_s for r in f.rounds]
+    return (
+        f"{main}; median of {len(f.rounds)} rounds: operator {spread(over_floor)} and ideal "
+        f"controller {spread(ideal_over_floor)} of the plain apply, operator "
+        f"{spread(over_ideal)} of the ideal controller"
+    )
+
+
+def spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{name} {s:.1f}" for name, s in sorted(cpu.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", "--sizes", dest="n", default="10,100,1000")
     parser.add_argument("--idle", type=float, default=120.0, help="seconds per idle window")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="creation rounds (plain apply, ideal controller, operator); the children ratios "
+        "are then the median over them",
+    )
     parser.add_argument("--canary-interval", default="60s", help="spec.guard.canary.interval")
     parser.add_argument("--bake-time", default="10s", help="spec.guard.bakeTime")
     parser.add_argument(
@@ -660,6 +909,7 @@ def main() -> int:
                 startup=not args.idle_only,
                 sources=sources,
                 canary_on=args.canary_on,
+                rounds=args.rounds,
             )
             started = time.monotonic()
             here = Path(logs) / f"n{n}"  # each N's logs apart

@@ -111,6 +111,9 @@ async def test_build_operator_wires_one_operator_from_the_settings(
             assert gone in queue._known
             assert await reconciler(gone) is None
             assert gone not in queue._known
+        # A pass's trailing write (a revision to store) that failed runs the key again soon.
+        reconciler.trailing.on_failure(("a", "d2"), RuntimeError("refused"))
+        assert ("a", "d2") in queue._timers
     finally:
         await guards.close()
         await client.close()

@@ -28,3 +28,16 @@ def test_a_status_first_seen_is_listed_and_an_unchanged_one_is_not() -> None:
     [(name, change)] = bench.status_changes({}, {"c": {"phase": "Progressing"}})
     assert name == "c" and "phase 'Pending' -> 'Progressing'" in change  # parsed: a default
     assert bench.status_changes({"c": {"phase": "Ready"}}, {"c": {"phase": "Ready"}}) == []
+
+
+def test_the_children_figure_is_the_median_over_the_creation_rounds() -> None:
+    figures = bench.Figures(100, floor_s=10.0, ideal_s=9.0, operator_s=13.0)
+    assert bench.children(figures) == "13.0 s vs 10.0 s (1.30x; ideal controller 9.0 s, 0.90x)"
+    figures.rounds = [bench.Round(10.0, 10.0, 15.0), bench.Round(10.0, 8.0, 12.0)]
+    figures.rounds.append(bench.Round(10.0, 9.0, 13.0))
+    line = bench.children(figures)
+    # operator / plain apply: 1.5, 1.2, 1.3; ideal / plain: 1.0, 0.8, 0.9; operator / ideal:
+    # 1.5, 1.5, 1.44 -- each the median of its own round's ratios, not of medians of times.
+    assert "median of 3 rounds: operator 1.30x (1.20-1.50)" in line
+    assert "ideal controller 0.90x (0.80-1.00) of the plain apply" in line
+    assert "operator 1.50x (1.44-1.50) of the ideal controller" in line

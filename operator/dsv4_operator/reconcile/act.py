@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Conflict, NotFound
@@ -14,6 +15,8 @@ from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.world import World
 
 Observe = Callable[[Obj], None]
+# Takes the writes a pass leaves behind, to run after it (reconcile/trailing.py).
+Trail = Callable[[Coroutine[Any, Any, None]], None]
 # A first pair's children in flight at once, per reconcile (DSV4_WORKERS reconciles run at
 # once): the children of one create do not wait on each other's round trips.
 CHILD_APPLIES_AT_ONCE = 4
@@ -29,9 +32,10 @@ async def act(
     decision: Decision,
     recorder: EventRecorder | None = None,
     observe: Observe = ignore,
+    trail: Trail | None = None,
 ) -> None:
     """Deletes first (Recreate must stop the old pair before anything new starts), then the
-    children, then the ControllerRevisions to store, the status and the Events.
+    children, then the status, the ControllerRevisions to store and the Events.
 
     The status is written after the children (when a field a user sees changed), except for a
     rollback: its quarantine entry is the only record of why the spec is not served, and the
@@ -39,7 +43,9 @@ async def act(
     crash between the two writes cannot make the next pass roll the failed revision out again.
 
     `observe` gets every object the API server returns for a write, so a watch cache can
-    fold it in before the watch event arrives.
+    fold it in before the watch event arrives. `trail` (reconcile/trailing.py) takes the
+    ControllerRevisions and Events, to be written after the pass: nothing in it reads them.
+    Without it they are written here, beside the status.
     """
     status = decision.status.reconciled_wire()
     # Only a change a user would see is written: status.guard's live counts alone are not
@@ -52,12 +58,26 @@ async def act(
         await client.delete(res, world.namespace, name)
     await _apply_children(client, world, decision.apply, observe)
     # After the children, so that none of them waits on a request it does not need. The
-    # ControllerRevision, the status and the Events do not depend on each other: they go
-    # together, one round trip instead of three before the worker takes its next key.
+    # ControllerRevisions, the status and the Events do not depend on each other.
     recorder = recorder or EventRecorder(client)
+    status_write = _write_status(client, world, status, observe) if due else _nothing()
+    if trail is None or not (decision.create or decision.events):
+        await asyncio.gather(status_write, _records(client, world, decision, recorder, observe))
+        return
+    await status_write
+    trail(_records(client, world, decision, recorder, observe))
+
+
+async def _records(
+    client: KubeClient,
+    world: World,
+    decision: Decision,
+    recorder: EventRecorder,
+    observe: Observe,
+) -> None:
+    """The ControllerRevisions to store and the Events to post, together."""
     await asyncio.gather(
         _create_revisions(client, decision.create, observe),
-        _write_status(client, world, status, observe) if due else _nothing(),
         _post_events(recorder, world, decision),
     )
 

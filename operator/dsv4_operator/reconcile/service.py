@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from dsv4_operator.reconcile.model_world import gather_model
 from dsv4_operator.reconcile.pod_causes import unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
+from dsv4_operator.reconcile.trailing import Trailing
 from dsv4_operator.reconcile.validations import SpecValidations
 from dsv4_operator.reconcile.world import World
 
@@ -38,6 +40,8 @@ Clock = Callable[[], datetime]
 # A stuck pod's Events are listed again after this long at the earliest (a bounded cache).
 EVENTS_REFRESH_SECONDS = 60.0
 EVENTS_CACHE_SIZE = 1024
+# After a trailing write failed: soon, but not at once (the API server may be what failed).
+TRAILING_RETRY_SECONDS = 10.0
 
 
 def _plan_series(plan: PlanCheck | None) -> tuple[str, bool | None] | None:
@@ -82,6 +86,24 @@ class Reconciler:
         self._pod_events: dict[tuple[str, str], tuple[datetime, list[Obj]]] = {}
         # Told of a key whose object no longer exists (the work queue's `gone`).
         self.gone: Callable[[tuple[str, str]], None] = lambda key: None
+        # Asked to run a key's pass again after a delay (the work queue's `add_after`).
+        self.retry: Callable[[tuple[str, str], float], None] = lambda key, delay: None
+        # The ControllerRevisions and Events of each key's last pass, written after it.
+        self.trailing = Trailing(self._trailing_failed)
+
+    def _trailing_failed(self, key: tuple[str, str], error: Exception) -> None:
+        """The last pass of `key` left writes that failed (a ControllerRevision; an Event the
+        API server refuses is logged and dropped by the recorder): the next pass, soon, finds
+        the revision missing and stores it."""
+        log.warning(
+            "%s/%s: writing its revisions or Events after the pass failed (%s: %s); "
+            "reconciling again in %.0fs",
+            *key,
+            type(error).__name__,
+            error,
+            TRAILING_RETRY_SECONDS,
+        )
+        self.retry(key, TRAILING_RETRY_SECONDS)
 
     def forget(self, key: tuple[str, str]) -> None:
         """The deployment is gone: its canary window and every metric series of it."""
@@ -207,6 +229,8 @@ class Reconciler:
         namespace, name = key
         if name.startswith(MODEL_KEY_PREFIX):
             return await self._model(namespace, name.removeprefix(MODEL_KEY_PREFIX))
+        # The last pass's ControllerRevisions and Events first: this pass must see them.
+        await self.trailing.wait(key)
         world = await gather(
             self.reader,
             namespace,
@@ -245,11 +269,10 @@ class Reconciler:
                 len(decision.create),
                 "; ".join(f"{n.reason}: {n.message}" for n in decision.events) or "-",
             )
+        observe = self.cache.observe if self.cache is not None else ignore
+        trail = functools.partial(self.trailing.start, key)
         try:
-            if self.cache is not None:
-                await act(self.client, world, decision, self.recorder, self.cache.observe)
-            else:
-                await act(self.client, world, decision, self.recorder)
+            await act(self.client, world, decision, self.recorder, observe, trail)
         except KubeError as error:
             if refused(error):
                 await self._report_rejection(world, decision, error)

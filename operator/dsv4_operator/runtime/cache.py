@@ -81,7 +81,11 @@ class Watched:
     optional: bool = False  # its API may be missing; then it is empty and checked again later
 
 
-def _key(obj: Obj) -> Key:
+# Watch events that write an object into the cache (DELETED removes it; a list item has none).
+WATCH_WRITES = frozenset({"ADDED", "MODIFIED"})
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
     meta = obj.get("metadata") or {}
     return (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
@@ -376,10 +380,23 @@ class WatchCache:
                     continue
                 if isinstance(event, Bookmark) or event.get("type") == "BOOKMARK":
                     continue
-                obj = _trim(dict(event["object"]), res)
+                raw = event["object"]
+                if event.get("type") in WATCH_WRITES and self._has_version(res, raw):
+                    continue  # mostly the operator's own write, folded in from its reply
+                obj = _trim(dict(raw), res)
                 if event.get("type") is None:  # part of the list
                     listed.add(_key(obj))
                 self.fold(res, event.get("type"), obj)
+
+    def _has_version(self, res: Resource, obj: Mapping[str, Any]) -> bool:
+        """Whether the cache already holds `obj`'s version or a later one (what `_put` would
+        then drop), so the event is not copied and trimmed for nothing."""
+        cached = self._stores[res].objects.get(_key(obj))
+        if cached is None:
+            return False
+        version = obj["metadata"].get("resourceVersion")
+        held = cached["metadata"].get("resourceVersion")
+        return version == held or _older(version, held)
 
     def fold(self, res: Resource, event_type: str | None, obj: Obj) -> None:
         """Fold in one object a stream brought (`event_type` None: an item of a list)."""

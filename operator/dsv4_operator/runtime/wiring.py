@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 import kopf
@@ -30,6 +31,10 @@ from dsv4_operator.signals.bisector import Bisector, BisectTiming
 from dsv4_operator.signals.canary_runner import probe_runner
 from dsv4_operator.signals.http import GuardHttp
 from dsv4_operator.signals.supervisor import GuardSupervisor
+
+log = logging.getLogger(__name__)
+# At shutdown, how long the last passes' revisions and Events may take to be written.
+TRAILING_DRAIN_SECONDS = 5.0
 
 
 @dataclass
@@ -61,6 +66,10 @@ class Operator:
         await self.leadership.stop()
         if self.leading is not None:
             await cancel(self.leading)
+        # The last passes' ControllerRevisions and Events, while the client is still open.
+        left = await self.reconciler.trailing.drain(TRAILING_DRAIN_SECONDS)
+        if left:
+            log.warning("stopped with %d deployment(s)' revisions or Events unwritten", left)
         await self.leadership.release()  # a standby takes over now, not after the lease expires
         await self.cache.close()
         await self.client.close()
@@ -97,6 +106,7 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         backoff_max=op.retry_backoff_max_seconds,
     )
     reconciler.gone = queue.gone
+    reconciler.retry = queue.add_after
     http = GuardHttp.create()
     guards = GuardSupervisor(
         cache,
