@@ -129,6 +129,14 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
     # by name, through the tap and the real router, to the engines.
     operator_pod = sorted(w.split("/")[1] for w in kinds if w.startswith("dsv4-system/"))[0]
     request = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}]}
+    # The deployment is Ready once its router pod is; the Service reaches it once the
+    # EndpointSlice controller and then the pods' relays have it (on a cluster: kube-proxy).
+    # Before that a connection is refused (it failed once so: "Broken pipe").
+    wait_for(
+        "the router Service's ready endpoint in the pods' relays",
+        lambda: pg.runner.service_endpoints("dsv4-flash-router", "default"),
+        timeout=30,
+    )
     client = pg.runner.command_in_pod(
         "dsv4-system", operator_pod,
         [sys.executable, "-c", POST, "http://dsv4-flash-router.default.svc:8000/v1/chat/completions",

@@ -54,7 +54,7 @@ def test_an_idle_fleet_with_every_guard_running_writes_nothing(tmp_path: Path) -
     assert figures.rss_mb > 0
     # The creation windows were timed: the plain apply's, bench/ideal_controller.py's (it made
     # every child, or its window would have timed out) and the operator's, each with its CPU.
-    assert 0 < figures.floor_s and 0 < figures.ideal_s and 0 < figures.operator_s, figures
+    assert min(figures.floor_s, figures.ideal_s, figures.operator_s) > 0, figures
     assert figures.ideal_cpu.get("ideal controller", 0) > 0, figures.ideal_cpu
     assert figures.operator_cpu.get("operator", 0) > 0, figures.operator_cpu
     assert 0 < figures.first_reconciled_s <= figures.all_reconciled_s, figures

@@ -108,6 +108,7 @@ class PodRunner:
         self.on_event: Any = None  # called with a line for each pod started, refused, ended
         self._probers: dict[str, ReadinessProber] = {}
         self._services: list[ServicePort] = []
+        self._relayed: list[ServicePort] = []  # what every running pod's relays point at
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-runner", daemon=True)
@@ -132,6 +133,13 @@ class PodRunner:
                 for p in self.running.values()
                 for c in p.containers
             }
+
+    def service_endpoints(self, service: str, namespace: str) -> list[tuple[str, int]]:
+        """The ready endpoints every running pod's relay of a Service now connects to. They
+        follow the Service's EndpointSlices one sync later, as kube-proxy's rules do: a
+        connection before that is refused, as a Service with no ready endpoint refuses it."""
+        name = f"{service}.{namespace}"
+        return [e for port in self._relayed if port.name == name for e in port.endpoints]
 
     def command_in_pod(self, namespace: str, name: str, argv: list[str]) -> list[str]:
         """`argv` run in a running pod's network namespace (`kubectl exec`, networking only)."""
@@ -184,6 +192,7 @@ class PodRunner:
             if running.services is not None:
                 running.services.update(self._services)
             self._watch(running)
+        self._relayed = self._services
 
     def _refuse(self, pod: dict[str, Any], reason: str) -> None:
         meta = pod["metadata"]
