@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
+from dsv4_operator.kube.errors import KubeError
 from dsv4_operator.kube.resources import DSV4
 from dsv4_operator.reconcile.act import CHILD_APPLIES_AT_ONCE
 
@@ -64,7 +65,11 @@ async def run(
     async def worker() -> None:
         while True:
             obj = await queue.get()
-            await reconcile(client, obj, children[obj["metadata"]["name"]])
+            try:
+                await reconcile(client, obj, children[obj["metadata"]["name"]])
+            except KubeError as error:  # said in its log; the deployment is tried again
+                print(f"{obj['metadata']['name']}: {error}; again", file=sys.stderr, flush=True)
+                queue.put_nowait(obj)
 
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     path = DSV4.path(namespace)

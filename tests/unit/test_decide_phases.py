@@ -60,3 +60,35 @@ def test_a_stuck_step_turns_failed_once_its_deadline_passes(
     degraded = _conditions(stuck.status)["Degraded"]
     assert stuck.status.phase == "Failed"
     assert (degraded.status, degraded.reason) == ("True", "ProgressDeadlineExceeded")
+
+
+def test_a_pod_silent_in_its_status_gets_a_pass_when_its_events_would_be_read(
+    variant: Callable[..., dict[str, Any]],
+) -> None:
+    """A pod not ready for 3 s with nothing in its status (ContainerCreating: a FailedMount
+    says so only in its Events, read once it has waited 10 s): the pass asks for another one
+    just after that moment, since no watch event marks it."""
+    spec = variant({})
+    first = decide(make_world(spec))
+    live = as_live(first.apply)
+    pod = {
+        "metadata": {
+            "name": "x-decode-0",
+            "uid": "p1",
+            "creationTimestamp": "2026-11-29T11:59:57Z",  # 3 s before the world's now
+            "labels": {"dsv4.io/role": "decode"},
+        },
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "False"},
+            ],
+            "containerStatuses": [
+                {"name": "engine", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        },
+    }
+    settled = make_world(spec, status=first.status, revisions=first.create, **live)
+    assert decide(settled).requeue_after is None
+    silent = decide(dataclasses.replace(settled, pods=make_world(spec, pods=[pod]).pods))
+    assert silent.requeue_after == 8.0  # 10 s - 3 s, and a second for the pass to find it

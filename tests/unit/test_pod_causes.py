@@ -14,6 +14,7 @@ from dsv4_operator.reconcile.pod_causes import (
     first_fault,
     first_problem,
     pod_problem,
+    seconds_until_stuck,
     unexplained,
 )
 
@@ -182,10 +183,10 @@ def test_the_first_problem_is_stable_and_long_messages_are_cut() -> None:
     assert first_problem([PodView.of(p) for p in reversed(pods)]) == problem
 
 
-def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() -> None:
-    created = "2026-11-29T11:59:00Z"
-    pod = {
-        "metadata": {"name": "x-decode-0", "creationTimestamp": created},
+def _silent_pod() -> dict[str, Any]:
+    """On a node since 11:59:00, not ready, its status naming no cause (ContainerCreating)."""
+    return {
+        "metadata": {"name": "x-decode-0", "creationTimestamp": "2026-11-29T11:59:00Z"},
         "status": {
             "conditions": [
                 {"type": "PodScheduled", "status": "True"},
@@ -196,6 +197,10 @@ def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() ->
             ],
         },
     }
+
+
+def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() -> None:
+    pod = _silent_pod()
     events = [
         {
             "type": "Warning",
@@ -295,3 +300,20 @@ def test_no_node_of_the_gpu_product_names_the_label_the_operator_pinned() -> Non
     assert pod_problem(PodView.of(_unschedulable(other, selector))) == (
         f"pod x-decode-0: Unschedulable: {other}"
     )
+
+
+def test_a_silent_pod_asks_for_a_pass_when_it_becomes_stuck() -> None:
+    """No watch event marks the moment a pod has been not ready for STUCK_AFTER_SECONDS with
+    nothing in its status: the pass before must ask for one then, or its Events (FailedMount)
+    are read only on some later, unrelated pass."""
+    pod = _silent_pod()
+    young = datetime(2026, 11, 29, 11, 59, 4, tzinfo=UTC)
+    assert seconds_until_stuck([PodView.of(pod)], young) == 6.0
+    # Already stuck (unexplained names it now), ready, or not on a node: nothing to wait for.
+    assert seconds_until_stuck([PodView.of(pod)], datetime(2026, 11, 29, 12, 0, tzinfo=UTC)) is None
+    ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    unscheduled = {
+        **pod,
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "X"}]},
+    }
+    assert seconds_until_stuck([PodView.of(ready), PodView.of(unscheduled)], young) is None

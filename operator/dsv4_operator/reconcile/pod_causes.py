@@ -68,15 +68,25 @@ def unexplained(pods: Iterable[PodView], now: datetime, limit: int = 3) -> list[
     """Names of pods on a node, not ready for STUCK_AFTER_SECONDS although their status gives
     no cause: only their Events can tell (the kubelet's: FailedMount and the like). At most
     `limit`, by name, to bound the lookups; a pod waiting for a scheduler has none."""
-    names = sorted(
-        p.name
-        for p in pods
-        if p.scheduled
-        and not p.ready
-        and _status_problem(p) is None
-        and p.age(now) >= STUCK_AFTER_SECONDS
-    )
+    names = sorted(p.name for p in pods if _silent(p) and p.age(now) >= STUCK_AFTER_SECONDS)
     return names[:limit]
+
+
+def seconds_until_stuck(pods: Iterable[PodView], now: datetime) -> float | None:
+    """Seconds until the first pod that is not ready, with no cause in its status, has been so
+    for STUCK_AFTER_SECONDS (then `unexplained` names it and its Events are read); None when
+    none will. No watch event marks that moment: a pass must be asked for it."""
+    waits = [
+        STUCK_AFTER_SECONDS - p.age(now)
+        for p in pods
+        if _silent(p) and p.created is not None and p.age(now) < STUCK_AFTER_SECONDS
+    ]
+    return max(min(waits), 0.0) if waits else None
+
+
+def _silent(pod: PodView) -> bool:
+    """Scheduled, not ready, and its status says nothing about why."""
+    return pod.scheduled and not pod.ready and _status_problem(pod) is None
 
 
 def pod_problem(pod: PodView, events: Sequence[Obj] = ()) -> str | None:
