@@ -108,6 +108,23 @@ def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:
     return pools
 
 
+def silent_pod(created: str, **metadata: Any) -> Doc:
+    """A pod on a node since `created`, not ready, its status naming no cause (its engine
+    ContainerCreating): only its Events can say why (a FailedMount)."""
+    return {
+        "metadata": {"name": "x-decode-0", "creationTimestamp": created, **metadata},
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "False"},
+            ],
+            "containerStatuses": [
+                {"name": "engine", "state": {"waiting": {"reason": "ContainerCreating"}}}
+            ],
+        },
+    }
+
+
 def engine_pod(
     revision: str, terminated: Doc, state: str = "lastState", role: str = "decode"
 ) -> Doc:

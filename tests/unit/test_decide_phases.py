@@ -10,7 +10,7 @@ from typing import Any
 
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.reconcile.decide import decide
-from tests.support.builders import as_live, make_world
+from tests.support.builders import as_live, make_world, silent_pod
 
 
 def _conditions(status: DSV4DeploymentStatus) -> dict[str, Any]:
@@ -71,23 +71,9 @@ def test_a_pod_silent_in_its_status_gets_a_pass_when_its_events_would_be_read(
     spec = variant({})
     first = decide(make_world(spec))
     live = as_live(first.apply)
-    pod = {
-        "metadata": {
-            "name": "x-decode-0",
-            "uid": "p1",
-            "creationTimestamp": "2026-11-29T11:59:57Z",  # 3 s before the world's now
-            "labels": {"dsv4.io/role": "decode"},
-        },
-        "status": {
-            "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Ready", "status": "False"},
-            ],
-            "containerStatuses": [
-                {"name": "engine", "state": {"waiting": {"reason": "ContainerCreating"}}}
-            ],
-        },
-    }
+    pod = silent_pod(  # 3 s before the world's now
+        "2026-11-29T11:59:57Z", uid="p1", labels={"dsv4.io/role": "decode"}
+    )
     settled = make_world(spec, status=first.status, revisions=first.create, **live)
     assert decide(settled).requeue_after is None
     silent = decide(dataclasses.replace(settled, pods=make_world(spec, pods=[pod]).pods))

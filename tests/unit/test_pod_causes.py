@@ -17,6 +17,7 @@ from dsv4_operator.reconcile.pod_causes import (
     seconds_until_stuck,
     unexplained,
 )
+from tests.support.builders import silent_pod
 
 
 def _pod(name: str, conditions: list[dict[str, Any]], containers: list[dict[str, Any]]) -> Any:
@@ -183,24 +184,8 @@ def test_the_first_problem_is_stable_and_long_messages_are_cut() -> None:
     assert first_problem([PodView.of(p) for p in reversed(pods)]) == problem
 
 
-def _silent_pod() -> dict[str, Any]:
-    """On a node since 11:59:00, not ready, its status naming no cause (ContainerCreating)."""
-    return {
-        "metadata": {"name": "x-decode-0", "creationTimestamp": "2026-11-29T11:59:00Z"},
-        "status": {
-            "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Ready", "status": "False"},
-            ],
-            "containerStatuses": [
-                {"name": "engine", "state": {"waiting": {"reason": "ContainerCreating"}}}
-            ],
-        },
-    }
-
-
 def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() -> None:
-    pod = _silent_pod()
+    pod = silent_pod("2026-11-29T11:59:00Z")
     events = [
         {
             "type": "Warning",
@@ -306,7 +291,7 @@ def test_a_silent_pod_asks_for_a_pass_when_it_becomes_stuck() -> None:
     """No watch event marks the moment a pod has been not ready for STUCK_AFTER_SECONDS with
     nothing in its status: the pass before must ask for one then, or its Events (FailedMount)
     are read only on some later, unrelated pass."""
-    pod = _silent_pod()
+    pod = silent_pod("2026-11-29T11:59:00Z")
     young = datetime(2026, 11, 29, 11, 59, 4, tzinfo=UTC)
     assert seconds_until_stuck([PodView.of(pod)], young) == 6.0
     # Already stuck (unexplained names it now), ready, or not on a node: nothing to wait for.
