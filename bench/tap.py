@@ -36,7 +36,11 @@ the tap's CPU is theirs and their parent's, the classifier's that of their N cla
 With `--reference-proxy /usr/sbin/haproxy` each round also runs the same load through HAProxy
 (HTTP mode, one thread, `option http-no-delay`, on the tap's CPU) and prints what it adds,
 the same figures: the floor a C event-loop proxy sets on this machine, against which to read
-the tap's (both pay the same system calls and loopback TCP per chunk).
+the tap's (both pay the same system calls and loopback TCP per chunk). Then the tap against
+HAProxy directly, round by round (tap - HAProxy, with the range over the rounds: a range
+across zero is no difference these rounds can tell), and each relay's CPU per chunk: the
+"added" figures subtract the direct run, whose load generator and upstream share a CPU, and
+HAProxy's can be nil or negative, where a ratio to it says nothing.
 
 With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
 generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
@@ -211,6 +215,7 @@ class Samples:
     chunk: list[float] = field(default_factory=list)
     first_ttfb: list[float] = field(default_factory=list)
     requests: int = 0
+    chunks: int = 0  # every chunk of the phase, warm-up included (CPU per chunk)
 
 
 class _Session(asyncio.Protocol):
@@ -243,6 +248,7 @@ class _Session(asyncio.Protocol):
             end = data.find(b"\n", at)
             if end < 0:
                 break
+            out.chunks += 1
             if measured:
                 out.chunk.append(now - float(data[at + 4 : end]))
             at = data.find(b": t=", end)
@@ -328,6 +334,10 @@ class CpuMeter:
     def start(self) -> None:
         self._before = {name: _group_times(pids) for name, pids in self.pids.items()}
 
+    def seconds(self, name: str) -> float:
+        """CPU seconds of the group `name` since `start`."""
+        return _cpu_seconds(self.pids[name]) - sum(self._before[name])
+
     def cores(self, seconds: float) -> str:
         parts = []
         for name, pids in self.pids.items():
@@ -385,6 +395,35 @@ def _ratios(sessions: int, tap: list[dict[str, float]], reference: list[dict[str
         return f"{label} {ours / theirs:.2f}x" if theirs > 0 else f"{label} -"
 
     return f"{sessions:8}  " + ", ".join(map(ratio, ("request p50", "chunk p50", "chunk p99")))
+
+
+#: The tap against HAProxy directly, per round: label -> (samples, quantile).
+VERSUS = {"request p50": ("ttfb", 0.5), "chunk p50": ("chunk", 0.5), "chunk p99": ("chunk", 0.99)}
+
+
+def _versus(tap: Samples, reference: Samples) -> dict[str, float]:
+    """One round's tap - HAProxy (ms), figure by figure: read without the direct run, whose
+    own latency (the load generator and the upstream on one CPU) the "added" figures subtract
+    and which can make HAProxy's added latency nil or negative."""
+    return {
+        label: _q(getattr(tap, of), q) - _q(getattr(reference, of), q)
+        for label, (of, q) in VERSUS.items()
+    }
+
+
+def _versus_summary(
+    sessions: int, rounds: list[dict[str, float]], per_chunk: dict[str, list[float]]
+) -> str:
+    """Each tap - HAProxy figure's median over the rounds with the lowest and highest (a
+    range across zero: no difference this many rounds can tell), then the CPU per chunk."""
+
+    def figure(label: str) -> str:
+        values = sorted(versus[label] for versus in rounds)
+        return f"{label} {statistics.median(values):+.3f} ({values[0]:+.3f}..{values[-1]:+.3f})"
+
+    tap, reference = (statistics.median(per_chunk[name]) for name in ("tap", "haproxy"))
+    cpu = f"CPU per chunk {tap:.1f} us vs {reference:.1f} us ({tap / reference:.2f}x)"
+    return f"{sessions:8}  " + ", ".join(map(figure, VERSUS)) + f"; {cpu}"
 
 
 def _summary(sessions: int, rounds: list[dict[str, float]], tail: str = "") -> str:
@@ -543,9 +582,12 @@ def main() -> int:
         summaries: list[str] = []
         references: list[str] = []
         ratios: list[str] = []
+        versus: list[str] = []
         for sessions in (int(s) for s in args.sessions.split(",")):
             rounds: list[dict[str, float]] = []
             reference_rounds: list[dict[str, float]] = []
+            versus_rounds: list[dict[str, float]] = []
+            per_chunk: dict[str, list[float]] = {"tap": [], "haproxy": []}  # relay CPU, us
             dropped_before = _classifier_counts(metrics_url)[1]
             for _ in range(args.rounds):  # alternating, so that a drift of the machine is shared
                 runs = {}
@@ -562,14 +604,18 @@ def main() -> int:
                         f"{_q(s.chunk, 0.5):7.3f}/{_q(s.chunk, 0.99):7.3f}  "
                         f"{meter.cores(args.seconds + args.warmup)}"
                     )
+                    if name in per_chunk and s.chunks:
+                        per_chunk[name].append(meter.seconds(name) / s.chunks * 1e6)
                 rounds.append(_added(runs["direct"], runs["tap"]))
                 if "haproxy" in runs:
                     reference_rounds.append(_added(runs["direct"], runs["haproxy"]))
+                    versus_rounds.append(_versus(runs["tap"], runs["haproxy"]))
             dropped = _classifier_counts(metrics_url)[1] - dropped_before
             summaries.append(_summary(sessions, rounds, f"; copies dropped {dropped:.0f}"))
             if reference_rounds:
                 references.append(_summary(sessions, reference_rounds))
                 ratios.append(_ratios(sessions, rounds, reference_rounds))
+                versus.append(_versus_summary(sessions, versus_rounds, per_chunk))
         print(
             f"added by the tap (tap - direct, ms; median of {args.rounds} rounds, lowest..highest"
             "; request: time to first byte; first request: a connection's first, sent with all "
@@ -581,6 +627,11 @@ def main() -> int:
             print("\n".join(references))
             print("the tap's added latency over haproxy's (medians of the same rounds):")
             print("\n".join(ratios))
+            print(
+                "the tap against haproxy, directly (tap - haproxy, ms; median of the rounds, "
+                "lowest..highest), and each relay process's CPU per chunk relayed (medians):"
+            )
+            print("\n".join(versus))
     # Throughput: no gaps, 64 sessions; the tap's CPU time gives requests/s per core.
     classified, dropped = _classifier_counts(metrics_url)
     before = _cpu_seconds(pids["tap"]), _cpu_seconds(classifiers)

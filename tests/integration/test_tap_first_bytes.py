@@ -122,3 +122,33 @@ def test_a_client_that_flow_control_holds_is_not_read_by_the_poll() -> None:
             await _arrives(router_side, REQUEST, "the request, once the client is read again")
 
     uvloop.run(main())
+
+
+def _polled(relay: Relay) -> set[int]:
+    """The sockets in the relay's first-bytes epoll, as the kernel lists them."""
+    with open(f"/proc/self/fdinfo/{relay.first_bytes.fileno()}") as info:
+        return {int(line.split()[1]) for line in info if line.startswith("tfd:")}
+
+
+def test_a_router_socket_is_polled_only_while_its_response_has_not_begun() -> None:
+    async def main() -> None:
+        async with _session() as (relay, connection, client, router_side):
+            assert connection.router is not None
+            client_fd = connection.transport.get_extra_info("socket").fileno()
+            router_fd = connection.router.get_extra_info("socket").fileno()
+            assert _polled(relay) == {client_fd}
+            client.sendall(REQUEST)
+            await _arrives(router_side, REQUEST, "the request")
+            assert _polled(relay) == {client_fd, router_fd}  # its head is awaited
+            router_side.sendall(HEAD + CHUNK)
+            await _arrives(client, HEAD + CHUNK, "the head and a chunk")
+            assert _polled(relay) == {client_fd}  # streaming: the loop's alone
+            client.sendall(REQUEST)  # the next request on the kept connection
+            await _arrives(router_side, REQUEST, "the next request")
+            assert _polled(relay) == {client_fd, router_fd}
+            client.close()
+            router_side.close()
+            await until("the connection closed", lambda: not relay.connections)
+            assert _polled(relay) == set()
+
+    uvloop.run(main())

@@ -41,7 +41,8 @@ class _Router(asyncio.Protocol):
         began = perf_counter()
         self._write(data)
         self._timed(perf_counter() - began)
-        self.client.awaiting_head = False
+        if self.client.awaiting_head:  # the response has begun: the loop's from now on
+            self._first_bytes.head_came(self.client)
         self._feed(data)
         self._first_bytes.tick()
 
@@ -71,7 +72,7 @@ class ClientConnection(asyncio.Protocol):
         self._refused: _Refusal | None = None
         self._early: list[bytes] = []  # what arrived before the router's connection
         self.awaiting_head = False  # a request went to the router, nothing has come back yet
-        self.watched: list[int] = []  # its sockets in the relay's FirstBytes
+        self.watched: list[int] = []  # its sockets (client, router) for the relay's FirstBytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
@@ -104,7 +105,8 @@ class ClientConnection(asyncio.Protocol):
             began = perf_counter()
             self.router.write(data)
             self.relay.request_forwarded(perf_counter() - began)
-            self.awaiting_head = True
+            if not self.awaiting_head:
+                self.relay.first_bytes.await_head(self)
             self.observer.feed_request(data)
         elif self._refused is not None:
             self._refused.feed(data)
@@ -166,10 +168,13 @@ class FirstBytes:
     libuv registers sockets level-triggered: a socket the loop has just read is queued again
     at once, so a request or a head that arrives while the loop works through a burst of chunks
     waits behind every streaming socket's next chunk (bench/results/tap-vs-haproxy.md). Here
-    every connection's sockets are also in an edge-triggered epoll (arrival order) that the
-    relay polls, without waiting, every `every` chunks; a client socket that has data, or a
-    router socket whose response has not begun, is read at once (its transport would read the
-    same bytes later, in the same order; it finds nothing, or what came since)."""
+    every client socket, and a router socket while its response has not begun, are also in an
+    edge-triggered epoll (arrival order) that the relay polls, without waiting, every `every`
+    chunks; a socket that has data is read at once (its transport would read the same bytes
+    later, in the same order; it finds nothing, or what came since). A streaming router socket
+    is not in it: every chunk it took cost the kernel a second wake-up entry and the poll a
+    Python step (bench/tap.py, decode-step bursts: CPU per chunk 1.33-1.69x HAProxy's with
+    every socket in it, 1.29-1.48x with these alone; bench/results/tap-vs-haproxy.md)."""
 
     def __init__(self, every: int = 16) -> None:
         self.every = every
@@ -179,13 +184,38 @@ class FirstBytes:
         self._serving = False
 
     def watch(self, client: ClientConnection) -> None:
+        """A connection to serve: its client socket from now on, its router socket once it
+        awaits a head (`await_head`)."""
         assert client.router is not None
         for transport, is_client in ((client.transport, True), (client.router, False)):
             fd = transport.get_extra_info("socket").fileno()
-            with contextlib.suppress(OSError):
-                self._poll.register(fd, select.EPOLLIN | select.EPOLLET)
+            if is_client:
+                self._register(fd)
             self._sockets[fd] = (client, is_client)
             client.watched.append(fd)
+
+    def await_head(self, client: ClientConnection) -> None:
+        """A request went to the router: serve its socket until the response begins (a head
+        already there is reported too: epoll checks a socket as it is added)."""
+        client.awaiting_head = True
+        # watched: [client socket, router socket] until the connection closes. A router
+        # connection that is closing has no head to come, and its number may soon be another's.
+        if client.watched and client.router is not None and not client.router.is_closing():
+            self._register(client.watched[1])
+
+    def head_came(self, client: ClientConnection) -> None:
+        """The response has begun: its chunks are the loop's."""
+        client.awaiting_head = False
+        if client.watched:
+            self._unregister(client.watched[1])
+
+    def _register(self, fd: int) -> None:
+        with contextlib.suppress(OSError, ValueError):  # closed meanwhile: its transport knows
+            self._poll.register(fd, select.EPOLLIN | select.EPOLLET)
+
+    def _unregister(self, fd: int) -> None:
+        with contextlib.suppress(OSError, ValueError):  # not in it, or closed
+            self._poll.unregister(fd)
 
     def forget(self, client: ClientConnection) -> None:
         """The connection has closed: its sockets are no longer served (a closed socket left
@@ -193,8 +223,7 @@ class FirstBytes:
         for fd in client.watched:
             if self._sockets.get(fd, (None, False))[0] is client:
                 del self._sockets[fd]
-                with contextlib.suppress(OSError, ValueError):
-                    self._poll.unregister(fd)
+                self._unregister(fd)
         client.watched.clear()
 
     def tick(self) -> None:
@@ -228,6 +257,10 @@ class FirstBytes:
                     cast(_Router, client.router.get_protocol()).data_received(data)
         finally:
             self._serving = False
+
+    def fileno(self) -> int:
+        """The epoll's descriptor (what it holds: /proc/self/fdinfo/<fd>, `tfd` lines)."""
+        return self._poll.fileno()
 
     def close(self) -> None:
         self._poll.close()
