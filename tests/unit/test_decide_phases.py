@@ -78,3 +78,13 @@ def test_a_pod_silent_in_its_status_gets_a_pass_when_its_events_would_be_read(
     assert decide(settled).requeue_after is None
     silent = decide(dataclasses.replace(settled, pods=make_world(spec, pods=[pod]).pods))
     assert silent.requeue_after == 8.0  # 10 s - 3 s, and a second for the pass to find it
+    # Stuck since: its Events were listed 45 s ago, and are listed again 60 s after that.
+    stuck = dataclasses.replace(
+        settled,
+        pods=make_world(
+            spec,
+            pods=[silent_pod("2026-11-29T11:58:00Z", uid="p1", labels={"dsv4.io/role": "decode"})],
+        ).pods,
+        pod_events_read={"x-decode-0": settled.now - timedelta(seconds=45)},
+    )
+    assert decide(stuck).requeue_after == 16.0

@@ -10,10 +10,12 @@ import pytest
 
 from dsv4_operator.pods import PodView
 from dsv4_operator.reconcile.pod_causes import (
+    EVENTS_REFRESH_SECONDS,
     MESSAGE_LIMIT,
     first_fault,
     first_problem,
     pod_problem,
+    seconds_until_events_due,
     seconds_until_stuck,
     unexplained,
 )
@@ -302,3 +304,13 @@ def test_a_silent_pod_asks_for_a_pass_when_it_becomes_stuck() -> None:
         "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "X"}]},
     }
     assert seconds_until_stuck([PodView.of(ready), PodView.of(unscheduled)], young) is None
+
+
+def test_a_stuck_pods_events_are_due_again_a_minute_after_they_were_listed() -> None:
+    """A Warning may come after the listing (a mount that times out after minutes): the next
+    listing is due EVENTS_REFRESH_SECONDS after the first of the pods' last ones."""
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    read = {"a": datetime(2026, 11, 29, 11, 59, 30, tzinfo=UTC), "b": now}
+    assert seconds_until_events_due(read, now) == EVENTS_REFRESH_SECONDS - 30
+    assert seconds_until_events_due({"a": datetime(2026, 11, 29, 11, 58, tzinfo=UTC)}, now) == 0
+    assert seconds_until_events_due({}, now) is None

@@ -17,6 +17,8 @@ MESSAGE_LIMIT = 300
 NO_NODE_MATCHED = "didn't match Pod's node affinity/selector"
 # A pod not ready this long with nothing in its status is worth a look at its Events.
 STUCK_AFTER_SECONDS = 10.0
+# How often a stuck pod's Warning Events are listed again: the kubelet may post one later.
+EVENTS_REFRESH_SECONDS = 60.0
 # Waiting reasons that say nothing about a problem: the container is on its way.
 _BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 
@@ -81,6 +83,15 @@ def seconds_until_stuck(pods: Iterable[PodView], now: datetime) -> float | None:
         for p in pods
         if _silent(p) and p.created is not None and p.age(now) < STUCK_AFTER_SECONDS
     ]
+    return max(min(waits), 0.0) if waits else None
+
+
+def seconds_until_events_due(read: Mapping[str, datetime], now: datetime) -> float | None:
+    """Seconds until the first of these stuck pods' Events, listed at the times given, are
+    due to be listed again; None when none were. A Warning the kubelet posts after a listing
+    (a mount that times out after minutes) is marked by no watch event: a pass must be asked
+    for then, or the pod's cause waits for a pass that comes for another reason."""
+    waits = [EVENTS_REFRESH_SECONDS - (now - at).total_seconds() for at in read.values()]
     return max(min(waits), 0.0) if waits else None
 
 

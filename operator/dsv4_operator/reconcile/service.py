@@ -28,7 +28,7 @@ from dsv4_operator.reconcile.guarding import served_spec
 from dsv4_operator.reconcile.model_decide import decide_model
 from dsv4_operator.reconcile.model_service import act_model
 from dsv4_operator.reconcile.model_world import gather_model
-from dsv4_operator.reconcile.pod_causes import unexplained
+from dsv4_operator.reconcile.pod_causes import EVENTS_REFRESH_SECONDS, unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
 from dsv4_operator.reconcile.trailing import Trailing
@@ -38,7 +38,6 @@ from dsv4_operator.reconcile.world import World
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 # A stuck pod's Events are listed again after this long at the earliest (a bounded cache).
-EVENTS_REFRESH_SECONDS = 60.0
 EVENTS_CACHE_SIZE = 1024
 # After a trailing write failed: soon, but not at once (the API server may be what failed).
 TRAILING_RETRY_SECONDS = 10.0
@@ -169,7 +168,7 @@ class Reconciler:
         names = [] if self._events_forbidden else unexplained(world.weights_pods, world.now)
         try:
             for pod in names:
-                events[pod] = await self._pod_warnings(namespace, pod, world.now)
+                events[pod] = (await self._pod_warnings(namespace, pod, world.now))[1]
         except Forbidden:
             self._events_forbidden = True
         secret = world.spec.token_secret if world.spec is not None else None
@@ -204,26 +203,32 @@ class Reconciler:
         if not names or self._events_forbidden:
             return world
         events: dict[str, list[Obj]] = {}
+        read: dict[str, datetime] = {}
         try:
             for name in names:
-                events[name] = await self._pod_warnings(world.namespace, name, world.now)
+                read[name], events[name] = await self._pod_warnings(
+                    world.namespace, name, world.now
+                )
         except Forbidden:
             self._events_forbidden = True
             log.warning("cannot list Events (RBAC): pod causes come from pod status only")
             return world
-        return dataclasses.replace(world, pod_events=events)
+        return dataclasses.replace(world, pod_events=events, pod_events_read=read)
 
-    async def _pod_warnings(self, namespace: str, pod: str, now: datetime) -> list[Obj]:
-        """A stuck pod's Warning Events, listed at most once per EVENTS_REFRESH_SECONDS."""
+    async def _pod_warnings(
+        self, namespace: str, pod: str, now: datetime
+    ) -> tuple[datetime, list[Obj]]:
+        """A stuck pod's Warning Events, listed at most once per EVENTS_REFRESH_SECONDS, and
+        when they were."""
         key = (namespace, pod)
         cached = self._pod_events.get(key)
         if cached is not None and (now - cached[0]).total_seconds() < EVENTS_REFRESH_SECONDS:
-            return cached[1]
+            return cached
         events = await self.client.pod_warnings(namespace, pod)
         if len(self._pod_events) >= EVENTS_CACHE_SIZE:
             self._pod_events.pop(next(iter(self._pod_events)))  # the oldest entry
         self._pod_events[key] = (now, events)
-        return events
+        return now, events
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key

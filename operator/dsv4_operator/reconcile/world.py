@@ -78,6 +78,8 @@ class World:
     weights: list[Obj] = field(default_factory=list)
     # Warning Events of pods whose status explains nothing (pod_causes.unexplained), by name.
     pod_events: dict[str, list[Obj]] = field(default_factory=dict)
+    # When those Events were listed (the operator lists them at most once a minute).
+    pod_events_read: dict[str, datetime] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     canary: Snapshot | None = None
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).
