@@ -243,7 +243,7 @@ class EventReason(Reason):
     )
     PLAN_MISMATCH = (
         "PlanMismatch",
-        "Warning: an engine pod reports (`/get_server_info`) a KV pool, a resolved argument or "
+        "Warning: an engine pod reports (`/server_info`) a KV pool, a resolved argument or "
         "a release other than the plan and the render; the revision is not baked while it "
         "stands. The message names the pod and both values.",
     )
@@ -480,7 +480,7 @@ class ConditionReason(Reason):
     NOT_ANSWERED = (
         "NotAnswered",
         "PlanVerified=False: not every engine pod of the revision has answered "
-        "`/get_server_info` yet (starting, or unreachable from the operator).",
+        "`/server_info` yet (starting, or unreachable from the operator).",
     )
     # LeakShapesVisible
     ENGINE_COUNTS = (

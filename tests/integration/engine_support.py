@@ -4,7 +4,7 @@ kwok runs no container and gives pods made-up IPs. `PodEngines` gives the engine
 role (one replica each) a loopback address of its own (`report_pod_ip`) and runs the engine
 double there on the engine port, started with that role's rendered argv and env (as
 `EngineKubelet` does for one role) when a new pod of the StatefulSet's revision runs, and
-stopped when it goes. So what the operator reads at a pod's IP (/metrics, /get_server_info)
+stopped when it goes. So what the operator reads at a pod's IP (/metrics, /server_info)
 is that pod's revision's, and a rollout replaces it with the new pod's, as on a real node.
 """
 

@@ -293,7 +293,7 @@ async def test_connection_refused_is_retried_then_an_error(new_client: ClientFac
 
 
 def _chat_requests(url: str) -> int:
-    return int(httpx.get(f"{url}/get_server_info").json()["internal_states"][0]["chat_requests"])
+    return int(httpx.get(f"{url}/server_info").json()["internal_states"][0]["chat_requests"])
 
 
 async def test_an_http_error_is_not_retried(new_client: ClientFactory) -> None:

@@ -144,8 +144,10 @@ def test_models_health_and_server_info(bf16_hicache: DoubleProcess) -> None:
     assert [m["id"] for m in models["data"]] == ["deepseek-v4-flash"]
     assert httpx.get(f"{url}/health").status_code == 200
     assert httpx.get(f"{url}/health_generate").status_code == 200
-    info = httpx.get(f"{url}/get_server_info").json()
+    info = httpx.get(f"{url}/server_info").json()
     assert info["engine_double"] is True
+    # The deprecated path still answers, as both releases' do (with a warning in the log).
+    assert httpx.get(f"{url}/get_server_info").json()["tp_size"] == info["tp_size"]
     assert info["disaggregation_mode"] == ROLE and info["tp_size"] == 4
     assert info["index_k_dtype"] == "bf16" and info["faults"] == [HICACHE_RACE]
     assert info["load"] == 1 and info["observe_load"] is False
@@ -421,7 +423,7 @@ def test_server_info_reports_the_release_and_its_pool() -> None:
     planned = parse_config(args, env).max_total_tokens
     env = {**env, "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS": "4000000"}
     with DoubleProcess(args, env) as double:
-        info = httpx.get(f"{double.url}/get_server_info").json()
+        info = httpx.get(f"{double.url}/server_info").json()
         samples = _samples(double.url)
     assert info["version"] == "0.5.23" and info["engine_double"] is True
     assert info["max_total_tokens"] == planned and planned != 4000000  # the plan's flag

@@ -1,6 +1,6 @@
 """The real `dsv4 tap` runs the operator's canary against the router behind it (POST /canary,
 canary/remote.py): here an engine double stands in for the router; the double says what it
-is (/get_server_info `engine_double`). The operator's side, asking the taps of a fleet, runs in
+is (/server_info `engine_double`). The operator's side, asking the taps of a fleet, runs in
 tests/integration/test_scale_bench.py."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ARGV = ["--served-model-name", MODEL, "--enable-metrics", "--disaggregation-mode
 
 
 def _served(double: DoubleProcess) -> int:
-    info = httpx.get(f"{double.url}/get_server_info", timeout=5).json()
+    info = httpx.get(f"{double.url}/server_info", timeout=5).json()
     assert info["engine_double"] is True
     return int(info["internal_states"][0]["chat_requests"])
 

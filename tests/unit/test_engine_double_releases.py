@@ -4,7 +4,7 @@ section that never closes; 0.5.23's deepseek-recipe returns what it can read as 
 arguments and all, and drops silently only what it cannot read, as many of the corruptions as
 `DSV4_DOUBLE_SILENT_DROP_SHARE` says. Log lines and, with toolCallDropCounter, counters as the
 release (tests/conformance/test_engine_double.py checks the answers against the wheels). Also
-the KV checksum and `/get_server_info` knobs. Pure: configs, answers and a registry, no process.
+the KV checksum and `/server_info` knobs. Pure: configs, answers and a registry, no process.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The engines as the guard's source: their /metrics to counts per revision (read through
-httpx.MockTransport), their /get_server_info against the plan, the window's memory across a
+httpx.MockTransport), their /server_info against the plan, the window's memory across a
 restart, and the conditions (PlanVerified, LeakShapesVisible) a reconcile pass writes."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _metrics(responses: int, drops: int, failed: int = 0) -> str:
 
 
 class Engines:
-    """Engine pods behind a MockTransport: /metrics from a table, /get_server_info counted."""
+    """Engine pods behind a MockTransport: /metrics from a table, /server_info counted."""
 
     def __init__(self) -> None:
         self.metrics: dict[str, str] = {}
@@ -115,7 +115,7 @@ class Engines:
         assert request.url.port == 30000
         if host in self.down:
             raise httpx.ConnectError("refused", request=request)
-        if request.url.path == "/get_server_info":
+        if request.url.path == "/server_info":
             self.info_reads[host] += 1
             return httpx.Response(
                 200, json={"max_total_num_tokens": 1000, "version": "0.5.23", "tp_size": 4}
@@ -164,7 +164,7 @@ async def test_engine_counts_go_to_the_revision_on_each_pod_s_label() -> None:
             )
         }
         assert third.failed == ["x-decode-1: ConnectError"]
-    # /get_server_info once per pod, however many rounds.
+    # /server_info once per pod, however many rounds.
     assert engines.info_reads == {"10.0.0.1": 1, "10.0.0.2": 1, "10.0.0.3": 1}
 
 
@@ -223,7 +223,7 @@ def test_the_plan_is_verified_when_every_engine_reports_it() -> None:
     pods = _engine_pods()
     none = check_plan(EXPECTED, pods, {})
     assert none.reason is ConditionReason.NOT_ANSWERED
-    assert none.message == "0 of 2 engine pod(s) of revision r1 answered /get_server_info"
+    assert none.message == "0 of 2 engine pod(s) of revision r1 answered /server_info"
     half = check_plan(EXPECTED, pods, {"d1": _info(800_000)})
     assert half.reason is ConditionReason.NOT_ANSWERED
     infos = {

@@ -6,7 +6,7 @@ There is no GPU here, so tests run this OpenAI-compatible aiohttp server instead
 `python3 -m sglang.launch_server`. It accepts the same argv and env the operator renders for an
 engine container (unknown flags are tolerated), answers tool-calling conversations the way a
 DSML-parsing SGLang does (`tool_calls` with JSON arguments, `finish_reason: "tool_calls"`),
-streams SSE, serves `/health`, `/health_generate`, `/v1/models`, `/get_server_info` and
+streams SSE, serves `/health`, `/health_generate`, `/v1/models`, `/server_info` and
 `/metrics` with real `sglang:*` names, and reproduces the incident's faults:
 
 - bf16 index-K + HiCache on an image without `indexKHiCacheGate` corrupts responses with a
@@ -31,7 +31,7 @@ non-deterministic, for hand-run benchmarks only.)
   `sglang:dsv4_tool_call_drops_total{reason}` on `/metrics`;
 - with `--disaggregation-enable-kv-checksum` (0.5.23), `DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB`
   of the chat requests fail the transfer checksum: HTTP 500, counted in
-  `sglang:num_transfer_failed_reqs_total`; `/get_server_info` reports `version` and
+  `sglang:num_transfer_failed_reqs_total`; `/server_info` reports `version` and
   `max_total_num_tokens` (`DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS` makes it disagree with the plan);
 - on decode, `DSV4_DOUBLE_BOOTSTRAP_FAILURE_PROB` of the chat requests fail the PD bootstrap
   handshake: HTTP 500, counted in `sglang:num_bootstrap_failed_reqs_total`.

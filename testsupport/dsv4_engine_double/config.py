@@ -6,7 +6,7 @@ Argv: the operator's engine command line after the entrypoint (`--model-path`,
 `--tool-call-parser`, `--reasoning-parser`, `--enable-metrics`, `--disable-overlap-schedule`,
 `--enable-hierarchical-cache`, `--hicache-*`, `--enable-deepseek-v4-fp4-indexer`,
 `--disaggregation-enable-kv-checksum`, ...). Unknown flags are kept in `unknown_args` and echoed
-by `/get_server_info`.
+by `/server_info`.
 
 Engine env (as rendered by the operator):
 - `SGLANG_DSV4_BF16_INDEX_K=1`: bf16 index-K, honoured only when the image has `bf16IndexK`
@@ -26,7 +26,7 @@ Double-only knobs:
   output becomes (parsers.py): 0.5.16's DeepSeek detector leaks the DSML of a section it fails
   on into `content` (the incident) and drops a section that never closes; 0.5.23 parses
   DeepSeek-V4 chat with deepseek-recipe, which returns what it can read as calls (broken
-  arguments at worst) and drops only what it cannot. It is also `/get_server_info`'s `version`,
+  arguments at worst) and drops only what it cannot. It is also `/server_info`'s `version`,
   and `--disaggregation-enable-kv-checksum` exists from 0.5.21 on only.
 - `DSV4_DOUBLE_SILENT_DROP_SHARE` (default 0): the share of corrupted tool calls whose output is
   one deepseek-recipe reads no call from (outputs.SILENT_DROPS, a third each: a tool-calls section
@@ -49,7 +49,7 @@ Double-only knobs:
   error log line `Decode handshake failed for request ...`, HTTP 500, counted in
   `sglang:num_bootstrap_failed_reqs_total`.
 - `DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS`: the KV pool size the engine reports
-  (`/get_server_info`'s `max_total_num_tokens`, `sglang:max_total_num_tokens`) instead of
+  (`/server_info`'s `max_total_num_tokens`, `sglang:max_total_num_tokens`) instead of
   `--max-total-tokens`: an engine that disagrees with its plan.
 - `DSV4_DOUBLE_LEAK_WHEN` (default unset): a comma list of conditions that must all hold for the
   double to leak (the `configured-leak` fault), whatever the index-K and the capabilities: a
@@ -140,7 +140,7 @@ OBSERVED = "observed"
 
 @dataclass(frozen=True)
 class DoubleConfig:
-    """Resolved server args (what `/get_server_info` echoes) plus the double's knobs."""
+    """Resolved server args (what `/server_info` echoes) plus the double's knobs."""
 
     model_path: str = "deepseek-ai/DeepSeek-V4-Flash"
     served_model_name: str = ""

@@ -1,8 +1,9 @@
 """The engine double's aiohttp server (a test double for SGLang: no GPU, no model).
 
 Endpoints: `POST /v1/chat/completions` (JSON and `stream: true` SSE), `GET /health`,
-`GET /health_generate`, `GET /v1/models`, `GET /get_model_info`, `GET /get_server_info` (and
-`/server_info`), `GET /metrics` (only with `--enable-metrics`, like SGLang), `POST /flush_cache`.
+`GET /health_generate`, `GET /v1/models`, `GET /get_model_info`, `GET /server_info` (and the
+deprecated `/get_server_info`), `GET /metrics` (only with `--enable-metrics`, like SGLang),
+`POST /flush_cache`.
 
 Whether a response is corrupted depends on the seed, the conversation and the declared load
 (`DSV4_DOUBLE_LOAD`, or the request's `X-DSV4-Double-Load` header; see config.py), never on
@@ -231,6 +232,14 @@ class EngineDouble:
             }
         )
 
+    async def deprecated_server_info(self, request: web.Request) -> web.Response:
+        # As the releases do (http_server.py `get_server_info`): a warning, then /server_info.
+        log(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+        return await self.server_info(request)
+
     async def server_info(self, request: web.Request) -> web.Response:
         info = self.config.server_info()
         info["engine_double"] = True
@@ -440,7 +449,7 @@ def build_app(config: DoubleConfig) -> web.Application:
     app.router.add_get("/health_generate", double.health)
     app.router.add_get("/v1/models", double.models)
     app.router.add_get("/get_model_info", double.model_info)
-    app.router.add_get("/get_server_info", double.server_info)
+    app.router.add_get("/get_server_info", double.deprecated_server_info)
     app.router.add_get("/server_info", double.server_info)
     app.router.add_get("/metrics", double.metrics_endpoint)
     app.router.add_route("*", "/flush_cache", double.flush_cache)

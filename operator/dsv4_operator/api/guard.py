@@ -105,7 +105,7 @@ class EngineSignalSpec(ApiModel):
     enabled: bool = Field(
         default=True,
         description="Read every engine pod's /metrics (tool calls its parser dropped, failed "
-        "KV transfers) and, once per pod, /get_server_info (the plan check, PlanVerified).",
+        "KV transfers) and, once per pod, /server_info (the plan check, PlanVerified).",
     )
     interval: TapInterval = Field(
         default=Duration("5s"),

@@ -7,7 +7,7 @@ window from there.
 
 The canary and the taps count for the one revision being served (the window's). The engines'
 counts belong to the revision on each pod's label, whatever the window is, so they are kept
-per revision; so are the pods' /get_server_info replies, per pod uid (read once per pod).
+per revision; so are the pods' /server_info replies, per pod uid (read once per pod).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Snapshot:
     prometheus_oom_events: float | None = None
     # What the engines counted, per revision on their pods' labels.
     engine: Mapping[str, EngineCounts] = field(default_factory=dict)
-    # Each engine pod's /get_server_info, by pod uid.
+    # Each engine pod's /server_info, by pod uid.
     server_info: Mapping[str, ServerInfo] = field(default_factory=dict)
     # Per source ("canary", "prometheus"): errors in a row and the last message. Each source
     # is counted on its own, so a source that answers never hides one that keeps failing.

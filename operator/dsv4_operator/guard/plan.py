@@ -3,7 +3,7 @@ and the render of its revision.
 
 The planner pins `--max-total-tokens` per role; the engine keeps the smaller of that and what
 it measured it can hold, and reports the pool it built as `max_total_num_tokens` in
-`/get_server_info` (0.5.16: `dataclasses.asdict(server_args)` plus the scheduler's info; 0.5.23:
+`/server_info` (0.5.16: `dataclasses.asdict(server_args)` plus the scheduler's info; 0.5.23:
 `server_args.resolved_dict()` plus the same, and `version` in both). A smaller pool than
 planned means the engine holds fewer sessions than the plan promised; another release than
 the spec's means the flags and the pool arithmetic were chosen for another engine. The
@@ -22,7 +22,7 @@ from dsv4_operator.engine.flags import KV_CHECKSUM_FLAG
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason
 
-# Rendered flags the operator owns -> the server_args field /get_server_info reports them as.
+# Rendered flags the operator owns -> the server_args field /server_info reports them as.
 # Only these are compared: the engine's resolution may rewrite what the operator leaves to it.
 OWNED_ARGS: Mapping[str, str] = {
     "--tp-size": "tp_size",
@@ -55,7 +55,7 @@ def rendered_args(command: Sequence[str]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """What one engine pod answered on /get_server_info, reduced to what is compared."""
+    """What one engine pod answered on /server_info, reduced to what is compared."""
 
     max_total_num_tokens: int | None
     version: str | None
@@ -168,7 +168,7 @@ def check_plan(
             revision,
             ConditionReason.NOT_ANSWERED,
             f"{len(answered)} of {len(mine)} engine pod(s) of revision {revision} answered "
-            "/get_server_info",
+            "/server_info",
         )
     tokens = ", ".join(f"{r} {expected.max_total_tokens.get(r)}" for r in ROLES)
     return PlanCheck(

@@ -37,7 +37,8 @@ from dsv4_operator.reconcile.world import World
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
-# A stuck pod's Events are listed again after this long at the earliest (a bounded cache).
+# Stuck pods' Events kept between listings (pod_causes.EVENTS_REFRESH_SECONDS): at most this
+# many pods', the oldest dropped first.
 EVENTS_CACHE_SIZE = 1024
 # After a trailing write failed: soon, but not at once (the API server may be what failed).
 TRAILING_RETRY_SECONDS = 10.0

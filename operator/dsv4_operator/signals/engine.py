@@ -1,10 +1,10 @@
 """Reading the engines (I/O): every running engine pod's /metrics each round and, once per pod,
-its /get_server_info, at the pod's IP and the engine port, with the taps' client rules (no
+its /server_info, at the pod's IP and the engine port, with the taps' client rules (no
 proxy, a short timeout, one shared client).
 
 A pod's new counts go to the revision on its label: an engine pod runs one revision all its
 life, so what it counts is that revision's, whenever it is read. What the counts mean is the
-guard's (guard/engine.py); what /get_server_info must say is the plan check's (guard/plan.py).
+guard's (guard/engine.py); what /server_info must say is the plan check's (guard/plan.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from dsv4_operator.pods import PodView
 from dsv4_operator.signals.http import Pages
 from dsv4_operator.signals.taps import TAP_SCRAPE_TIMEOUT, pod_url, scrape
 
-SERVER_INFO_PATH = "/get_server_info"
+# Not /get_server_info: every supported release (0.5.16, 0.5.23) marks it deprecated, logs a
+# warning per call and answers with /server_info's reply (docs/engine-notes.md).
+SERVER_INFO_PATH = "/server_info"
 
 
 async def read_server_info(pages: Pages, url: str) -> ServerInfo | None:
