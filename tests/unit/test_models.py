@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from dsv4_operator.api.models import model_name_of
@@ -13,7 +14,7 @@ from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.model_decide import decide_model
 from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.runtime.watched import enqueue_owner
-from tests.support.builders import make_world, model_world, stored_model
+from tests.support.builders import NOW, make_world, model_world, silent_pod, stored_model
 
 REPO_ID = "deepseek-ai/DeepSeek-V4-Flash"
 IMAGE = "registry.example.com/dsv4-operator:test"
@@ -225,3 +226,19 @@ def test_a_deleted_model_keeps_serving_its_users_while_its_status_catches_up(
     waiting = decide(make_world(_referencing(variant), weights=[changed]))
     weights = next(c for c in waiting.status.conditions if c.type == "WeightsReady")
     assert (weights.status, weights.reason) == ("False", "Pending")
+
+
+def test_a_weights_pod_stuck_with_nothing_in_its_status_gets_passes_for_its_events() -> None:
+    """The download Job's pod waits on its claim (ContainerCreating): its Events say why
+    (FailedMount), read 10 s in and again each minute; no watch event marks those moments."""
+    pod = {"kind": "Pod", **silent_pod("2026-11-29T11:59:57Z", name="flash-weights-abc-x")}
+    world = model_world(_model(), weights=[pod])
+    assert decide_model(world, IMAGE).requeue_after == 8.0  # stuck at 10 s, and a second
+    stuck = model_world(
+        _model(),
+        weights=[
+            {**pod, "metadata": {**pod["metadata"], "creationTimestamp": "2026-11-29T11:50:00Z"}}
+        ],
+        pod_events_read={"flash-weights-abc-x": NOW - timedelta(seconds=50)},
+    )
+    assert decide_model(stuck, IMAGE).requeue_after == 11.0

@@ -15,6 +15,7 @@ from dsv4_operator.reconcile.pod_causes import (
     first_fault,
     first_problem,
     pod_problem,
+    seconds_until_causes_due,
     seconds_until_events_due,
     seconds_until_stuck,
     unexplained,
@@ -314,3 +315,12 @@ def test_a_stuck_pods_events_are_due_again_a_minute_after_they_were_listed() -> 
     assert seconds_until_events_due(read, now) == EVENTS_REFRESH_SECONDS - 30
     assert seconds_until_events_due({"a": datetime(2026, 11, 29, 11, 58, tzinfo=UTC)}, now) == 0
     assert seconds_until_events_due({}, now) is None
+
+
+def test_a_pass_is_due_a_second_after_the_first_of_the_two_moments() -> None:
+    young = PodView.of(silent_pod("2026-11-29T11:59:55Z"))  # stuck in 5 s
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    listed = {"x": datetime(2026, 11, 29, 11, 59, 2, tzinfo=UTC)}  # due again in 2 s
+    assert seconds_until_causes_due([young], {}, now) == 6.0
+    assert seconds_until_causes_due([young], listed, now) == 3.0
+    assert seconds_until_causes_due([], {}, now) is None

@@ -43,7 +43,7 @@ from dsv4_operator.reconcile.actions import Actions, Decision, ReconcileSettings
 from dsv4_operator.reconcile.groups import groups_unavailable, with_group_restarts
 from dsv4_operator.reconcile.guarding import guard_pass, plan_check
 from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY, Health, seconds_to_deadline
-from dsv4_operator.reconcile.pod_causes import seconds_until_events_due, seconds_until_stuck
+from dsv4_operator.reconcile.pod_causes import seconds_until_causes_due
 from dsv4_operator.reconcile.status import Progress, invalid_spec_status, rollout_status
 from dsv4_operator.reconcile.weights import WeightsState, deployment_weights, with_model_source
 from dsv4_operator.reconcile.world import Pair, World
@@ -439,15 +439,12 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
     )
     _monitoring_event(actions, decision.status)
     _plan_event(actions, decision.status)
-    stuck = seconds_until_stuck(world.pods, world.now)
-    events_due = seconds_until_events_due(world.pod_events_read, world.now)
     decision.requeue_after = _earliest(
         _bake_wake(world, spec, guard),
         _deadline_wake(decision.status, world, spec),
         # A pod that stays not ready with no cause in its status: its Events are read then,
         # and again while it stays so.
-        None if stuck is None else stuck + 1.0,
-        None if events_due is None else events_due + 1.0,
+        seconds_until_causes_due(world.pods, world.pod_events_read, world.now),
         # No watch on CRDs: look for LeaderWorkerSet again (the watch cache rediscovers it).
         GROUPS_RECHECK_SECONDS if progress.reason == ConditionReason.GROUPS_UNAVAILABLE else None,
     )

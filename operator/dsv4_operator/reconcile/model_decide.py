@@ -25,6 +25,7 @@ from dsv4_operator.reasons import (
 from dsv4_operator.reconcile.diff import to_apply
 from dsv4_operator.reconcile.health import WEIGHTS_UNDER_WAY
 from dsv4_operator.reconcile.model_world import ModelWorld
+from dsv4_operator.reconcile.pod_causes import seconds_until_causes_due
 from dsv4_operator.reconcile.weights import WeightsState, stale_jobs, weights_state
 from dsv4_operator.render.weights import ModelContext, render_weights
 
@@ -144,4 +145,9 @@ def decide_model(world: ModelWorld, operator_image: str) -> ModelDecision:
             _in_use(world, decision),
         ],
     )
+    # A Job pod stuck with nothing in its status (a claim that does not mount): its Events.
+    causes = seconds_until_causes_due(world.weights_pods, world.pod_events_read, world.now)
+    if causes is not None:
+        earlier = decision.requeue_after
+        decision.requeue_after = causes if earlier is None else min(earlier, causes)
     return decision

@@ -47,6 +47,7 @@ class ModelWorld:
     weights: list[Obj] = field(default_factory=list)  # claim, Jobs, rights; each with its kind
     weights_pods: list[PodView] = field(default_factory=list)  # the Jobs' pods
     pod_events: dict[str, list[Obj]] = field(default_factory=dict)
+    pod_events_read: dict[str, datetime] = field(default_factory=dict)  # when listed
     missing_secrets: frozenset[str] = frozenset()
 
     @classmethod

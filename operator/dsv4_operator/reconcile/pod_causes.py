@@ -95,6 +95,17 @@ def seconds_until_events_due(read: Mapping[str, datetime], now: datetime) -> flo
     return max(min(waits), 0.0) if waits else None
 
 
+def seconds_until_causes_due(
+    pods: Iterable[PodView], read: Mapping[str, datetime], now: datetime
+) -> float | None:
+    """When a pass should look again at why these pods are not ready, with `read` the times
+    the stuck ones' Events were listed: a second after the first silent pod turns stuck, or
+    after a stuck pod's Events are due again (time for the pass to find it); None for neither."""
+    waits = [seconds_until_stuck(pods, now), seconds_until_events_due(read, now)]
+    due = [wait + 1.0 for wait in waits if wait is not None]
+    return min(due) if due else None
+
+
 def _silent(pod: PodView) -> bool:
     """Scheduled, not ready, and its status says nothing about why."""
     return pod.scheduled and not pod.ready and _status_problem(pod) is None

@@ -166,10 +166,11 @@ class Reconciler:
             self.gone((namespace, MODEL_KEY_PREFIX + name))
             return None
         events: dict[str, list[Obj]] = {}
+        read: dict[str, datetime] = {}
         names = [] if self._events_forbidden else unexplained(world.weights_pods, world.now)
         try:
             for pod in names:
-                events[pod] = (await self._pod_warnings(namespace, pod, world.now))[1]
+                read[pod], events[pod] = await self._pod_warnings(namespace, pod, world.now)
         except Forbidden:
             self._events_forbidden = True
         secret = world.spec.token_secret if world.spec is not None else None
@@ -177,6 +178,7 @@ class Reconciler:
         world = dataclasses.replace(
             world,
             pod_events=events,
+            pod_events_read=read,
             missing_secrets=frozenset({secret.name}) if secret and missing else frozenset(),
         )
         decision = decide_model(world, self.settings.operator_image)
