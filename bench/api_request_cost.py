@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import os
 import sys
 import time
 from collections.abc import Awaitable, Iterable
@@ -30,6 +29,7 @@ from typing import Any
 
 from dsv4_devcluster import ControlPlane
 from dsv4_devcluster.deployments import example
+from dsv4_devcluster.process import cpu_seconds
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
 from dsv4_operator.kube.resources import DSV4
@@ -38,7 +38,6 @@ from dsv4_operator.render.children import render_spec
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "cost"
 IN_FLIGHT = 4
-TICK = os.sysconf("SC_CLK_TCK")
 STATUS = {
     "observedGeneration": 1,
     "phase": "Progressing",
@@ -52,11 +51,6 @@ STATUS = {
         }
     ],
 }
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 async def cost(pid: int, calls: Iterable[Awaitable[Any]], n: int) -> float:
@@ -94,7 +88,7 @@ def children(kind: str, n: int) -> list[dict[str, Any]]:
 
 async def measure(crd: Path, n: int) -> list[tuple[str, float]]:
     with ControlPlane(crds=[crd]) as cp:
-        pid = next(p.pid for p in cp.processes if p.name == "kube-apiserver")
+        pid = cp.component("kube-apiserver").pid
         cp.dynamic_client().resources.get(api_version="v1", kind="Namespace").create(
             body={"metadata": {"name": NAMESPACE}}
         )

@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import resource
 import shutil
 import signal
@@ -78,6 +77,7 @@ from dsv4_devcluster.fleet import (
     until_baked,
 )
 from dsv4_devcluster.operator import OperatorProcess
+from dsv4_devcluster.process import cpu_seconds
 from dsv4_operator.api.status import parse_status
 from dsv4_operator.api.times import Duration
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
@@ -104,17 +104,10 @@ CONTROLLER_MANAGER = {"kube-api-qps": "500", "kube-api-burst": "1000"}
 # Two router Services per deployment (plain and operator) need a ClusterIP each: more than the
 # dev cluster's /24 holds at N = 1,000.
 API_SERVER = {"service-cluster-ip-range": "10.0.0.0/16"}
-TICK = os.sysconf("SC_CLK_TCK")
 OPERATOR_FLOOR = 10.0  # seconds: the operator's default minimum canary interval
 
 
 # --- what a process costs ---------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used (/proc/<pid>/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def rss_mb(pid: int) -> float:
@@ -147,7 +140,7 @@ def process_cpu(
 
 
 def apiserver_pid(cp: ControlPlane) -> int:
-    return next(p.pid for p in cp.processes if p.name == "kube-apiserver")
+    return cp.component("kube-apiserver").pid
 
 
 def seconds(duration: str) -> float:

@@ -75,7 +75,7 @@ from typing import cast
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_devcluster.process import free_port, spawned_children
+from dsv4_devcluster.process import cpu_times, free_port, spawned_children
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
@@ -305,17 +305,9 @@ async def _load(
     return out
 
 
-def _cpu_times(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
 def _group_times(pids: list[int]) -> tuple[float, float]:
     """(user, system) CPU seconds of processes together (a tap's workers, say)."""
-    times = [_cpu_times(pid) for pid in pids]
+    times = [cpu_times(pid) for pid in pids]
     return sum(user for user, _ in times), sum(system for _, system in times)
 
 

@@ -315,11 +315,15 @@ class ControlPlane:
                 restarted.append(proc.name)
         return restarted
 
-    def _apiserver(self) -> ManagedProcess:
-        found = next((p for p in self._procs if p.name == "kube-apiserver"), None)
+    def component(self, name: str) -> ManagedProcess:
+        """The running component `name` (`kube-apiserver`, `etcd`, ...)."""
+        found = next((p for p in self._procs if p.name == name), None)
         if found is None:
-            raise DevClusterError("control plane not started")
+            raise DevClusterError(f"control plane not started (no {name})")
         return found
+
+    def _apiserver(self) -> ManagedProcess:
+        return self.component("kube-apiserver")
 
     # --- start-up ------------------------------------------------------------------------
 

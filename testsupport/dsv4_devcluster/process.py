@@ -119,6 +119,18 @@ def free_port() -> int:
         return port
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a process has used so far (/proc/<pid>/stat, fields 14-15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    return sum(cpu_times(pid))
+
+
 def spawned_children(pid: int) -> list[int]:
     """The processes `pid` started with multiprocessing's spawn method, from any of its
     threads (its resource tracker is another child, left out). Linux: reads /proc."""

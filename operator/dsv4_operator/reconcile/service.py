@@ -18,6 +18,7 @@ from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4, SECRET
 from dsv4_operator.metrics import GuardMetrics
 from dsv4_operator.names import MODEL_KEY_PREFIX, MODEL_KIND
+from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason, EventReason
 from dsv4_operator.reconcile.act import act, ignore
 from dsv4_operator.reconcile.actions import Decision, ReconcileSettings
@@ -165,14 +166,7 @@ class Reconciler:
         if world is None:
             self.gone((namespace, MODEL_KEY_PREFIX + name))
             return None
-        events: dict[str, list[Obj]] = {}
-        read: dict[str, datetime] = {}
-        names = [] if self._events_forbidden else unexplained(world.weights_pods, world.now)
-        try:
-            for pod in names:
-                read[pod], events[pod] = await self._pod_warnings(namespace, pod, world.now)
-        except Forbidden:
-            self._events_forbidden = True
+        events, read = await self._stuck_pod_events(namespace, world.weights_pods, world.now)
         secret = world.spec.token_secret if world.spec is not None else None
         missing = secret is not None and await self._secret_missing(namespace, secret.name)
         world = dataclasses.replace(
@@ -198,25 +192,24 @@ class Reconciler:
         await act_model(self.client, world, decision, self.recorder, observe)
         return decision.requeue_after
 
-    async def _with_pod_events(self, world: World) -> World:
+    async def _stuck_pod_events(
+        self, namespace: str, pods: list[PodView], now: datetime
+    ) -> tuple[dict[str, list[Obj]], dict[str, datetime]]:
         """The Warning Events of the few pods whose status does not say why they are stuck
-        (FailedMount, FailedAttachVolume, ...): read on demand, never watched."""
-        pods = world.pods
-        names = unexplained(pods, world.now)
-        if not names or self._events_forbidden:
-            return world
+        (FailedMount, FailedAttachVolume, ...), read on demand, never watched, and when they
+        were listed. None once Events turn out forbidden: causes come from pod status only."""
         events: dict[str, list[Obj]] = {}
         read: dict[str, datetime] = {}
+        if self._events_forbidden:
+            return events, read
         try:
-            for name in names:
-                read[name], events[name] = await self._pod_warnings(
-                    world.namespace, name, world.now
-                )
+            for name in unexplained(pods, now):
+                read[name], events[name] = await self._pod_warnings(namespace, name, now)
         except Forbidden:
             self._events_forbidden = True
             log.warning("cannot list Events (RBAC): pod causes come from pod status only")
-            return world
-        return dataclasses.replace(world, pod_events=events, pod_events_read=read)
+            return {}, {}
+        return events, read
 
     async def _pod_warnings(
         self, namespace: str, pod: str, now: datetime
@@ -252,7 +245,9 @@ class Reconciler:
             self.forget(key)
             self.gone(key)
             return None
-        world = await self._with_pod_events(world)
+        events, read = await self._stuck_pod_events(world.namespace, world.pods, world.now)
+        if events:
+            world = dataclasses.replace(world, pod_events=events, pod_events_read=read)
         recorded = [r.key for r in world.status.group_restarts]
         captured = self.group_capture.pending(key, recorded)
         world = dataclasses.replace(world, captured_restarts=captured)
