@@ -10,6 +10,7 @@ from typing import Any
 
 from dsv4_operator.api.status import DSV4DeploymentStatus
 from dsv4_operator.reconcile.decide import decide
+from dsv4_operator.reconcile.pod_causes import PodWarnings
 from tests.support.builders import as_live, make_world, silent_pod
 
 
@@ -85,6 +86,6 @@ def test_a_pod_silent_in_its_status_gets_a_pass_when_its_events_would_be_read(
             spec,
             pods=[silent_pod("2026-11-29T11:58:00Z", uid="p1", labels={"dsv4.io/role": "decode"})],
         ).pods,
-        pod_events_read={"x-decode-0": settled.now - timedelta(seconds=45)},
+        pod_events={"x-decode-0": PodWarnings(settled.now - timedelta(seconds=45))},
     )
     assert decide(stuck).requeue_after == 16.0

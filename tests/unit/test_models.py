@@ -12,6 +12,7 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.resources import DSV4, DSV4_MODEL, JOB
 from dsv4_operator.reconcile.decide import decide
 from dsv4_operator.reconcile.model_decide import decide_model
+from dsv4_operator.reconcile.pod_causes import PodWarnings
 from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.runtime.watched import enqueue_owner
 from tests.support.builders import NOW, make_world, model_world, silent_pod, stored_model
@@ -239,6 +240,6 @@ def test_a_weights_pod_stuck_with_nothing_in_its_status_gets_passes_for_its_even
         weights=[
             {**pod, "metadata": {**pod["metadata"], "creationTimestamp": "2026-11-29T11:50:00Z"}}
         ],
-        pod_events_read={"flash-weights-abc-x": NOW - timedelta(seconds=50)},
+        pod_events={"flash-weights-abc-x": PodWarnings(NOW - timedelta(seconds=50))},
     )
     assert decide_model(stuck, IMAGE).requeue_after == 11.0

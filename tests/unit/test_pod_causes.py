@@ -12,6 +12,7 @@ from dsv4_operator.pods import PodView
 from dsv4_operator.reconcile.pod_causes import (
     EVENTS_REFRESH_SECONDS,
     MESSAGE_LIMIT,
+    PodWarnings,
     first_fault,
     first_problem,
     pod_problem,
@@ -215,6 +216,9 @@ def test_a_pod_whose_status_says_nothing_is_explained_by_its_newest_warning() ->
         'pod x-decode-0: FailedMount: MountVolume.SetUp failed for volume "models"'
     )
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    listed = {"x-decode-0": PodWarnings(now, tuple(events))}
+    assert first_problem([view], listed) == pod_problem(view, events)
+    assert first_problem([view], {"other-pod": PodWarnings(now, tuple(events))}) is None
     assert unexplained([view], now) == ["x-decode-0"]
     # Too young to be called stuck, or ready: no lookup.
     assert unexplained([view], datetime(2026, 11, 29, 11, 59, 5, tzinfo=UTC)) == []
@@ -311,16 +315,17 @@ def test_a_stuck_pods_events_are_due_again_a_minute_after_they_were_listed() -> 
     """A Warning may come after the listing (a mount that times out after minutes): the next
     listing is due EVENTS_REFRESH_SECONDS after the first of the pods' last ones."""
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-    read = {"a": datetime(2026, 11, 29, 11, 59, 30, tzinfo=UTC), "b": now}
+    read = {"a": PodWarnings(datetime(2026, 11, 29, 11, 59, 30, tzinfo=UTC)), "b": PodWarnings(now)}
     assert seconds_until_events_due(read, now) == EVENTS_REFRESH_SECONDS - 30
-    assert seconds_until_events_due({"a": datetime(2026, 11, 29, 11, 58, tzinfo=UTC)}, now) == 0
+    long_ago = {"a": PodWarnings(datetime(2026, 11, 29, 11, 58, tzinfo=UTC))}
+    assert seconds_until_events_due(long_ago, now) == 0
     assert seconds_until_events_due({}, now) is None
 
 
 def test_a_pass_is_due_a_second_after_the_first_of_the_two_moments() -> None:
     young = PodView.of(silent_pod("2026-11-29T11:59:55Z"))  # stuck in 5 s
     now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-    listed = {"x": datetime(2026, 11, 29, 11, 59, 2, tzinfo=UTC)}  # due again in 2 s
+    listed = {"x": PodWarnings(datetime(2026, 11, 29, 11, 59, 2, tzinfo=UTC))}  # due in 2 s
     assert seconds_until_causes_due([young], {}, now) == 6.0
     assert seconds_until_causes_due([young], listed, now) == 3.0
     assert seconds_until_causes_due([], {}, now) is None

@@ -444,7 +444,7 @@ def decide(world: World, settings: ReconcileSettings | None = None) -> Decision:
         _deadline_wake(decision.status, world, spec),
         # A pod that stays not ready with no cause in its status: its Events are read then,
         # and again while it stays so.
-        seconds_until_causes_due(world.pods, world.pod_events_read, world.now),
+        seconds_until_causes_due(world.pods, world.pod_events, world.now),
         # No watch on CRDs: look for LeaderWorkerSet again (the watch cache rediscovers it).
         GROUPS_RECHECK_SECONDS if progress.reason == ConditionReason.GROUPS_UNAVAILABLE else None,
     )

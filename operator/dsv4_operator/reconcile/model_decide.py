@@ -146,7 +146,7 @@ def decide_model(world: ModelWorld, operator_image: str) -> ModelDecision:
         ],
     )
     # A Job pod stuck with nothing in its status (a claim that does not mount): its Events.
-    causes = seconds_until_causes_due(world.weights_pods, world.pod_events_read, world.now)
+    causes = seconds_until_causes_due(world.weights_pods, world.pod_events, world.now)
     if causes is not None:
         earlier = decision.requeue_after
         decision.requeue_after = causes if earlier is None else min(earlier, causes)

@@ -25,6 +25,7 @@ from dsv4_operator.kube.reader import Reader
 from dsv4_operator.kube.resources import DSV4, DSV4_MODEL, POD, WEIGHTS_KINDS
 from dsv4_operator.names import MODEL_LABEL
 from dsv4_operator.pods import PodView
+from dsv4_operator.reconcile.pod_causes import PodWarnings
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,7 @@ class ModelWorld:
     users: tuple[str, ...] = ()
     weights: list[Obj] = field(default_factory=list)  # claim, Jobs, rights; each with its kind
     weights_pods: list[PodView] = field(default_factory=list)  # the Jobs' pods
-    pod_events: dict[str, list[Obj]] = field(default_factory=dict)
-    pod_events_read: dict[str, datetime] = field(default_factory=dict)  # when listed
+    pod_events: dict[str, PodWarnings] = field(default_factory=dict)  # the stuck ones'
     missing_secrets: frozenset[str] = frozenset()
 
     @classmethod

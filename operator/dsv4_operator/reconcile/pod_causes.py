@@ -5,6 +5,7 @@ stuck in ContainerCreating), from its Warning Events: what a user would otherwis
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from dsv4_operator.kube.objects import Obj
@@ -21,6 +22,15 @@ STUCK_AFTER_SECONDS = 10.0
 EVENTS_REFRESH_SECONDS = 60.0
 # Waiting reasons that say nothing about a problem: the container is on its way.
 _BENIGN_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+@dataclass(frozen=True)
+class PodWarnings:
+    """A stuck pod's Warning Events (`unexplained`) and when they were listed: they are listed
+    at most once per EVENTS_REFRESH_SECONDS, never watched."""
+
+    listed: datetime
+    events: tuple[Obj, ...] = ()
 
 
 def _short(text: str) -> str:
@@ -86,22 +96,22 @@ def seconds_until_stuck(pods: Iterable[PodView], now: datetime) -> float | None:
     return max(min(waits), 0.0) if waits else None
 
 
-def seconds_until_events_due(read: Mapping[str, datetime], now: datetime) -> float | None:
-    """Seconds until the first of these stuck pods' Events, listed at the times given, are
-    due to be listed again; None when none were. A Warning the kubelet posts after a listing
-    (a mount that times out after minutes) is marked by no watch event: a pass must be asked
-    for then, or the pod's cause waits for a pass that comes for another reason."""
-    waits = [EVENTS_REFRESH_SECONDS - (now - at).total_seconds() for at in read.values()]
+def seconds_until_events_due(warnings: Mapping[str, PodWarnings], now: datetime) -> float | None:
+    """Seconds until the first of these stuck pods' Events are due to be listed again; None
+    when none were listed. A Warning the kubelet posts after a listing (a mount that times out
+    after minutes) is marked by no watch event: a pass must be asked for then, or the pod's
+    cause waits for a pass that comes for another reason."""
+    waits = [EVENTS_REFRESH_SECONDS - (now - w.listed).total_seconds() for w in warnings.values()]
     return max(min(waits), 0.0) if waits else None
 
 
 def seconds_until_causes_due(
-    pods: Iterable[PodView], read: Mapping[str, datetime], now: datetime
+    pods: Iterable[PodView], warnings: Mapping[str, PodWarnings], now: datetime
 ) -> float | None:
-    """When a pass should look again at why these pods are not ready, with `read` the times
-    the stuck ones' Events were listed: a second after the first silent pod turns stuck, or
+    """When a pass should look again at why these pods are not ready, with `warnings` the
+    stuck ones' Events as last listed: a second after the first silent pod turns stuck, or
     after a stuck pod's Events are due again (time for the pass to find it); None for neither."""
-    waits = [seconds_until_stuck(pods, now), seconds_until_events_due(read, now)]
+    waits = [seconds_until_stuck(pods, now), seconds_until_events_due(warnings, now)]
     due = [wait + 1.0 for wait in waits if wait is not None]
     return min(due) if due else None
 
@@ -193,12 +203,13 @@ def first_fault(pods: Iterable[PodView]) -> tuple[str, str] | None:
 
 
 def first_problem(
-    pods: Iterable[PodView], events: Mapping[str, Sequence[Obj]] | None = None
+    pods: Iterable[PodView], warnings: Mapping[str, PodWarnings] | None = None
 ) -> str | None:
     """The first problem among `pods` (by name, so the message is stable between passes);
-    `events` maps pod names to their Events."""
+    `warnings`: the stuck ones' Events, by pod name."""
     for pod in sorted(pods, key=lambda p: p.name):
-        problem = pod_problem(pod, (events or {}).get(pod.name, ()))
+        listed = (warnings or {}).get(pod.name)
+        problem = pod_problem(pod, listed.events if listed is not None else ())
         if problem:
             return problem
     return None

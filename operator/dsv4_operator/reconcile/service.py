@@ -13,7 +13,6 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.guard.plan import PlanCheck
 from dsv4_operator.kube.client import KubeClient
 from dsv4_operator.kube.errors import Forbidden, KubeError, refused
-from dsv4_operator.kube.objects import Obj
 from dsv4_operator.kube.reader import CachedReader, Reader
 from dsv4_operator.kube.resources import DSV4, SECRET
 from dsv4_operator.metrics import GuardMetrics
@@ -29,7 +28,7 @@ from dsv4_operator.reconcile.guarding import served_spec
 from dsv4_operator.reconcile.model_decide import decide_model
 from dsv4_operator.reconcile.model_service import act_model
 from dsv4_operator.reconcile.model_world import gather_model
-from dsv4_operator.reconcile.pod_causes import EVENTS_REFRESH_SECONDS, unexplained
+from dsv4_operator.reconcile.pod_causes import EVENTS_REFRESH_SECONDS, PodWarnings, unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
 from dsv4_operator.reconcile.status import with_rejection
 from dsv4_operator.reconcile.trailing import Trailing
@@ -84,7 +83,7 @@ class Reconciler:
         self.guard_metrics = GuardMetrics()
         self._events_forbidden = False
         self._secrets_forbidden = False
-        self._pod_events: dict[tuple[str, str], tuple[datetime, list[Obj]]] = {}
+        self._pod_events: dict[tuple[str, str], PodWarnings] = {}
         # Told of a key whose object no longer exists (the work queue's `gone`).
         self.gone: Callable[[tuple[str, str]], None] = lambda key: None
         # Asked to run a key's pass again after a delay (the work queue's `add_after`).
@@ -166,13 +165,12 @@ class Reconciler:
         if world is None:
             self.gone((namespace, MODEL_KEY_PREFIX + name))
             return None
-        events, read = await self._stuck_pod_events(namespace, world.weights_pods, world.now)
+        events = await self._stuck_pod_events(namespace, world.weights_pods, world.now)
         secret = world.spec.token_secret if world.spec is not None else None
         missing = secret is not None and await self._secret_missing(namespace, secret.name)
         world = dataclasses.replace(
             world,
             pod_events=events,
-            pod_events_read=read,
             missing_secrets=frozenset({secret.name}) if secret and missing else frozenset(),
         )
         decision = decide_model(world, self.settings.operator_image)
@@ -194,37 +192,33 @@ class Reconciler:
 
     async def _stuck_pod_events(
         self, namespace: str, pods: list[PodView], now: datetime
-    ) -> tuple[dict[str, list[Obj]], dict[str, datetime]]:
+    ) -> dict[str, PodWarnings]:
         """The Warning Events of the few pods whose status does not say why they are stuck
-        (FailedMount, FailedAttachVolume, ...), read on demand, never watched, and when they
-        were listed. None once Events turn out forbidden: causes come from pod status only."""
-        events: dict[str, list[Obj]] = {}
-        read: dict[str, datetime] = {}
+        (FailedMount, FailedAttachVolume, ...), read on demand, never watched, by pod name.
+        None once Events turn out forbidden: causes come from pod status only."""
         if self._events_forbidden:
-            return events, read
+            return {}
         try:
-            for name in unexplained(pods, now):
-                read[name], events[name] = await self._pod_warnings(namespace, name, now)
+            return {
+                name: await self._pod_warnings(namespace, name, now)
+                for name in unexplained(pods, now)
+            }
         except Forbidden:
             self._events_forbidden = True
             log.warning("cannot list Events (RBAC): pod causes come from pod status only")
-            return {}, {}
-        return events, read
+            return {}
 
-    async def _pod_warnings(
-        self, namespace: str, pod: str, now: datetime
-    ) -> tuple[datetime, list[Obj]]:
-        """A stuck pod's Warning Events, listed at most once per EVENTS_REFRESH_SECONDS, and
-        when they were."""
+    async def _pod_warnings(self, namespace: str, pod: str, now: datetime) -> PodWarnings:
+        """A stuck pod's Warning Events, listed at most once per EVENTS_REFRESH_SECONDS."""
         key = (namespace, pod)
         cached = self._pod_events.get(key)
-        if cached is not None and (now - cached[0]).total_seconds() < EVENTS_REFRESH_SECONDS:
+        if cached is not None and (now - cached.listed).total_seconds() < EVENTS_REFRESH_SECONDS:
             return cached
-        events = await self.client.pod_warnings(namespace, pod)
+        listed = PodWarnings(now, tuple(await self.client.pod_warnings(namespace, pod)))
         if len(self._pod_events) >= EVENTS_CACHE_SIZE:
             self._pod_events.pop(next(iter(self._pod_events)))  # the oldest entry
-        self._pod_events[key] = (now, events)
-        return now, events
+        self._pod_events[key] = listed
+        return listed
 
     async def __call__(self, key: tuple[str, str]) -> float | None:
         namespace, name = key
@@ -245,9 +239,9 @@ class Reconciler:
             self.forget(key)
             self.gone(key)
             return None
-        events, read = await self._stuck_pod_events(world.namespace, world.pods, world.now)
+        events = await self._stuck_pod_events(world.namespace, world.pods, world.now)
         if events:
-            world = dataclasses.replace(world, pod_events=events, pod_events_read=read)
+            world = dataclasses.replace(world, pod_events=events)
         recorded = [r.key for r in world.status.group_restarts]
         captured = self.group_capture.pending(key, recorded)
         world = dataclasses.replace(world, captured_restarts=captured)

@@ -27,6 +27,7 @@ from dsv4_operator.kube.objects import (
 from dsv4_operator.kube.resources import WORKLOADS
 from dsv4_operator.names import MAIN_PAIR, router_name
 from dsv4_operator.pods import PodView
+from dsv4_operator.reconcile.pod_causes import PodWarnings
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,9 @@ class World:
     pods: list[PodView] = field(default_factory=list)  # the engines' and the router's
     # The DSV4Model whose weights the spec uses (docs/models.md), with its kind; not a child.
     weights: list[Obj] = field(default_factory=list)
-    # Warning Events of pods whose status explains nothing (pod_causes.unexplained), by name.
-    pod_events: dict[str, list[Obj]] = field(default_factory=dict)
-    # When those Events were listed (the operator lists them at most once a minute).
-    pod_events_read: dict[str, datetime] = field(default_factory=dict)
+    # Warning Events of pods whose status explains nothing (pod_causes.unexplained), by name,
+    # with when they were listed (at most once a minute).
+    pod_events: dict[str, PodWarnings] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     canary: Snapshot | None = None
     # Whether the API server serves ServiceMonitor (the prometheus-operator CRDs).

@@ -16,11 +16,18 @@ import os
 import select
 from collections.abc import Callable
 from time import perf_counter
-from typing import cast
+from typing import NamedTuple, cast
 
 import httptools
 
 from dsv4_operator.tap.observe import ConnectionObserver, Hooks
+
+
+class Sockets(NamedTuple):
+    """A relayed connection's two socket descriptors, as `FirstBytes` holds them."""
+
+    client: int
+    router: int
 
 
 class _Router(asyncio.Protocol):
@@ -72,7 +79,7 @@ class ClientConnection(asyncio.Protocol):
         self._refused: _Refusal | None = None
         self._early: list[bytes] = []  # what arrived before the router's connection
         self.awaiting_head = False  # a request went to the router, nothing has come back yet
-        self.watched: list[int] = []  # its sockets (client, router) for the relay's FirstBytes
+        self.watched: Sockets | None = None  # while the relay's FirstBytes holds them
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
@@ -187,27 +194,33 @@ class FirstBytes:
         """A connection to serve: its client socket from now on, its router socket once it
         awaits a head (`await_head`)."""
         assert client.router is not None
-        for transport, is_client in ((client.transport, True), (client.router, False)):
-            fd = transport.get_extra_info("socket").fileno()
-            if is_client:
-                self._register(fd)
-            self._sockets[fd] = (client, is_client)
-            client.watched.append(fd)
+        sockets = Sockets(
+            client.transport.get_extra_info("socket").fileno(),
+            client.router.get_extra_info("socket").fileno(),
+        )
+        self._register(sockets.client)
+        self._sockets[sockets.client] = (client, True)
+        self._sockets[sockets.router] = (client, False)
+        client.watched = sockets
 
     def await_head(self, client: ClientConnection) -> None:
         """A request went to the router: serve its socket until the response begins (a head
         already there is reported too: epoll checks a socket as it is added)."""
         client.awaiting_head = True
-        # watched: [client socket, router socket] until the connection closes. A router
-        # connection that is closing has no head to come, and its number may soon be another's.
-        if client.watched and client.router is not None and not client.router.is_closing():
-            self._register(client.watched[1])
+        # A router connection that is closing has no head to come, and its number may soon be
+        # another's.
+        if (
+            client.watched is not None
+            and client.router is not None
+            and not client.router.is_closing()
+        ):
+            self._register(client.watched.router)
 
     def head_came(self, client: ClientConnection) -> None:
         """The response has begun: its chunks are the loop's."""
         client.awaiting_head = False
-        if client.watched:
-            self._unregister(client.watched[1])
+        if client.watched is not None:
+            self._unregister(client.watched.router)
 
     def _register(self, fd: int) -> None:
         with contextlib.suppress(OSError, ValueError):  # closed meanwhile: its transport knows
@@ -220,11 +233,11 @@ class FirstBytes:
     def forget(self, client: ClientConnection) -> None:
         """The connection has closed: its sockets are no longer served (a closed socket left
         the epoll with its close; its number may be another connection's by now)."""
-        for fd in client.watched:
+        for fd in client.watched or ():
             if self._sockets.get(fd, (None, False))[0] is client:
                 del self._sockets[fd]
                 self._unregister(fd)
-        client.watched.clear()
+        client.watched = None
 
     def tick(self) -> None:
         self._chunks += 1
