@@ -228,3 +228,29 @@ def kubectl_get_dsv4(control_plane: ControlPlane, namespace: str) -> str:
         capture_output=True,
         text=True,
     ).stdout
+
+
+def post_pod_warning(cluster: Cluster, pod: str, reason: str, message: str) -> None:
+    """A Warning Event on `pod`, as the kubelet posts one."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cluster.dyn.resources.get(api_version="v1", kind="Event").create(
+        namespace=cluster.namespace,
+        body={
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod}.{time.monotonic_ns()}"},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod,
+                "namespace": cluster.namespace,
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message,
+            "source": {"component": "kubelet"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        },
+    )

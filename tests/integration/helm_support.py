@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +29,12 @@ class Helm:
 
     def uninstall(self, release: str, namespace: str) -> None:
         self("uninstall", release, "--namespace", namespace, "--wait", check=False)
+
+    @contextlib.contextmanager
+    def installed(self, release: str, namespace: str, values: dict[str, Any]) -> Iterator[None]:
+        """The release installed for the block, uninstalled after it whatever happens."""
+        self.install(release, namespace, values)
+        try:
+            yield
+        finally:
+            self.uninstall(release, namespace)

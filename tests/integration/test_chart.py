@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from dsv4_devcluster import ControlPlane, wait_for
+from dsv4_devcluster import ControlPlane, report_container_waiting, wait_for, wait_pod_running
 from dsv4_devcluster.deployments import (
     POOL_LABEL,
     RTX,
@@ -44,7 +44,7 @@ from dsv4_devcluster.process import free_port
 from tests.support.paths import REPO
 
 from ..chart.support import CHART, render, tool
-from .cluster_support import service_account_kubeconfig
+from .cluster_support import post_pod_warning, service_account_kubeconfig
 from .helm_support import Helm
 from .weights_support import JobContainer
 
@@ -232,6 +232,12 @@ def _prove_rbac(
     assert not denials, "the chart's RBAC denied the operator:\n" + "\n".join(denials[:20])
 
 
+def _namespaced(helm: Helm, release: str, namespace: str, work_namespace: str) -> Any:
+    """The chart installed to watch `work_namespace` only, without its webhook."""
+    values = _values(watchNamespaces=[work_namespace], webhook={"enabled": False})
+    return helm.installed(release, namespace, values)
+
+
 def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
     control_plane: ControlPlane,
     dyn: Any,
@@ -242,10 +248,7 @@ def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
     tmp_path: Path,
 ) -> None:
     release = "dsv4-ns"
-    helm.install(
-        release, namespace, _values(watchNamespaces=[work_namespace], webhook={"enabled": False})
-    )
-    try:
+    with _namespaced(helm, release, namespace, work_namespace):
         rbac = k8s.RbacAuthorizationV1Api(control_plane.api_client())
         assert sorted(r.metadata.name for r in rbac.list_namespaced_role(work_namespace).items) == [
             f"{release}-dsv4-operator",
@@ -260,8 +263,6 @@ def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
             tmp_path,
             watch=work_namespace,
         )
-    finally:
-        helm.uninstall(release, namespace)
 
 
 def test_cluster_wide_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
@@ -287,6 +288,92 @@ def test_cluster_wide_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
         )
     finally:
         helm.uninstall(release, namespace)
+
+
+def _ready_condition(cluster: Cluster) -> dict[str, Any]:
+    conditions = cluster.get().get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "Ready"), {})
+
+
+def _forbid_listing_events(dyn: Any, role_name: str, namespace: str) -> None:
+    """Take `list` off the Role's Events rule (posting them stays granted)."""
+    roles = dyn.resources.get(api_version="rbac.authorization.k8s.io/v1", kind="Role")
+    rules = roles.get(name=role_name, namespace=namespace).to_dict()["rules"]
+    [events] = [r for r in rules if r.get("resources") == ["events"]]
+    assert "list" in events["verbs"]
+    events["verbs"] = [v for v in events["verbs"] if v != "list"]
+    roles.patch(
+        name=role_name,
+        namespace=namespace,
+        body={"rules": rules},
+        content_type="application/merge-patch+json",
+    )
+
+
+def _stuck_pod_without_its_events(cluster: Cluster, op: OperatorProcess) -> None:
+    """A pod whose cause only a Warning Event tells: Ready says the role is short and no more,
+    the operator says once that it cannot list Events, and no pass fails."""
+    doc = example(cluster.namespace)
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["nodeSelector"] = {POOL_LABEL: POOL}
+    cluster.apply(doc)
+    cluster.wait_phase("Ready")
+    pod = "dsv4-flash-decode-0"
+    wait_pod_running(cluster.dyn, cluster.namespace, pod)
+    # The pod's status says ContainerCreating; only its Event says why.
+    post_pod_warning(cluster, pod, "FailedMount", 'MountVolume.SetUp failed: volume "models"')
+    report_container_waiting(cluster.dyn, cluster.namespace, pod, "engine", "ContainerCreating", "")
+
+    def not_ready() -> dict[str, Any] | None:
+        condition = _ready_condition(cluster)
+        short = "decode 0/1" in condition.get("message", "")
+        return condition if condition.get("status") == "False" and short else None
+
+    print(f"Ready: {wait_for('the decode pod not ready, in Ready', not_ready, timeout=60)}")
+    told = "cannot list Events (RBAC)"
+    wait_for(told, lambda: told in op.log_path.read_text(errors="replace"), timeout=60)
+    for nudge in range(3):  # passes for the stuck pod again (an annotation: a watch event)
+        target = op.passes() + 1
+        cluster.dsv4.patch(
+            name="dsv4-flash",
+            namespace=cluster.namespace,
+            body={"metadata": {"annotations": {"test.dsv4.io/nudge": str(nudge)}}},
+            content_type="application/merge-patch+json",
+        )
+        wait_for("a pass", lambda target=target: op.passes() >= target, timeout=30)
+    op.alive_or_raise()
+    ready = _ready_condition(cluster)
+    assert "FailedMount" not in ready["message"], ready  # the Event was never read
+    assert op.log_path.read_text(errors="replace").count(told) == 1, "asked again after a 403"
+    assert not op.metric("dsv4_reconciles_total", result="error"), "a pass failed"
+
+
+def test_without_the_right_to_list_events_causes_come_from_pod_status_and_nothing_fails(
+    control_plane: ControlPlane,
+    dyn: Any,
+    helm: Helm,
+    namespace: str,
+    work_namespace: str,
+    chart_nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    """A hardened cluster whose admins grant the operator no `list` on Events: a stuck pod's
+    cause then comes from its status alone (no Warning Event is read), the operator says so
+    once in its log, and its passes neither fail nor retry the listing."""
+    release = "dsv4-noev"
+    with _namespaced(helm, release, namespace, work_namespace):
+        account = f"{release}-dsv4-operator"
+        _forbid_listing_events(dyn, account, work_namespace)
+        kubeconfig = service_account_kubeconfig(
+            control_plane, namespace, account, tmp_path / "sa.kubeconfig"
+        )
+        weights_volume(dyn, work_namespace)
+        op = OperatorProcess(kubeconfig, work_namespace, tmp_path, DSV4_NAMESPACES=work_namespace)
+        try:
+            with op:
+                _stuck_pod_without_its_events(Cluster(dyn, work_namespace), op)
+        finally:
+            print(f"--- operator log ({op.log_path}) ---\n{op.log_tail(60)}")
 
 
 LWS_KINDS = (("leaderworkerset.x-k8s.io", "leaderworkersets"),)
@@ -328,10 +415,7 @@ def test_the_service_account_cannot_do_more_than_the_chart_grants(
 ) -> None:
     """Negative control: the same token is refused what the chart does not grant."""
     release = "dsv4-neg"
-    helm.install(
-        release, namespace, _values(watchNamespaces=[work_namespace], webhook={"enabled": False})
-    )
-    try:
+    with _namespaced(helm, release, namespace, work_namespace):
         kubeconfig = service_account_kubeconfig(
             control_plane, namespace, f"{release}-dsv4-operator", tmp_path / "sa.kubeconfig"
         )
@@ -369,8 +453,6 @@ def test_the_service_account_cannot_do_more_than_the_chart_grants(
         assert not can_i("create", "pods", "-n", work_namespace)
         assert not can_i("update", "dsv4deployments.dsv4.io", "-n", work_namespace)
         assert not can_i("delete", "customresourcedefinitions.apiextensions.k8s.io")
-    finally:
-        helm.uninstall(release, namespace)
 
 
 def test_namespace_users_get_dsv4_rights_through_the_default_roles(

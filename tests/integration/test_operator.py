@@ -35,7 +35,7 @@ from dsv4_operator.api.roles import ROLES
 from dsv4_operator.kube.objects import StatefulSetView
 from tests.chart.support import tool
 
-from .cluster_support import engine_flags, statefulset_policy, watch_router
+from .cluster_support import engine_flags, post_pod_warning, statefulset_policy, watch_router
 
 pytestmark = pytest.mark.integration
 BF16 = {"engine.indexKDtype": "bf16"}  # the example image declares bf16IndexK + poolSizingFix
@@ -814,32 +814,6 @@ def _ready_message(cluster: Cluster, word: str) -> str | None:
     return message if word in message else None
 
 
-def _pod_warning(cluster: Cluster, pod: str, reason: str, message: str) -> None:
-    """A Warning Event on `pod`, as the kubelet posts one."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    cluster.dyn.resources.get(api_version="v1", kind="Event").create(
-        namespace=cluster.namespace,
-        body={
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{pod}.{time.monotonic_ns()}"},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod,
-                "namespace": cluster.namespace,
-            },
-            "type": "Warning",
-            "reason": reason,
-            "message": message,
-            "source": {"component": "kubelet"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        },
-    )
-
-
 def test_ready_names_a_gpu_product_no_node_has(cluster: Cluster, operator: OperatorProcess) -> None:
     """Unschedulable: the scheduler's own message, with the pod's name."""
     cluster.apply(example(cluster.namespace, **{"gpu.product": "NVIDIA-H200"}))
@@ -887,7 +861,7 @@ def test_ready_names_what_the_kubelet_reports(
     else:
         # Nothing in the pod's status but ContainerCreating: the cause is only in its Events
         # (posted first: the operator reads a stuck pod's Events at most once a minute).
-        _pod_warning(
+        post_pod_warning(
             cluster,
             pod,
             "FailedMount",
