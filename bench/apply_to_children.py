@@ -12,6 +12,7 @@ an engine). Prints each run and the median and max.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import tempfile
 import time
@@ -24,6 +25,10 @@ from dsv4_devcluster.operator import OperatorProcess
 REPO = Path(__file__).resolve().parents[1]
 
 EXPECTED = 9  # 2 StatefulSets + 3 Services + 1 Deployment + 3 PodDisruptionBudgets
+
+
+def _all_children(cluster: Cluster) -> bool:
+    return len(cluster.children()) >= EXPECTED
 
 
 def main() -> int:
@@ -54,7 +59,7 @@ def main() -> int:
                 cluster.apply(example(ns))
                 wait_for(
                     f"{EXPECTED} children in {ns}",
-                    lambda cluster=cluster: len(cluster.children()) >= EXPECTED,
+                    functools.partial(_all_children, cluster),
                     timeout=300,
                     interval=0.05,
                 )

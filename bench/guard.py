@@ -62,6 +62,10 @@ def leaks_in_run(rng: random.Random, responses: int, rate: float) -> int:
     return min(bisect.bisect_left(_binomial_cdf(responses, rate), rng.random()), responses)
 
 
+def _above(test: LeakRateTest, leaks: int, samples: int) -> bool:
+    return test.decide(leaks, samples) is Sequential.ABOVE
+
+
 def wilson_decider(guard: GuardSpec) -> Decider:
     """The guard's own policy (repeated one-sided Wilson looks at the growing window)."""
 
@@ -77,9 +81,7 @@ def deciders(guard: GuardSpec) -> dict[str, Decider]:
     }
     for alpha in (0.01, 0.001):
         test = LeakRateTest(guard.leak_rate.threshold, alpha)
-        out[f"mixture SPRT, alpha {alpha}"] = lambda leaks, samples, test=test: (
-            test.decide(leaks, samples) is Sequential.ABOVE
-        )
+        out[f"mixture SPRT, alpha {alpha}"] = functools.partial(_above, test)
     return out
 
 

@@ -474,7 +474,7 @@ def operator_process(
         env["DSV4_MIN_CANARY_INTERVAL"] = plan.canary_interval
     if plan.idle_reads is not None:
         env["DSV4_GUARD_IDLE_READ_SECONDS"] = str(plan.idle_reads)
-    operator = OperatorProcess(cp.kubeconfig_path, namespace, logs, **env)
+    operator = OperatorProcess(cp.kubeconfig_path, namespace, logs, wrap=None, **env)
     if plan.resync is None:
         del operator.env["DSV4_RESYNC_SECONDS"]  # the operator's own default
     else:
@@ -663,8 +663,9 @@ def status_changes(
     def fields(raw: dict[str, Any]) -> dict[str, Any]:
         status = parse_status(raw).visible_wire()
         out = {k: v for k, v in status.items() if k not in ("conditions", "guard")}
-        out |= {f"guard.{k}": v for k, v in (status.get("guard") or {}).items()}
-        for c in status.get("conditions") or []:
+        guard, conditions = status.get("guard"), status.get("conditions")
+        out |= {f"guard.{k}": v for k, v in (guard if isinstance(guard, dict) else {}).items()}
+        for c in conditions if isinstance(conditions, list) else []:
             out[f"condition {c.get('type')}"] = f"{c.get('status')} {c.get('reason')}"
         return out
 

@@ -45,7 +45,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, TypedDict
 
+fcntl: ModuleType | None
 try:
     import fcntl  # POSIX only
 except ImportError:  # pragma: no cover
@@ -151,7 +155,14 @@ _CUDA_13_0_2 = [
     "nvidia-nvtx==13.0.85",
 ]
 
-RELEASES = {
+
+class Release(TypedDict):
+    python: tuple[int, int]  # the interpreter the wheels are built for
+    router: str  # the sglang-router release beside it
+    requirements: list[str]  # installed with --no-deps
+
+
+RELEASES: dict[str, Release] = {
     "0.5.23": {
         "python": (3, 11),
         "router": "0.3.2",
@@ -289,7 +300,7 @@ def read_lock(version: str) -> str:
     return text
 
 
-def marker_payload(version: str, lock_text: str, py: tuple[int, int]) -> dict:
+def marker_payload(version: str, lock_text: str, py: tuple[int, int]) -> dict[str, Any]:
     return {
         "sglang": version,
         "python": f"{py[0]}.{py[1]}",
@@ -396,7 +407,7 @@ def log(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: str):
+def locked(path: str) -> Iterator[None]:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a+") as fh:
         if fcntl is not None:
@@ -412,7 +423,7 @@ def venv_python(venv: str) -> str:
     return os.path.join(venv, "bin", "python")
 
 
-def read_marker(venv: str):
+def read_marker(venv: str) -> Any:
     return _read_json(os.path.join(venv, MARKER))
 
 
@@ -429,7 +440,7 @@ def smoke(py: str) -> None:
 BYTECODE_STAMP = ".dsv4-bytecode"
 
 
-def compile_bytecode(venv: str, want: dict) -> None:
+def compile_bytecode(venv: str, want: dict[str, Any]) -> None:
     """Compile the venv's modules once (stamped with the marker): without .pyc files every
     import of torch and sglang compiles thousands of modules anew (about ten CPU seconds), and
     with PYTHONDONTWRITEBYTECODE set Python never writes them itself. A module that does not
@@ -449,7 +460,7 @@ def compile_bytecode(venv: str, want: dict) -> None:
     log(f"compiled {site} in {time.monotonic() - t0:.0f} s")
 
 
-def _read_json(path: str):
+def _read_json(path: str) -> Any:
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -495,7 +506,7 @@ def ensure(version: str, cache_root: str, python: str | None, uv: str | None, fo
     return venv_python(venv)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("version", nargs="?", help="sglang release, e.g. 0.5.23")
     ap.add_argument(

@@ -174,7 +174,7 @@ def _crd_page(path: Path, get: str, sections: bool) -> str:
         if constraints:
             lines += ["", _cell(constraints)]
         if not sections:
-            rows = []
+            rows: list[str] = []
             for name, child in node.get("properties", {}).items():
                 _rows(child, f"{top}.{name}", name in node.get("required", []), rows)
             lines += ["", *header, *rows]
@@ -470,9 +470,9 @@ def reasons_catalogue() -> str:
     )
     for catalogue in reasons.CATALOGUE:
         where = " ".join((catalogue.__doc__ or "").split())
-        rows = [(f"`{member.value}`", member.description) for member in catalogue]
+        members = [(f"`{member.value}`", member.description) for member in catalogue]
         parts.append(
-            f"\n## {catalogue.__name__}\n\n{where}\n\n" + _table(("reason", "meaning"), rows)
+            f"\n## {catalogue.__name__}\n\n{where}\n\n" + _table(("reason", "meaning"), members)
         )
     return "".join(parts)
 

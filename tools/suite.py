@@ -117,7 +117,7 @@ class Runner:
     def run(self) -> int:
         REPORTS.mkdir(exist_ok=True)
         pending = list(self.plan)
-        threads = []
+        threads: list[threading.Thread] = []
         with self.lock:
             while pending or any(t.is_alive() for t in threads):
                 for stage in list(pending):

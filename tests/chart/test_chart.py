@@ -11,7 +11,7 @@ import base64
 import datetime
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes_validate
 import pytest
@@ -34,6 +34,9 @@ from .support import (
     run,
     tool,
 )
+
+if TYPE_CHECKING:
+    from dsv4_operator.settings import OperatorSettings
 
 # Kinds from CRDs the Kubernetes schemas do not know: checked structurally below instead.
 CUSTOM_GROUPS = ("monitoring.coreos.com/", "cert-manager.io/")
@@ -75,8 +78,16 @@ def _env(objects: list[dict[str, Any]]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in _container(objects)["env"]}
 
 
+def _operator_settings(env: dict[str, str]) -> OperatorSettings:
+    """The operator's settings from the environment the chart sets (DSV4_* variables)."""
+    from dsv4_operator.settings import OperatorSettings
+
+    fields: dict[str, Any] = {k.removeprefix("DSV4_").lower(): v for k, v in env.items()}
+    return OperatorSettings(**fields)
+
+
 def _port(objects: list[dict[str, Any]], name: str) -> int:
-    ports = {p["name"]: p["containerPort"] for p in _container(objects)["ports"]}
+    ports = {p["name"]: int(p["containerPort"]) for p in _container(objects)["ports"]}
     return ports[name]
 
 
@@ -576,7 +587,7 @@ def test_operator_settings_accept_the_environment_the_chart_sets(values: dict[st
     env = _env(objects)
     fields = {f"DSV4_{name.upper()}" for name in OperatorSettings.model_fields}
     assert set(env) <= fields, f"unknown settings {set(env) - fields}"
-    settings = OperatorSettings(**{k.removeprefix("DSV4_").lower(): v for k, v in env.items()})
+    settings = _operator_settings(env)
     assert settings.namespace_list == values.get("watchNamespaces", [])
     assert settings.webhook is values.get("webhook", {}).get("enabled", True)
     assert settings.health_port == _port(objects, "health")
@@ -593,8 +604,7 @@ def test_queue_and_guard_values_reach_the_operator_settings() -> None:
     from dsv4_operator.settings import OperatorSettings
 
     def settings(values: dict[str, Any]) -> OperatorSettings:
-        env = _env(render(values))
-        return OperatorSettings(**{k.removeprefix("DSV4_").lower(): v for k, v in env.items()})
+        return _operator_settings(_env(render(values)))
 
     fields = ("retry_backoff_max_seconds", "guard_canaries_at_once", "guard_idle_read_seconds")
     defaults = settings({})
@@ -611,13 +621,10 @@ def test_queue_and_guard_values_reach_the_operator_settings() -> None:
 
 
 def test_trust_values_reach_the_operator_policy() -> None:
-    from dsv4_operator.settings import OperatorSettings
     from dsv4_operator.trust import TrustPolicy
 
     defaults = _env(render({}))
-    policy = OperatorSettings(
-        **{k.removeprefix("DSV4_").lower(): v for k, v in defaults.items()}
-    ).trust_policy
+    policy = _operator_settings(defaults).trust_policy
     assert policy == TrustPolicy(), "the chart's defaults are the safest policy"
     env = _env(
         render(
@@ -635,9 +642,7 @@ def test_trust_values_reach_the_operator_policy() -> None:
             }
         )
     )
-    policy = OperatorSettings(
-        **{k.removeprefix("DSV4_").lower(): v for k, v in env.items()}
-    ).trust_policy
+    policy = _operator_settings(env).trust_policy
     assert policy == TrustPolicy(
         canary_endpoints=("http://canary.llm:9000", "https://c.example/v1"),
         prometheus_url="http://prometheus.monitoring.svc:9090",

@@ -4,6 +4,7 @@ prometheus-operator kinds are missing, and no relative runbook links."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -90,7 +91,7 @@ def test_notes_advertise_only_what_the_values_install() -> None:
 def test_a_monitoring_kind_the_cluster_lacks_fails_saying_what_to_install(
     values: dict[str, Any], kind: str, value: str
 ) -> None:
-    argv = [tool("helm"), "template", "x", CHART, *helm_args(values), *DISCOVERED]
+    argv: list[str | Path] = [tool("helm"), "template", "x", CHART, *helm_args(values), *DISCOVERED]
     proc = run(argv, check=False)
     assert proc.returncode != 0
     message = " ".join(proc.stderr.split())

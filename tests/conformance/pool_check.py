@@ -35,12 +35,12 @@ def declared_gpu(arch: str) -> Iterator[None]:
     try:
         from sglang.srt.runtime_context import override_platform
     except ImportError:
-        saved = module.is_sm100_supported  # type: ignore[attr-defined]
-        module.is_sm100_supported = lambda *_: facts["is_sm100"]  # type: ignore[attr-defined]
+        saved = module.is_sm100_supported
+        module.is_sm100_supported = lambda *_: facts["is_sm100"]
         try:
             yield
         finally:
-            module.is_sm100_supported = saved  # type: ignore[attr-defined]
+            module.is_sm100_supported = saved
         return
     with override_platform(**facts):
         yield
@@ -55,12 +55,12 @@ def declared_device(arch: str) -> Iterator[None]:
 
     major = int(arch.removeprefix("sm")) // 10
     saved = torch.cuda.is_available, torch.cuda.get_device_capability
-    torch.cuda.is_available = lambda: True  # type: ignore[assignment]
-    torch.cuda.get_device_capability = lambda *_: (major, 0)  # type: ignore[assignment]
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda *_: (major, 0)
     try:
         yield
     finally:
-        torch.cuda.is_available, torch.cuda.get_device_capability = saved  # type: ignore[assignment]
+        torch.cuda.is_available, torch.cuda.get_device_capability = saved
 
 
 def pd_kv_layout(compress_ratios: list[int]) -> str | None:

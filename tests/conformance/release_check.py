@@ -57,7 +57,7 @@ def device_memory(mib: float | None) -> Any:
     patched = []
     for name in ("sglang.srt.server_args", "sglang.srt.arg_groups.memory_hook"):
         try:
-            module = importlib.import_module(name)
+            module: Any = importlib.import_module(name)
         except ImportError:
             continue
         if hasattr(module, "get_device_memory_capacity"):

@@ -33,8 +33,11 @@ def _decode_case(version: str, decode: dict[str, Any]) -> tuple[Case, set[str]]:
 
 # Every question this module asks a release, answered by one call of its code per release
 # (each call imports sglang: about ten seconds), keyed by what the tests look up.
-ATTENTION_DP = {"flagged": {"attentionDataParallel": 3}, "fixed": {"attentionDataParallel": 16}}
-ALL_TO_ALL = {
+ATTENTION_DP: dict[str, dict[str, Any]] = {
+    "flagged": {"attentionDataParallel": 3},
+    "fixed": {"attentionDataParallel": 16},
+}
+ALL_TO_ALL: dict[str, dict[str, Any]] = {
     "flagged": {"expertParallel": 2, "moeAllToAll": "deepep"},
     "fixed": {"expertParallel": 16, "moeAllToAll": "deepep"},
 }

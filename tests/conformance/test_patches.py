@@ -13,6 +13,7 @@ import copy
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -56,6 +57,7 @@ def test_every_release_has_patches_and_they_apply_in_order_without_fuzz(
                 ["git", "apply", "--check", str(patch)],
                 cwd=checkout,
                 capture_output=True,
+                text=True,
                 check=False,
             )
             assert proc.returncode != 0, (patch, version)
@@ -130,8 +132,8 @@ def test_patched_configurator_sizes_index_k_like_the_planner(version: str, tmp_p
             spec["gpu"] = {"product": "NVIDIA-B200"}
             spec["safety"] = {"policy": "Warn"}
             specs.append((f"{dtype}-spec{int(speculative)}", spec))
-    request = {"pools": {}}
-    expected = {}
+    request: dict[str, dict[str, Any]] = {"pools": {}}
+    expected: dict[str, Any] = {}
     for case in cases_from(specs):
         for role in ROLES:
             plan = case.plan.roles[role]

@@ -82,7 +82,7 @@ def _fault(detector: DeepSeekV4Detector) -> None:
     def broken(*args: Any, **kwargs: Any) -> str:
         raise RuntimeError("injected parser fault")
 
-    detector._parse_parameters_from_xml = broken  # type: ignore[method-assign]
+    detector._parse_parameters_from_xml = broken
 
 
 def _detector(case: dict[str, Any]) -> tuple[list[list[Any]], str]:

@@ -196,12 +196,14 @@ def service_account_kubeconfig(cp: ControlPlane, namespace: str, name: str, path
     """A kubeconfig that authenticates as the ServiceAccount (a TokenRequest token)."""
     api = cp.api_client()
     try:
-        request = {"spec": {"expirationSeconds": 3600}}
-        token = (
-            k8s.CoreV1Api(api)
-            .create_namespaced_service_account_token(name, namespace, request)
-            .status.token
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(expiration_seconds=3600)
         )
+        status = (
+            k8s.CoreV1Api(api).create_namespaced_service_account_token(name, namespace, request)
+        ).status
+        assert status is not None, "the TokenRequest came back without a status"
+        token = status.token
     finally:
         api.close()
     config = yaml.safe_load(cp.kubeconfig_path.read_text())

@@ -23,6 +23,7 @@ import pytest
 
 from dsv4_devcluster import ControlPlane, report_pod_ip
 from dsv4_devcluster.deployments import Cluster, rtx_pool, weights_volume
+from dsv4_devcluster.fleet import replace_flag
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.limits import ENGINE_PORT
 from dsv4_operator.names import PROBE_LABEL, ROLE_LABEL, SHADOW_OF_LABEL
@@ -32,7 +33,6 @@ from .guard_support import (
     ENTRYPOINT_LENGTH,
     base_env,
     paired_prefill_command,
-    replace_flag,
     with_pair_hicache,
 )
 

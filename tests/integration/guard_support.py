@@ -372,6 +372,7 @@ def guard_operator(
         kubeconfig,
         namespace,
         log_dir,
+        wrap=None,
         DSV4_CANARY_ENDPOINT_ALLOW=allowed,
         DSV4_MIN_CANARY_INTERVAL="1s",
         **env,

@@ -44,6 +44,7 @@ def sse(chunks: list[dict[str, Any]]) -> list[bytes]:
 def stream_of(leak: bool) -> list[bytes]:
     """A streamed tool call, or (`leak`) the same call leaked as DSML markup in `content`."""
     head = {"id": "x", "object": "chat.completion.chunk", "model": "m"}
+    deltas: list[dict[str, Any]]
     if leak:
         deltas = [{"role": "assistant", "content": LEAK[:20]}, {"content": LEAK[20:]}]
         finish = "stop"

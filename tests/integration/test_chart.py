@@ -119,7 +119,7 @@ def _values(**values: Any) -> dict[str, Any]:
 
 
 def _denials(op: OperatorProcess) -> list[str]:
-    text = op.log_path.read_text(errors="replace")
+    text = op.log_text()
     return [line for line in text.splitlines() if DENIED.search(line)]
 
 
@@ -250,7 +250,8 @@ def test_namespaced_rbac_lets_the_operator_reconcile_and_nothing_is_denied(
     release = "dsv4-ns"
     with _namespaced(helm, release, namespace, work_namespace):
         rbac = k8s.RbacAuthorizationV1Api(control_plane.api_client())
-        assert sorted(r.metadata.name for r in rbac.list_namespaced_role(work_namespace).items) == [
+        roles = rbac.list_namespaced_role(work_namespace).items
+        assert sorted(r.metadata.name for r in roles if r.metadata and r.metadata.name) == [
             f"{release}-dsv4-operator",
             f"{release}-dsv4-operator-test-dry-run",  # the `helm test` pod's dry runs
         ]
@@ -310,6 +311,18 @@ def _forbid_listing_events(dyn: Any, role_name: str, namespace: str) -> None:
     )
 
 
+def _nudge(cluster: Cluster, op: OperatorProcess, value: str) -> None:
+    """A watch event for the deployment (an annotation changed), and the pass it brings."""
+    target = op.passes() + 1
+    cluster.dsv4.patch(
+        name="dsv4-flash",
+        namespace=cluster.namespace,
+        body={"metadata": {"annotations": {"test.dsv4.io/nudge": value}}},
+        content_type="application/merge-patch+json",
+    )
+    wait_for("a pass", lambda: op.passes() >= target, timeout=30)
+
+
 def _stuck_pod_without_its_events(cluster: Cluster, op: OperatorProcess) -> None:
     """A pod whose cause only a Warning Event tells: Ready says the role is short and no more,
     the operator says once that it cannot list Events, and no pass fails."""
@@ -331,20 +344,13 @@ def _stuck_pod_without_its_events(cluster: Cluster, op: OperatorProcess) -> None
 
     print(f"Ready: {wait_for('the decode pod not ready, in Ready', not_ready, timeout=60)}")
     told = "cannot list Events (RBAC)"
-    wait_for(told, lambda: told in op.log_path.read_text(errors="replace"), timeout=60)
-    for nudge in range(3):  # passes for the stuck pod again (an annotation: a watch event)
-        target = op.passes() + 1
-        cluster.dsv4.patch(
-            name="dsv4-flash",
-            namespace=cluster.namespace,
-            body={"metadata": {"annotations": {"test.dsv4.io/nudge": str(nudge)}}},
-            content_type="application/merge-patch+json",
-        )
-        wait_for("a pass", lambda target=target: op.passes() >= target, timeout=30)
+    wait_for(told, lambda: told in op.log_text(), timeout=60)
+    for nudge in range(3):  # passes for the stuck pod again
+        _nudge(cluster, op, str(nudge))
     op.alive_or_raise()
     ready = _ready_condition(cluster)
     assert "FailedMount" not in ready["message"], ready  # the Event was never read
-    assert op.log_path.read_text(errors="replace").count(told) == 1, "asked again after a 403"
+    assert op.log_text().count(told) == 1, "asked again after a 403"
     assert not op.metric("dsv4_reconciles_total", result="error"), "a pass failed"
 
 
@@ -545,24 +551,28 @@ def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
         apps = k8s.AppsV1Api(control_plane.api_client())
         core = k8s.CoreV1Api(control_plane.api_client())
         deployment = apps.read_namespaced_deployment(f"{release}-dsv4-operator", namespace)
+        assert deployment.status is not None and deployment.spec is not None
         assert deployment.status.available_replicas == 2
+        assert deployment.spec.strategy is not None
         assert deployment.spec.strategy.type == "RollingUpdate"
         pods = core.list_namespaced_pod(
             namespace, label_selector=f"app.kubernetes.io/instance={release}"
         ).items
-        assert [p.status.phase for p in pods] == ["Running", "Running"]
+        assert [p.status.phase if p.status else None for p in pods] == ["Running", "Running"]
         # Anti-affinity: the two replicas on different nodes (the module has several).
-        assert len({p.spec.node_name for p in pods}) == 2
-        assert {p.spec.node_name for p in pods} <= set(chart_nodes)
+        nodes = {p.spec.node_name if p.spec else None for p in pods}
+        assert len(nodes) == 2 and nodes <= set(chart_nodes)
 
         secret_name = f"{release}-dsv4-operator-webhook-tls"
         secret = core.read_namespaced_secret(secret_name, namespace).data
+        assert secret is not None
         admission = k8s.AdmissionregistrationV1Api(control_plane.api_client())
         config = admission.read_validating_webhook_configuration(f"{release}-dsv4-operator")
+        assert config.webhooks
         webhook = config.webhooks[0]
-        assert base64.b64decode(webhook.client_config.ca_bundle) == base64.b64decode(
-            secret["ca.crt"]
-        )
+        service, ca_bundle = webhook.client_config.service, webhook.client_config.ca_bundle
+        assert service is not None and service.path is not None and ca_bundle is not None
+        assert base64.b64decode(ca_bundle) == base64.b64decode(secret["ca.crt"])
         helm("upgrade", release, CHART, "-n", namespace, "--reset-then-reuse-values")
         assert core.read_namespaced_secret(secret_name, namespace).data == secret, (
             "helm upgrade must keep the webhook certificate (lookup)"
@@ -587,17 +597,15 @@ def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
             DSV4_HEALTH_PORT=str(health),
         ).start()
         try:
-            path = webhook.client_config.service.path
-            host = f"{webhook.client_config.service.name}.{namespace}.svc"
-            ca = base64.b64decode(webhook.client_config.ca_bundle).decode()
-            unsafe = example(
-                namespace,
-                **{
-                    "engine.indexKDtype": "bf16",
-                    "engine.hicache": {"enabled": True},
-                    "engine.capabilities": ["bf16IndexK"],
-                },
-            )
+            path = service.path
+            host = f"{service.name}.{namespace}.svc"
+            ca = base64.b64decode(ca_bundle).decode()
+            leaking: dict[str, Any] = {
+                "engine.indexKDtype": "bf16",
+                "engine.hicache": {"enabled": True},
+                "engine.capabilities": ["bf16IndexK"],
+            }
+            unsafe = example(namespace, **leaking)
             refused = wait_for(
                 "the operator's webhook server",
                 lambda: _try_review(port, path, host, ca, unsafe),
@@ -616,7 +624,8 @@ def test_helm_install_brings_up_the_operator_with_a_working_webhook_certificate(
     finally:
         helm.uninstall(release, namespace)
     admission = k8s.AdmissionregistrationV1Api(control_plane.api_client())
-    names = [c.metadata.name for c in admission.list_validating_webhook_configuration().items]
+    configs = admission.list_validating_webhook_configuration().items
+    names = [c.metadata.name for c in configs if c.metadata is not None]
     assert f"{release}-dsv4-operator" not in names, "helm uninstall leaves no webhook behind"
 
 

@@ -201,6 +201,7 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
             pod_network.relay_loopback(api_port)  # the API server, as a pod reaches it
         pod_ips = sorted(p.ip for p in pod_networks[:2])
         secret = core.read_namespaced_secret(f"{FULLNAME}-webhook-tls", namespace).data
+        assert secret is not None
         certs = tmp_path / "webhook-tls"
         certs.mkdir()
         for name in ("tls.crt", "tls.key"):
@@ -337,7 +338,9 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
             obj = cluster.get()
             status = obj.get("status", {})
             generation = obj["metadata"]["generation"]
-            return status.get("observedGeneration") == generation and status["phase"] == "Ready"
+            return bool(
+                status.get("observedGeneration") == generation and status["phase"] == "Ready"
+            )
 
         wait_for("the new leader to reconcile the change", converged, timeout=180)
         assert standby.process.metric("dsv4_reconciles_total")
@@ -351,6 +354,7 @@ def test_the_webhook_service_keeps_admitting_while_the_leader_is_down_and_helm_t
         kubeconfig_doc = yaml.safe_load(control_plane.kubeconfig_path.read_text())
         cluster_ca = kubeconfig_doc["clusters"][0]["cluster"]["certificate-authority-data"]
         assert base64.b64decode(cluster_ca) != base64.b64decode(secret["ca.crt"])
+        assert broken.webhooks is not None
         broken.webhooks[0].client_config.ca_bundle = cluster_ca
         admission.replace_validating_webhook_configuration(FULLNAME, broken)
         code, output = tests.helm_test(helm)
@@ -386,7 +390,7 @@ def _stop_like_a_kubelet(core: Any, namespace: str, replica: Replica, grace: int
         try:
             pod = core.read_namespaced_pod(replica.name, namespace)
         except ApiException as error:
-            return error.status == 404  # kwok already removed it
+            return bool(error.status == 404)  # kwok already removed it
         return pod.metadata.deletion_timestamp is not None
 
     wait_for(f"{replica.name} to be deleted", deleting, timeout=60)

@@ -296,7 +296,7 @@ def test_kv_checksum_failures_before_the_bake_roll_back_for_kv_integrity(
         command = decode["spec"]["template"]["spec"]["containers"][0]["command"]
         # spec.transfer.kvChecksum unset: on, where the release has the flag (0.5.23 does).
         assert "--disaggregation-enable-kv-checksum" in command
-        change = {
+        change: dict[str, Any] = {
             "engine.env": [{"name": "DSV4_DOUBLE_KV_CHECKSUM_MISMATCH_PROB", "value": "0.02"}]
         }
         cluster.apply(_spec(namespace, engines.url, "10m", **change))
@@ -320,7 +320,7 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
     assert verified["status"] == "True"
     planned = cluster.get()["status"]["plan"]["maxTotalTokens"]
     reported = min(planned.values()) - 4096
-    shrunk = {
+    shrunk: dict[str, Any] = {
         "engine.env": [{"name": "DSV4_DOUBLE_REPORTED_MAX_TOTAL_TOKENS", "value": str(reported)}]
     }
     cluster.apply(_spec(namespace, engines.url, "2s", **shrunk))

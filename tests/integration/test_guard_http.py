@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from dsv4_operator.signals.http import GuardHttp, HttpxPages, environment_proxies
+from dsv4_operator.aiohttp_transport import environment_proxies
+from dsv4_operator.signals.http import GuardHttp, HttpxPages
 from tests.support.proxies import PROXY_VARIABLES, clear_proxies
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

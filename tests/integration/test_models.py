@@ -9,6 +9,7 @@ whom, and it goes once they are gone. The Job's container runs here
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +90,7 @@ def _weights_ready(cluster: Cluster, name: str) -> dict[str, Any]:
         c = _condition(cluster.get(name), "WeightsReady")
         return c if c.get("status") == "True" else None
 
-    return wait_for(f"WeightsReady=True on {name}", ready, timeout=60)  # type: ignore[no-any-return]
+    return wait_for(f"WeightsReady=True on {name}", ready, timeout=60)
 
 
 def _claims_of(cluster: Cluster, name: str) -> set[str]:
@@ -203,7 +204,7 @@ def test_two_deployments_share_one_model_which_waits_for_them_when_deleted(
     _download(control_plane, cluster, model, tmp_path)
     for name in users:
         _weights_ready(cluster, name)
-        wait_for(f"the engines of {name}", lambda n=name: _claims_of(cluster, n) or None, 60)
+        wait_for(f"the engines of {name}", functools.partial(_claims_of, cluster, name), 60)
         assert _claims_of(cluster, name) == {f"{model}-weights"}
     assert len(_jobs(cluster, model)) == 1
     assert _hub_files(hub) == len(FILES)  # each file once, for both

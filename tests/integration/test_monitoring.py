@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,8 @@ def test_a_service_monitor_without_its_crd_is_a_condition_not_an_error_loop(
     operator = OperatorProcess(bare_plane.kubeconfig_path, namespace, tmp_path).start()
     cluster = Cluster(dyn, namespace)
     try:
-        cluster.apply(example(namespace, **{"monitoring.serviceMonitor": {"enabled": True}}))
+        monitor: dict[str, Any] = {"monitoring.serviceMonitor": {"enabled": True}}
+        cluster.apply(example(namespace, **monitor))
 
         def reported() -> dict[str, str] | None:
             conditions = cluster.get().get("status", {}).get("conditions", [])

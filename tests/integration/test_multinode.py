@@ -45,7 +45,7 @@ from .guard_support import LEAKING, EngineKubelet, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
 # Each role: TP16 over two nodes of 8 GPUs, one group per role.
-TWO_NODES = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
+TWO_NODES: dict[str, Any] = {"prefill.tensorParallel": 16, "decode.tensorParallel": 16}
 BF16 = {"engine.indexKDtype": "bf16"}  # another transfer format (the example image has it)
 LWS = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 PRO = "dsv4-pro"
@@ -95,7 +95,9 @@ def cluster_without_lws(dyn: Any, namespace: str, dsv4_crd: dict[str, Any]) -> C
 
 def _multi_node(namespace: str, **changes: Any) -> dict[str, Any]:
     """The example with prefill and decode each on two nodes, pinned to the test's nodes."""
-    pool = {f"{role}.nodeSelector": {POOL_LABEL: namespace} for role in ("prefill", "decode")}
+    pool: dict[str, Any] = {
+        f"{role}.nodeSelector": {POOL_LABEL: namespace} for role in ("prefill", "decode")
+    }
     return example(namespace, **TWO_NODES, **pool, **changes)
 
 
@@ -420,4 +422,4 @@ def test_a_leaking_revision_of_groups_is_rolled_back_to_the_previous_groups(
         assert {g["metadata"]["labels"]["dsv4.io/revision"] for g in _groups(cluster).values()} == {
             revision
         }
-        assert operator.metric("dsv4_rollbacks_total") >= 1
+        assert (operator.metric("dsv4_rollbacks_total") or 0) >= 1

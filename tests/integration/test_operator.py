@@ -38,7 +38,9 @@ from tests.chart.support import tool
 from .cluster_support import engine_flags, post_pod_warning, statefulset_policy, watch_router
 
 pytestmark = pytest.mark.integration
-BF16 = {"engine.indexKDtype": "bf16"}  # the example image declares bf16IndexK + poolSizingFix
+# The example image declares bf16IndexK + poolSizingFix.
+BF16: dict[str, Any] = {"engine.indexKDtype": "bf16"}
+THREE_DECODES: dict[str, Any] = {"decode.replicas": 3}
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +301,7 @@ def test_replicas_handed_to_an_autoscaler_are_left_alone(
 
     def scaled() -> bool:
         status = cluster.get()["status"]
-        return status.get("phase") == "Ready" and status["roles"]["decode"]["ready"] == 2
+        return bool(status.get("phase") == "Ready" and status["roles"]["decode"]["ready"] == 2)
 
     wait_for("two decode replicas ready and reported", scaled, timeout=120)
     writes = operator.metric("dsv4_api_writes_total")
@@ -318,7 +320,8 @@ def test_compatible_update_rolls_decode_first(cluster: Cluster, operator: Operat
         kind: operator.metric("dsv4_api_writes_total", verb="patch", resource=kind) or 0
         for kind in ("statefulsets", "deployments", "services", "poddisruptionbudgets")
     }
-    cluster.apply(example(cluster.namespace, **{"engine.maxRunningRequests": 48}))
+    smaller_batches: dict[str, Any] = {"engine.maxRunningRequests": 48}
+    cluster.apply(example(cluster.namespace, **smaller_batches))
     seen_prefill_before_decode = False
 
     def settled() -> bool:
@@ -436,7 +439,8 @@ def test_invalid_update_changes_nothing(cluster: Cluster, operator: OperatorProc
     _ready(cluster)
     before = {k: v["metadata"]["resourceVersion"] for k, v in cluster.children().items()}
     pods_before = {p["metadata"]["uid"] for p in cluster.pods("dsv4.io/deployment=dsv4-flash")}
-    cluster.apply(example(cluster.namespace, **{**BF16, "engine.overlap": {"multiStream": True}}))
+    overlap: dict[str, Any] = {**BF16, "engine.overlap": {"multiStream": True}}
+    cluster.apply(example(cluster.namespace, **overlap))
     obj = cluster.wait_phase("Invalid")
     validated = next(c for c in obj["status"]["conditions"] if c["type"] == "Validated")
     assert validated["status"] == "False" and "DSV4-R002" in validated["message"]
@@ -600,10 +604,12 @@ def test_admission_webhook_refuses_unsafe_specs(
     webhook = webhook_operator(control_plane.kubeconfig_path, cluster.namespace, tmp_path)
     try:
         _wait_managed_webhook(configs)
-        unsafe = example(
-            cluster.namespace,
-            **{**BF16, "engine.hicache": {"enabled": True}, "engine.capabilities": ["bf16IndexK"]},
-        )
+        leaking: dict[str, Any] = {
+            **BF16,
+            "engine.hicache": {"enabled": True},
+            "engine.capabilities": ["bf16IndexK"],
+        }
+        unsafe = example(cluster.namespace, **leaking)
 
         def refused() -> str | None:
             try:
@@ -619,7 +625,8 @@ def test_admission_webhook_refuses_unsafe_specs(
         cluster.apply(example(cluster.namespace))  # a sound spec is admitted
         assert cluster.get()["spec"]["engine"]["indexKDtype"] == "fp8"
         # Admitted with a warning finding: kubectl prints it as an admission warning.
-        warned = example(cluster.namespace, **{"engine.maxRunningRequests": 128})
+        large_batches: dict[str, Any] = {"engine.maxRunningRequests": 128}
+        warned = example(cluster.namespace, **large_batches)
         applied = subprocess.run(
             [
                 str(tool("kubectl")),
@@ -718,11 +725,11 @@ def test_a_child_the_api_server_refuses_is_reported_not_retried_in_silence(
 ) -> None:
     undo = _replica_policy(cluster)
     try:
-        cluster.apply(example(cluster.namespace, **{"decode.replicas": 3}))
+        cluster.apply(example(cluster.namespace, **THREE_DECODES))
 
         def rejected() -> dict[str, Any] | None:
             obj = cluster.get()
-            progressing = next(
+            progressing: dict[str, Any] = next(
                 (
                     c
                     for c in obj.get("status", {}).get("conditions", [])
@@ -741,7 +748,7 @@ def test_a_child_the_api_server_refuses_is_reported_not_retried_in_silence(
         operator.alive_or_raise()
     finally:
         undo()
-    cluster.apply(example(cluster.namespace, **{"decode.replicas": 3}))  # policy lifted
+    cluster.apply(example(cluster.namespace, **THREE_DECODES))  # policy lifted
     obj = cluster.wait_phase("Ready")
     assert obj["status"]["roles"]["decode"]["replicas"] == 3
 
@@ -763,7 +770,7 @@ def test_admission_webhook_refuses_a_spec_whose_children_the_api_server_refuses(
 
         def refused() -> str | None:
             try:
-                cluster.apply(example(cluster.namespace, **{"decode.replicas": 3}))
+                cluster.apply(example(cluster.namespace, **THREE_DECODES))
             except DynamicApiError as error:
                 return str(error.body)
             cluster.dsv4.delete(name="dsv4-flash", namespace=cluster.namespace)
@@ -772,7 +779,8 @@ def test_admission_webhook_refuses_a_spec_whose_children_the_api_server_refuses(
         message = wait_for("the webhook to refuse the spec", refused, timeout=60)
         assert "StatefulSet dsv4-flash-decode" in message and REPLICA_POLICY in message
         assert "dsv4-flash-prefill" not in message  # only the refused child is named
-        cluster.apply(example(cluster.namespace, **{"decode.replicas": 2}))  # admitted
+        two_decodes: dict[str, Any] = {"decode.replicas": 2}
+        cluster.apply(example(cluster.namespace, **two_decodes))  # admitted
         assert cluster.get()["spec"]["decode"]["replicas"] == 2
     finally:
         webhook.stop()
@@ -792,7 +800,7 @@ def test_ready_says_why_a_pod_is_stuck(
 
     def explained() -> str | None:
         obj = cluster.get()
-        ready = next(
+        ready: dict[str, Any] = next(
             (c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
         )
         message = str(ready.get("message", ""))
@@ -807,7 +815,7 @@ def test_ready_says_why_a_pod_is_stuck(
 def _ready_message(cluster: Cluster, word: str) -> str | None:
     """The Ready condition's message once it contains `word`."""
     obj = cluster.get()
-    ready = next(
+    ready: dict[str, Any] = next(
         (c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
     )
     message = str(ready.get("message", ""))

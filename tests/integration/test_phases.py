@@ -125,7 +125,7 @@ def test_a_planned_recreate_is_progressing_at_every_status_write(
     available once the roles were ready)."""
     priority_class, quotas = slow_router
     weights_volume(cluster.dyn, cluster.namespace)
-    base = {
+    base: dict[str, Any] = {
         "rollout.strategy": "Recreate",
         "router.podTemplate": {"priorityClassName": priority_class},
     }

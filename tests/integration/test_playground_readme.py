@@ -115,14 +115,15 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
             for condition in ("Ready", "WeightsReady", "PlanVerified"):
                 assert re.search(rf"Type:\s+{condition}\b", done.stdout), condition
     assert not (REPO / ".kube").exists(), "kubectl or helm kept a cache in the checkout"
-    assert pg.runner is not None
-    kinds: dict[str, Any] = pg.runner.kinds()
+    runner = pg.runner
+    assert runner is not None
+    kinds: dict[str, Any] = runner.kinds()
     print("\n".join(f"{where}: {kind}" for where, kind in sorted(kinds.items())))
     router = [k for w, k in kinds.items() if w.endswith("/router")]
     engines = [k for w, k in kinds.items() if w.endswith("/engine")]
     assert router == ["real: sglang-router (PyPI wheel)"], kinds
     assert engines == ["stand-in: the engine test double"] * 2, kinds
-    assert not pg.runner.unrunnable, pg.runner.unrunnable
+    assert not runner.unrunnable, runner.unrunnable
     router_pod = next(w.split("/")[1] for w in kinds if w.endswith("/router"))
     tap_log = pg.root / "pods" / f"default_{router_pod}" / "tap.log"
     # A client in the cluster (here: in an operator pod's network) reaches the router Service
@@ -134,10 +135,10 @@ def test_the_readme_install_section_runs_as_written_then_the_day2_walk(
     # Before that a connection is refused (it failed once so: "Broken pipe").
     wait_for(
         "the router Service's ready endpoint in the pods' relays",
-        lambda: pg.runner.service_endpoints("dsv4-flash-router", "default"),
+        lambda: runner.service_endpoints("dsv4-flash-router", "default"),
         timeout=30,
     )
-    client = pg.runner.command_in_pod(
+    client = runner.command_in_pod(
         "dsv4-system", operator_pod,
         [sys.executable, "-c", POST, "http://dsv4-flash-router.default.svc:8000/v1/chat/completions",
          json.dumps(request)],

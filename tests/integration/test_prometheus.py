@@ -8,6 +8,7 @@ resolve from what the exporters really export.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -402,12 +403,12 @@ def test_guard_blind_and_canary_not_running_fire_while_the_engine_is_gone_and_re
     for alert in alerts:
         wait_for(
             alert,
-            lambda alert=alert: _firing(prom, alert, **scope),
+            functools.partial(_firing, prom, alert, **scope),
             timeout=(15 + 5) * 60 // SCALE + 90,
         )
     served.start_engine(tmp_path)
     for alert in alerts:
-        wait_for(f"{alert} resolved", lambda alert=alert: _resolved(prom, alert), 120)
+        wait_for(f"{alert} resolved", functools.partial(_resolved, prom, alert), 120)
     served.start_tap(tmp_path)
 
 
@@ -453,7 +454,7 @@ def _engine_env_alerts_fire_and_resolve(
         for alert in alerts:
             wait_for(
                 alert,
-                lambda alert=alert: _firing(prom, alert, job=f"{NAME}-decode", **scope),
+                functools.partial(_firing, prom, alert, job=f"{NAME}-decode", **scope),
                 timeout=15 * 60 // SCALE + 120,
             )
         cluster.apply(_spec(cluster.namespace, ports, **base))
@@ -465,7 +466,7 @@ def _engine_env_alerts_fire_and_resolve(
         for alert in alerts:
             wait_for(
                 f"{alert} resolved",
-                lambda alert=alert: _resolved(prom, alert),
+                functools.partial(_resolved, prom, alert),
                 timeout=10 * 60 // SCALE + 60,
             )
 
@@ -545,7 +546,7 @@ def test_oom_and_reconcile_error_alerts_fire_and_resolve(served: Stack) -> None:
     for alert in ("DSV4OOMEvents", "DSV4ReconcileErrors"):
         wait_for(
             f"{alert} resolved",
-            lambda alert=alert: _resolved(prom, alert),
+            functools.partial(_resolved, prom, alert),
             timeout=10 * 60 // SCALE + 90,
         )
 

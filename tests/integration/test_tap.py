@@ -104,7 +104,7 @@ async def test_tool_calling_exchanges_are_classified_others_are_not(stack: Any) 
         counts = tap.link.counts()
         verdicts = counts.verdicts
         leaked, ok = verdicts[VerdictKind.LEAKED_MARKUP], verdicts[VerdictKind.OK]
-        return leaked == 2 and ok == 2 and counts.lag_buckets[-1] == 4
+        return bool(leaked == 2 and ok == 2 and counts.lag_buckets[-1] == 4)
 
     await until("four verdicts", counted)
     assert sum(tap.link.counts().verdicts.values()) == 4

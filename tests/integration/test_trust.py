@@ -80,7 +80,7 @@ async def test_non_bmp_text_round_trips_through_server_side_apply(
 ) -> None:
     client = KubeClient.from_environment(str(control_plane.kubeconfig_path), "dsv4-tests")
     text = "launch 🚀 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ünïcödé"
-    service = {
+    service: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "utf8", "namespace": namespace, "annotations": {"note": text}},
@@ -140,7 +140,7 @@ def test_rendered_pods_pass_pod_security_baseline(dyn: Any, namespace: str) -> N
     )
     with pytest.raises(DynamicApiError) as refused:
         resource.create(body=engine, namespace=namespace, dry_run="All")
-    assert "hostPath volumes" in yaml.safe_load(refused.value.body)["message"]
+    assert "hostPath volumes" in yaml.safe_load(str(refused.value.body))["message"]
 
 
 REFUSED_BY_POLICY = [
@@ -166,7 +166,7 @@ def test_the_webhook_refuses_what_the_operator_does_not_allow(
             try:
                 cluster.apply(probe)
             except DynamicApiError as error:
-                return str(yaml.safe_load(error.body).get("message", ""))
+                return str(yaml.safe_load(str(error.body)).get("message", ""))
             cluster.dsv4.delete(name="dsv4-flash", namespace=namespace)
             return None  # the webhook was not wired yet; try again
 

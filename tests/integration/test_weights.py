@@ -91,7 +91,7 @@ def _job(cluster: Cluster, name: str) -> dict[str, Any]:
         jobs = cluster.items("batch/v1", "Job", f"dsv4.io/model={name}")
         return jobs[0] if jobs else None
 
-    return wait_for(f"the download Job of {name}", found, timeout=60)  # type: ignore[no-any-return]
+    return wait_for(f"the download Job of {name}", found, timeout=60)
 
 
 def _deploy(
@@ -290,7 +290,7 @@ def test_broken_deployments_each_read_failed_or_degraded_with_their_reason(
         seen = {}
         for name in expected:
             status = cluster.get(name).get("status", {})
-            degraded = next(
+            degraded: dict[str, Any] = next(
                 (c for c in status.get("conditions", []) if c["type"] == "Degraded"), {}
             )
             seen[name] = (status.get("phase", ""), degraded.get("reason", ""))

@@ -32,7 +32,8 @@ def _spec(namespace: str, **hub: Any) -> dict[str, Any]:
         "storageClassName": "dsv4-test-no-provisioner",
         **hub,
     }
-    return example(namespace, **{"model.name": REPO_ID, "model.cache": {"huggingFace": source}})
+    model: dict[str, Any] = {"model.name": REPO_ID, "model.cache": {"huggingFace": source}}
+    return example(namespace, **model)
 
 
 def _condition(cluster: Cluster, type_: str) -> dict[str, Any]:

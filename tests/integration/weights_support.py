@@ -68,7 +68,7 @@ def job_pod(dyn: Any, namespace: str, job: str, exclude: set[str] | None = None)
                 return found
         return None
 
-    return wait_for(f"a Running pod of Job {job}", running, timeout=90)  # type: ignore[no-any-return]
+    return wait_for(f"a Running pod of Job {job}", running, timeout=90)
 
 
 class JobContainer:

@@ -61,7 +61,7 @@ def make_world(spec: Doc, status: DSV4DeploymentStatus | Doc | None = None, **kw
     return World.from_objects(**base)
 
 
-def as_live(objs: list[Doc], ready: bool = True) -> dict[str, list[Doc]]:
+def as_live(objs: list[Doc], ready: bool = True) -> dict[str, Any]:
     """What the API server would hold after applying `objs` (and, if ready, after rolling)."""
     pools: dict[str, list[Doc]] = {
         "statefulsets": [],

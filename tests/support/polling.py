@@ -37,7 +37,12 @@ async def exited(what: str, pid: int, timeout: float = 30) -> None:
         return  # already gone and reaped
     loop = asyncio.get_running_loop()
     ended = loop.create_future()
-    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+
+    def readable() -> None:  # the process has ended
+        if not ended.done():
+            ended.set_result(None)
+
+    loop.add_reader(pidfd, readable)
     try:
         await asyncio.wait_for(ended, timeout)
     except TimeoutError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from click.testing import CliRunner
@@ -104,7 +105,7 @@ def test_the_search_state_keeps_the_json_contract() -> None:
             failed = "b" in probe.units and "c" in probe.units
             outcome = Outcome.FAIL if failed else Outcome.PASS
             state = search.record(state, probe.probe_id, outcome, evidence)
-    payload = {
+    payload: dict[str, Any] = {
         "units": [],
         "firstProbes": [],
         "worstCaseProbes": 0,

@@ -31,7 +31,7 @@ from dsv4_operator.reconcile.bisecting import (
 )
 from tests.support.builders import NOW, example_doc, with_changes
 
-ON = BisectSpec(enabled=True, time_limit="1h")  # type: ignore[arg-type]
+ON = BisectSpec(enabled=True, time_limit="1h")
 GOOD, BAD = "g00d", "b4d"
 
 

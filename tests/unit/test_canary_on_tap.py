@@ -43,10 +43,10 @@ class _Reader:
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
 
-    async def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+    async def get(self, res: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         return {"status": {"phase": "Ready", "currentRevision": "abc"}}
 
-    async def list(self, res: Any, namespace: str, selector: Any = None) -> list[Any]:
+    async def list(self, res: Any, namespace: str | None, labels: Any = None) -> list[Any]:
         return self.pods if res.kind == "Pod" else []
 
     async def serves(self, res: Any) -> bool:
@@ -165,13 +165,14 @@ def test_a_run_request_is_bounded_as_the_spec_is() -> None:
 def test_run_counts_round_trip_and_refuse_what_is_not_theirs() -> None:
     counts = RunCounts({"clean": 30, "error": 6}, "HTTP 503")
     assert RunCounts.from_wire(json.loads(json.dumps(counts.to_wire()))) == counts
-    for bad in (
+    bad_wires: list[Any] = [
         [],
         {"counts": []},
         {"counts": {"clean": -1}},
         {"counts": {"clean": 1.5}},
         {"counts": {"clean": 1}, "firstError": 3},
-    ):
+    ]
+    for bad in bad_wires:
         with pytest.raises(ValueError):
             RunCounts.from_wire(bad)
 

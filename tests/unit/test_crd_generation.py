@@ -160,6 +160,5 @@ def test_the_api_server_stores_every_default_the_operator_assumes() -> None:
 
 def test_example_validates_against_crd_types() -> None:
     doc = yaml.safe_load((REPO / "examples" / "dsv4.yaml").read_text())
-    assert (
-        DSV4DeploymentSpec.model_validate(doc["spec"]).to_wire()["engine"]["indexKDtype"] == "fp8"
-    )
+    wire: dict[str, Any] = DSV4DeploymentSpec.model_validate(doc["spec"]).to_wire()
+    assert wire["engine"]["indexKDtype"] == "fp8"

@@ -32,7 +32,7 @@ def test_a_multi_node_spec_creates_leader_worker_sets_and_settles(variant: Varia
     assert workloads == [("LeaderWorkerSet", "x-decode"), ("LeaderWorkerSet", "x-prefill")]
     settled = decide(make_world(spec, revisions=first.create, **as_live(first.apply)))
     assert settled.writes == 0 and settled.status.phase == "Ready"
-    assert settled.status.roles.prefill.ready == 1
+    assert settled.status.roles is not None and settled.status.roles.prefill.ready == 1
 
 
 def test_groups_not_ready_keep_the_deployment_progressing(variant: Variant) -> None:

@@ -445,7 +445,12 @@ def test_stream_errors() -> None:
 
 
 def test_non_completions_are_errors_not_leaks() -> None:
-    for body in ({"object": "error", "message": "bad"}, {"choices": []}, {"choices": [{}]}):
+    bodies: list[dict[str, Any]] = [
+        {"object": "error", "message": "bad"},
+        {"choices": []},
+        {"choices": [{}]},
+    ]
+    for body in bodies:
         verdict = classify_response(body, tools=CANARY_TOOLS, must_call=True)
         assert verdict.kind is VerdictKind.ERROR and not verdict.leak
 

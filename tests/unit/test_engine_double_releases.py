@@ -198,7 +198,7 @@ def test_the_silent_drop_share_drops_every_corruption_silently_on_0_5_23() -> No
     only), each counted under the reason the patch gives its output."""
     config = _config("0.5.23", DSV4_DOUBLE_SILENT_DROP_SHARE="1")
     dropped = _corrupted(config, 1000)
-    reasons = Counter()
+    reasons: Counter[str | None] = Counter()
     for a in dropped:
         assert a.output is not None and a.output.kind in outputs.SILENT_DROPS
         assert a.parsed is not None and a.shape is shapes.Shape.DROPPED
@@ -320,8 +320,8 @@ def test_the_counters_exist_from_zero_and_count_each_response_once() -> None:
     for reason in ("unclosed", "malformed", "unterminated_section", "exception"):
         assert r.get_sample_value(drops, {"reason": reason}) == 0
     reasons = [a.parsed.drop_reason for a in _corrupted(config) if a.parsed]
-    for reason in reasons:
-        metrics.count_tool_call_response(reason)
+    for dropped_for in reasons:
+        metrics.count_tool_call_response(dropped_for)
     assert r.get_sample_value("sglang:dsv4_tool_call_responses_total") == len(reasons)
     counted = Counter(x for x in reasons if x)
     assert set(counted) == SILENT

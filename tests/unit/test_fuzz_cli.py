@@ -173,7 +173,7 @@ def _run(*args: str, stdin: str) -> tuple[int, str]:
     return result.exit_code, result.stdout
 
 
-def _fuzzed(cases: int) -> Any:
+def _fuzzed(cases: int) -> settings:
     return settings(
         max_examples=cases,
         derandomize=True,

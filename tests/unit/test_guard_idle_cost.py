@@ -90,10 +90,10 @@ def test_a_round_waits_for_its_slot_and_an_overrun_skips_to_the_next() -> None:
 
 
 class _SettledReader:
-    async def get(self, res: Any, namespace: str, name: str) -> dict[str, Any]:
+    async def get(self, res: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         return {"status": {"phase": "Ready", "currentRevision": "abc"}}
 
-    async def list(self, res: Any, namespace: str, selector: Any = None) -> list[Any]:
+    async def list(self, res: Any, namespace: str | None, labels: Any = None) -> list[Any]:
         return []
 
     async def serves(self, res: Any) -> bool:
@@ -226,7 +226,7 @@ async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news(
         reads.append(clock.time())
         return len(reads) - 1 in news
 
-    tuned = {} if every is None else {"idle_reads_every": every}
+    tuned: dict[str, Any] = {} if every is None else {"idle_reads_every": every}
     guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None, **tuned)
     spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
     start = clock.time()

@@ -189,7 +189,7 @@ def test_a_model_change_wakes_its_users_and_a_deployment_change_its_model() -> N
     listener(DSV4, deployment, True)  # deleted: the model learns it lost a user
     assert ("ns", "DSV4Model/flash") in queue.added
     queue.added.clear()
-    job = {"metadata": {"name": "flash-weights-abc", "namespace": "ns"}}
+    job: dict[str, Any] = {"metadata": {"name": "flash-weights-abc", "namespace": "ns"}}
     job["metadata"]["labels"] = {"dsv4.io/model": "flash"}
     listener(JOB, job, False)
     assert queue.added == [("ns", "DSV4Model/flash")]

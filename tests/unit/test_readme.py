@@ -10,8 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from dsv4_operator import cli, selftest
-from dsv4_operator.canary import cli as probe_cli
+from dsv4_operator import cli, exit_codes, selftest
 from dsv4_operator.engine.rules import CATALOGUE
 from tests.support.paths import EXAMPLE, REPO
 
@@ -114,10 +113,10 @@ def test_every_command_but_run_documents_its_exit_codes() -> None:
     assert set(cli.EXIT_CODES) == set(commands) - {"run"}
     probe = {code for code, _ in cli.EXIT_CODES["probe"]}
     assert probe == {
-        probe_cli.EXIT_OK,
-        probe_cli.EXIT_LEAKING,
-        probe_cli.EXIT_BAD_INPUT,
-        probe_cli.EXIT_INCONCLUSIVE,
+        exit_codes.EXIT_OK,
+        exit_codes.EXIT_LEAKING,
+        exit_codes.EXIT_BAD_INPUT,
+        exit_codes.EXIT_INCONCLUSIVE,
     }
 
 

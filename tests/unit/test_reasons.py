@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,7 +287,7 @@ def test_a_reason_this_operator_does_not_know_keeps_the_status_and_its_quarantin
     assert [q.hash for q in status.quarantine] == ["bad"]
     assert status.quarantine[0].reason == "ThermalThrottle"
     assert status.guard is not None and status.guard.last_verdict is GuardResult.FAIL
-    wire = status.to_wire()
+    wire: dict[str, Any] = status.to_wire()
     assert wire["quarantine"][0]["reason"] == "ThermalThrottle"
     assert wire["guard"]["lastReason"] == "KVChecksum"
 

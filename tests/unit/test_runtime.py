@@ -9,7 +9,7 @@ import ast
 import asyncio
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pytest
@@ -21,6 +21,8 @@ from dsv4_operator.guard.observations import Observations
 from dsv4_operator.kube.resources import DSV4, DSV4_MODEL, POD, STATEFULSET
 from dsv4_operator.names import CREATED_FOR_LABEL, MODEL_KEY_PREFIX
 from dsv4_operator.reconcile.group_capture import GroupRestartCapture
+from dsv4_operator.reconcile.service import Reconciler
+from dsv4_operator.runtime.cache import Listener, WatchCache
 from dsv4_operator.runtime.leadership import Leadership
 from dsv4_operator.runtime.lease import Timing
 from dsv4_operator.runtime.metered import (
@@ -29,6 +31,7 @@ from dsv4_operator.runtime.metered import (
     count_request,
     count_watch_error,
 )
+from dsv4_operator.runtime.queue import WorkQueue
 from dsv4_operator.runtime.specs import OwnerSpecs
 from dsv4_operator.runtime.watched import WATCHED, enqueue_owner
 from dsv4_operator.runtime.wiring import build_operator
@@ -254,9 +257,26 @@ class _Leadership:
             self.leading.set()
 
 
+def _enqueue_owner(
+    queue: _Queue,
+    guards: _Guards,
+    reconciler: _Reconciler,
+    leadership: _Leadership,
+    specs: OwnerSpecs,
+) -> Listener:
+    """`enqueue_owner` with this module's stand-ins for the operator's parts."""
+    return enqueue_owner(
+        cast(WorkQueue, queue),
+        cast(GuardSupervisor, guards),
+        cast(Reconciler, reconciler),
+        cast(Leadership, leadership),
+        specs,
+    )
+
+
 def test_the_listener_hands_the_guards_the_spec_parsed_once_per_generation() -> None:
     guards, queue, specs = _Guards(), _Queue(), OwnerSpecs()
-    listener = enqueue_owner(queue, guards, _Reconciler(), _Leadership(True), specs)
+    listener = _enqueue_owner(queue, guards, _Reconciler(), _Leadership(True), specs)
     doc = example_doc()["spec"]
     owner = _owner(doc)
     listener(DSV4, owner, False)
@@ -281,7 +301,7 @@ def test_the_listener_hands_the_guards_the_spec_parsed_once_per_generation() -> 
 
 def test_the_listener_hands_every_pod_event_to_the_group_restart_capture() -> None:
     queue, reconciler = _Queue(), _Reconciler()
-    listener = enqueue_owner(queue, _Guards(), reconciler, _Leadership(True), OwnerSpecs())
+    listener = _enqueue_owner(queue, _Guards(), reconciler, _Leadership(True), OwnerSpecs())
     listener(POD, group_pod(0, "r1"), False)
     listener(POD, group_pod(1, "r1", restarts=1, message="CUDA out of memory"), False)
     listener(POD, group_pod(1, "r1", restarts=1, message="CUDA out of memory"), True)
@@ -294,7 +314,7 @@ def test_the_operators_own_writes_wake_only_what_depends_on_them_across_objects(
     """A write the cache hears of from its reply (own) tells the listener once; its watch event
     then tells no one. So an own write must still wake what another object's pass needs."""
     guards, queue = _Guards(), _Queue()
-    listener = enqueue_owner(queue, guards, _Reconciler(), _Leadership(True), OwnerSpecs())
+    listener = _enqueue_owner(queue, guards, _Reconciler(), _Leadership(True), OwnerSpecs())
     # The DSV4Model a deployment's pass created: its own pass and its user's run.
     model = {
         "metadata": {
@@ -326,7 +346,7 @@ def test_the_operators_own_writes_wake_only_what_depends_on_them_across_objects(
 
 def test_a_standby_runs_no_guard() -> None:
     guards = _Guards()
-    listener = enqueue_owner(_Queue(), guards, _Reconciler(), _Leadership(False), OwnerSpecs())
+    listener = _enqueue_owner(_Queue(), guards, _Reconciler(), _Leadership(False), OwnerSpecs())
     listener(DSV4, _owner(example_doc()["spec"]), False)
     assert guards.ensured == []
 
@@ -357,7 +377,13 @@ async def test_on_becoming_leader_guards_start_for_every_known_deployment() -> N
     other = _owner(doc)
     other["metadata"]["name"] = "y"
     guards, queue, specs = _Guards(), _RunQueue(), OwnerSpecs()
-    leadership = Leadership(_Cache([_owner(doc), other]), queue, guards, None, specs)
+    leadership = Leadership(
+        cast(WatchCache, _Cache([_owner(doc), other])),
+        cast(WorkQueue, queue),
+        cast(GuardSupervisor, guards),
+        None,
+        specs,
+    )
     try:
         await leadership.run()
     finally:
@@ -370,10 +396,10 @@ async def test_on_becoming_leader_guards_start_for_every_known_deployment() -> N
 
 
 class _EmptyReader:
-    async def get(self, res: Any, namespace: str, name: str) -> None:
+    async def get(self, res: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
         return None
 
-    async def list(self, res: Any, namespace: str, selector: Any = None) -> list[Any]:
+    async def list(self, res: Any, namespace: str | None, labels: Any = None) -> list[Any]:
         return []
 
     async def serves(self, res: Any) -> bool:

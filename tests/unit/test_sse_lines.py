@@ -100,7 +100,7 @@ EDITS: dict[str, Callable[[str, int], str]] = {
 }
 
 
-def _outcome(assemble: Callable[..., dict[str, Any]], text: str, done: bool) -> object:
+def _outcome(assemble: Callable[..., dict[str, Any]], text: str | bytes, done: bool) -> object:
     try:
         return assemble(text, require_done=done)
     except StreamError as error:  # the same error, with the same message

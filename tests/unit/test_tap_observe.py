@@ -14,9 +14,14 @@ STREAM = b'data: {"choices": []}\n\ndata: [DONE]\n\n'
 def _observer() -> tuple[ConnectionObserver, list[tuple[bytes, bytes]], list[Unobserved]]:
     exchanges: list[tuple[bytes, bytes]] = []
     unobserved: list[Unobserved] = []
+
+    def exchange(request: bytes, response: bytes) -> bool:
+        exchanges.append((request, response))
+        return True  # the classifier took it
+
     hooks = Hooks(
         request=lambda tools: None,
-        exchange=lambda request, response: exchanges.append((request, response)) is None,
+        exchange=exchange,
         too_large=lambda: None,
         unobserved=unobserved.append,
         capture_limit=1 << 20,

@@ -86,7 +86,7 @@ def test_the_spec_serialises_as_written_so_revision_hashes_stay() -> None:
     doc.setdefault("guard", {})["bakeTime"] = "600s"  # not normalised to 10m
     spec = DSV4DeploymentSpec.model_validate(doc)
     assert spec.guard.bake_time == "600s" and spec.guard.bake_time.delta == timedelta(minutes=10)
-    wire = spec.to_wire()
+    wire: dict[str, Any] = spec.to_wire()
     assert wire["guard"]["bakeTime"] == "600s"
     # The hash of the spec as stored reads the text, not the parsed value.
     written = canonical_hash(json.loads(json.dumps(wire)))

@@ -101,7 +101,7 @@ def _schemas() -> st.SearchStrategy[Any]:
     return st.recursive(st.one_of(st.booleans(), _leaf_keywords()), extend, max_leaves=6)
 
 
-def _cases(cases: int) -> Any:
+def _cases(cases: int) -> settings:
     return settings(
         max_examples=cases,
         derandomize=True,

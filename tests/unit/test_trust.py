@@ -11,6 +11,7 @@ import pytest
 
 from dsv4_operator.api.crd import NAME_RULES, openapi_schema
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.api.status import Finding
 from dsv4_operator.engine.ownership import OWNED_ENV, TRANSFER_FORMAT_SPEC_FIELDS
 from dsv4_operator.engine.validation import validate_object, validate_spec
 from dsv4_operator.names import (
@@ -33,7 +34,9 @@ Variant = Callable[..., dict[str, Any]]
 HERE = Placement("dsv4-flash", "llm")
 
 
-def _errors(spec: dict[str, Any], where: Placement = HERE, policy: TrustPolicy | None = None):
+def _errors(
+    spec: dict[str, Any], where: Placement = HERE, policy: TrustPolicy | None = None
+) -> dict[str, Finding]:
     return {f.field: f for f in validate_spec(spec, where, policy).errors}
 
 

@@ -24,9 +24,9 @@ def _deployment(version: str, phase: str) -> Obj:
 def _cache(changes: list[tuple[str, bool]], own: list[str] | None = None) -> WatchCache:
     written = own if own is not None else []
 
-    def listener(_: Resource, obj: Obj, deleted: bool, by_operator: bool = False) -> None:
+    def listener(res: Resource, obj: Obj, deleted: bool, own: bool = False) -> None:
         version = obj["metadata"]["resourceVersion"]
-        if by_operator:
+        if own:
             written.append(version)
         else:
             changes.append((version, deleted))

@@ -101,7 +101,7 @@ UNSCHEDULABLE = {
         }
     ],
 }
-FIGURES = {"files_total": 4, "bytes_total": 700 * GIB}
+FIGURES: dict[str, Any] = {"files_total": 4, "bytes_total": 700 * GIB}
 
 CASES: dict[str, tuple[dict[str, Any], str, list[str]]] = {
     # (the weights' state, the WeightsReady reason, what its message says)

@@ -155,6 +155,15 @@ class OperatorProcess:
                 self.proc.kill()
                 self.proc.wait()
 
+    def log_text(self) -> str:
+        """Everything the operator logged so far ("" when its output went to the terminal)."""
+        if self.log_path is None:
+            return ""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def log_tail(self, lines: int = 60) -> str:
         if self.log_path is None:
             return "(the operator's output went to this process's terminal)"
