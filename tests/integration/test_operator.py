@@ -823,15 +823,17 @@ def _ready_message(cluster: Cluster, word: str) -> str | None:
 
 
 def test_ready_names_a_gpu_product_no_node_has(cluster: Cluster, operator: OperatorProcess) -> None:
-    """Unschedulable: the scheduler's own message, with the pod's name."""
+    """Unschedulable: the scheduler's own message, with the pod's name. Its first try may
+    find the weights claim not yet bound by the volume controller ("pod has unbound immediate
+    PersistentVolumeClaims"): the verdict to read is the one after."""
     cluster.apply(example(cluster.namespace, **{"gpu.product": "NVIDIA-H200"}))
     message = wait_for(
-        "the scheduler's verdict in Ready",
-        lambda: _ready_message(cluster, "Unschedulable"),
+        "the scheduler's verdict on the GPU product in Ready",
+        lambda: _ready_message(cluster, "node(s) didn't match"),
         timeout=30,
     )
     print(f"Ready: {message}")
-    assert "pod dsv4-flash-" in message and "node(s) didn't match" in message
+    assert "pod dsv4-flash-" in message and "Unschedulable" in message
     assert "a node labelled nvidia.com/gpu.product=NVIDIA-H200 (spec.gpu.product)" in message
 
 
