@@ -195,7 +195,7 @@ class Reconciler:
     ) -> dict[str, PodWarnings]:
         """The Warning Events of the few pods whose status does not say why they are stuck
         (FailedMount, FailedAttachVolume, ...), read on demand, never watched, by pod name.
-        None once Events turn out forbidden: causes come from pod status only."""
+        Empty once Events turn out forbidden: causes come from pod status only."""
         if self._events_forbidden:
             return {}
         try:
