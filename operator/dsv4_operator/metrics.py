@@ -77,6 +77,13 @@ CANARY_SLOT_WAIT = Histogram(
     "behind their schedule.",
     buckets=(0.01, 0.1, 1, 5, 15, 30, 60, 120, 300, 600),
 )
+READ_SLOT_WAIT = Histogram(
+    "dsv4_guard_read_slot_wait_seconds",
+    "Seconds a due read of a pod's page (a leak tap's or an engine's /metrics, an engine's "
+    "/server_info) waited for a slot (DSV4_GUARD_READS_AT_ONCE in flight across all "
+    "deployments): waits of seconds mean the operator cannot keep up with its fleet's reads.",
+    buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 15, 30, 60),
+)
 ROLLBACKS = Counter("dsv4_rollbacks", "Automatic rollbacks by reason.", [*SCOPE, "reason"])
 OOM_EVENTS = Counter(
     "dsv4_oom_events", "Engine OOM events by role and kind.", [*SCOPE, "role", "kind"]

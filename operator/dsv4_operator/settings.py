@@ -24,6 +24,8 @@ from dsv4_operator.trust import TrustPolicy, split_list
 # The longest wait between reads of an idle tap or engine unless DSV4_GUARD_IDLE_READ_SECONDS
 # says otherwise (docs/guard.md, "An idle source is read less often").
 GUARD_IDLE_READ_SECONDS = 30.0
+# Pod page reads in flight across all deployments unless DSV4_GUARD_READS_AT_ONCE says otherwise.
+GUARD_READS_AT_ONCE = 32
 
 
 class OperatorSettings(BaseSettings):
@@ -122,6 +124,14 @@ class OperatorSettings(BaseSettings):
         "its name, docs/guard.md). A run holds a slot as long as the engine takes to answer "
         "its rounds: keep it above deployments x run seconds / interval seconds "
         "(dsv4_canary_slot_wait_seconds shows runs waiting).",
+    )
+    guard_reads_at_once: int = Field(
+        default=GUARD_READS_AT_ONCE,
+        ge=1,
+        description="Reads of pods' pages (the leak taps' and engines' /metrics) in flight at "
+        "once across all deployments; the others wait their turn, and a read's timeout runs "
+        "from when it has a slot, so an operator short of CPU reads late instead of calling "
+        "the taps unreachable (dsv4_guard_read_slot_wait_seconds shows reads waiting).",
     )
     guard_idle_read_seconds: float = Field(
         default=GUARD_IDLE_READ_SECONDS,

@@ -477,6 +477,7 @@ def test_webhook_off_leaves_no_webhook_objects_and_tells_the_operator() -> None:
         ({"guard": {"minCanaryInterval": "soon"}}, "/guard/minCanaryInterval"),
         ({"guard": {"canariesAtOnce": 0}}, "/guard/canariesAtOnce"),
         ({"guard": {"idleReadSeconds": 0.5}}, "/guard/idleReadSeconds"),
+        ({"guard": {"readsAtOnce": 0}}, "/guard/readsAtOnce"),
         ({"operator": {"retryBackoffMaxSeconds": 0}}, "/operator/retryBackoffMaxSeconds"),
         ({"security": {"hostPathPrefixes": ["relative/path"]}}, "/security/hostPathPrefixes/0"),
         (
@@ -606,7 +607,12 @@ def test_queue_and_guard_values_reach_the_operator_settings() -> None:
     def settings(values: dict[str, Any]) -> OperatorSettings:
         return _operator_settings(_env(render(values)))
 
-    fields = ("retry_backoff_max_seconds", "guard_canaries_at_once", "guard_idle_read_seconds")
+    fields = (
+        "retry_backoff_max_seconds",
+        "guard_canaries_at_once",
+        "guard_idle_read_seconds",
+        "guard_reads_at_once",
+    )
     defaults = settings({})
     assert tuple(getattr(defaults, f) for f in fields) == tuple(
         OperatorSettings.model_fields[f].default for f in fields
@@ -614,10 +620,10 @@ def test_queue_and_guard_values_reach_the_operator_settings() -> None:
     tuned = settings(
         {
             "operator": {"retryBackoffMaxSeconds": 60},
-            "guard": {"canariesAtOnce": 4, "idleReadSeconds": 30},
+            "guard": {"canariesAtOnce": 4, "idleReadSeconds": 30, "readsAtOnce": 8},
         }
     )
-    assert tuple(getattr(tuned, f) for f in fields) == (60.0, 4, 30.0)
+    assert tuple(getattr(tuned, f) for f in fields) == (60.0, 4, 30.0, 8)
 
 
 def test_trust_values_reach_the_operator_policy() -> None:

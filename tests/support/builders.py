@@ -164,3 +164,16 @@ def model_world(model: Doc, **kw: Any) -> Any:
     facts = {k: kw.pop(k) for k in ("users", "weights") if k in kw}
     world = ModelWorld.from_objects(model, NOW, **facts)
     return dataclasses.replace(world, **kw) if kw else world
+
+
+class SettledReader:
+    """The guard's reader of a deployment that is Ready at revision `abc`, with no pods."""
+
+    async def get(self, res: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
+        return {"status": {"phase": "Ready", "currentRevision": "abc"}}
+
+    async def list(self, res: Any, namespace: str | None, labels: Any = None) -> list[Any]:
+        return []
+
+    async def serves(self, res: Any) -> bool:
+        return True

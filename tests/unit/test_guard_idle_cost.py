@@ -27,7 +27,7 @@ from dsv4_operator.signals.supervisor import (
     phase,
     until_slot,
 )
-from tests.support.builders import NOW, engine_pod, example_doc
+from tests.support.builders import NOW, SettledReader, engine_pod, example_doc
 
 
 def _status(**guard: Any) -> DSV4DeploymentStatus:
@@ -89,22 +89,11 @@ def test_a_round_waits_for_its_slot_and_an_overrun_skips_to_the_next() -> None:
     assert until_slot(now=151.0, interval=60.0, offset=30.0) == 59.0  # late: the next slot
 
 
-class _SettledReader:
-    async def get(self, res: Any, namespace: str | None, name: str) -> dict[str, Any] | None:
-        return {"status": {"phase": "Ready", "currentRevision": "abc"}}
-
-    async def list(self, res: Any, namespace: str | None, labels: Any = None) -> list[Any]:
-        return []
-
-    async def serves(self, res: Any) -> bool:
-        return True
-
-
 async def _rounds_at_once(runner: CanaryRunner, at_once: int, keys: list[Key]) -> Observations:
     """One canary round for each of `keys`, all due together, `at_once` slots between them;
     what the guard observed."""
     guards = GuardSupervisor(
-        _SettledReader(),
+        SettledReader(),
         Observations(),
         wake=lambda key: None,
         runner=runner,
@@ -178,7 +167,7 @@ async def test_a_deployment_found_at_start_up_waits_for_its_slot() -> None:
     candidates = [("ns", f"d{i}") for i in range(40)]
     keys = [k for k in candidates if until_slot(now, 60.0, phase(k) * 60.0) > 1.0][:20]
     assert len(keys) == 20
-    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None, runner=runner)
+    guards = GuardSupervisor(SettledReader(), Observations(), wake=lambda key: None, runner=runner)
     try:
         for key in keys:
             guards.ensure(key, spec)
@@ -227,7 +216,7 @@ async def test_tap_reads_stretch_while_idle_and_return_to_the_interval_on_news(
         return len(reads) - 1 in news
 
     tuned: dict[str, Any] = {} if every is None else {"idle_reads_every": every}
-    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None, **tuned)
+    guards = GuardSupervisor(SettledReader(), Observations(), wake=lambda key: None, **tuned)
     spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
     start = clock.time()
     loop = asyncio.create_task(guards._loop(key, spec, tap_round, Duration("5s"), early))
@@ -256,7 +245,7 @@ async def test_a_canary_never_stretches_and_a_failed_round_counts_as_busy() -> N
         failing.append(clock.time())
         raise RuntimeError("a broken round")
 
-    guards = GuardSupervisor(_SettledReader(), Observations(), wake=lambda key: None)
+    guards = GuardSupervisor(SettledReader(), Observations(), wake=lambda key: None)
     spec = DSV4DeploymentSpec.model_validate(example_doc()["spec"])
     loops = [
         asyncio.create_task(

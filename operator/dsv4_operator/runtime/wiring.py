@@ -116,6 +116,7 @@ def build_operator(op: OperatorSettings, kopf_settings: kopf.OperatorSettings) -
         policy=op.trust_policy,
         canaries_at_once=op.guard_canaries_at_once,
         idle_reads_every=op.guard_idle_read_seconds,
+        reads_at_once=op.guard_reads_at_once,
         bisector=Bisector(
             client,
             # Through each shadow pair's router Service, as the guard's canary reaches the

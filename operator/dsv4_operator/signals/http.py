@@ -8,8 +8,9 @@ guard makes ~120 requests a second at 100 deployments.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,6 +127,28 @@ class PodPages:
 
     async def aclose(self) -> None:
         await self.exchanges.aclose()
+
+
+class BoundedPages:
+    """`pages` with at most `at_once` reads in flight; the others wait their turn, in order.
+
+    A read's timeout runs from when it has a slot, not from when it was due: an operator
+    whose loop is saturated (a fleet's guards all waking at once) otherwise timed out its
+    own reads (a connect's reply waited behind hundreds of other reads' parses), reported
+    the taps unreachable and read them again at once, which loaded the loop further
+    (bench/scale.py, N = 1,000). `waited(seconds)` is told how long each read waited."""
+
+    def __init__(self, pages: Pages, at_once: int, waited: Callable[[float], None]) -> None:
+        self.pages = pages
+        self.waited = waited
+        self._slots = asyncio.Semaphore(at_once)
+
+    async def text(self, url: str, timeout: float) -> str:
+        clock = asyncio.get_running_loop()
+        due = clock.time()
+        async with self._slots:
+            self.waited(clock.time() - due)
+            return await self.pages.text(url, timeout)
 
 
 @dataclass(frozen=True)

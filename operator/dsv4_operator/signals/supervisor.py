@@ -49,7 +49,7 @@ from dsv4_operator.leak.verdict import LEAK_KINDS, VerdictKind
 from dsv4_operator.names import DEPLOYMENT_LABEL, ROLE_LABEL, ROUTER
 from dsv4_operator.pods import PodView
 from dsv4_operator.series import scope_labels
-from dsv4_operator.settings import GUARD_IDLE_READ_SECONDS
+from dsv4_operator.settings import GUARD_IDLE_READ_SECONDS, GUARD_READS_AT_ONCE
 from dsv4_operator.signals.bisector import Bisector
 from dsv4_operator.signals.canary_runner import (
     CanaryRun,
@@ -60,7 +60,7 @@ from dsv4_operator.signals.canary_runner import (
     tap_canary_runner,
 )
 from dsv4_operator.signals.engine import EngineReader
-from dsv4_operator.signals.http import GuardHttp, HttpxPages, Pages
+from dsv4_operator.signals.http import BoundedPages, GuardHttp, HttpxPages, Pages
 from dsv4_operator.signals.prometheus import PrometheusError, instant_value
 from dsv4_operator.signals.taps import pod_url, scrape
 from dsv4_operator.trust import (
@@ -117,10 +117,13 @@ class GuardSupervisor:
         bisector: Bisector | None = None,
         tap_runner: CanaryRunner | None = None,
         idle_reads_every: float = GUARD_IDLE_READ_SECONDS,
+        reads_at_once: int = GUARD_READS_AT_ONCE,
     ) -> None:
         """`http`: the operator's clients (made here, and closed by `close`, when not given);
         `canaries_at_once`: how many canary runs may be in flight across all deployments;
-        `idle_reads_every`: the longest wait between reads of an idle tap or engine."""
+        `idle_reads_every`: the longest wait between reads of an idle tap or engine;
+        `reads_at_once`: how many reads of pods' pages may be in flight across all
+        deployments (signals/http.py BoundedPages)."""
         self.idle_reads_every = idle_reads_every
         self.client, self.observations, self.wake = client, observations, wake
         self._own_http = http is None
@@ -140,7 +143,10 @@ class GuardSupervisor:
         self._cuts: dict[Key, asyncio.Event] = {}  # set: read the taps now (a change)
         # URLs from the spec follow HTTP(S)_PROXY and NO_PROXY; pod IPs never go through a
         # proxy (signals/http.py).
-        self.http, self.pod_http = self.clients.spec_urls, self.clients.pods
+        self.http = self.clients.spec_urls
+        self.pod_http = BoundedPages(
+            self.clients.pods, reads_at_once, metrics.READ_SLOT_WAIT.observe
+        )
         self.spec_pages = HttpxPages(self.http)
         self.engines = EngineReader(self.pod_http)  # engine pods: at their IPs too
         self.policy = policy or TrustPolicy()
