@@ -18,8 +18,9 @@ from kopf._cogs.structs import credentials
 from dsv4_devcluster import ControlPlane
 from dsv4_operator import metrics
 from dsv4_operator.kube.client import KubeClient
-from dsv4_operator.kube.resources import CONTROLLER_REVISION, SERVICE, Resource
+from dsv4_operator.kube.resources import CONTROLLER_REVISION, POD, SERVICE, Resource
 from dsv4_operator.names import DEPLOYMENT_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from dsv4_operator.pods import PodView
 from dsv4_operator.runtime.cache import WatchCache, Watched
 from dsv4_operator.runtime.metered import count_list, count_watch_error
 from dsv4_operator.runtime.watched import STATEFULSET_REVISION_HASH_LABEL, WATCHED
@@ -181,6 +182,64 @@ async def test_the_statefulset_controllers_revisions_are_not_cached(
     finally:
         await cache.close()
         await vault.close()
+
+
+def _pod(namespace: str, name: str) -> dict[str, Any]:
+    """An engine pod as a StatefulSet makes it: long containers, volumes and tolerations."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY, DEPLOYMENT_LABEL: "d"},
+        },
+        "spec": {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "registry.example.com/sglang:v0.5.23",
+                    "args": ["--model-path", "/models/dsv4", "--tp", "8"],
+                    "env": [{"name": "SGLANG_DSV4_FP4_EXPERTS", "value": "1"}],
+                    "volumeMounts": [{"name": "weights", "mountPath": "/models"}],
+                }
+            ],
+            "volumes": [{"name": "weights", "emptyDir": {}}],
+        },
+    }
+
+
+async def test_a_cached_pod_keeps_of_its_spec_only_what_the_pod_view_reads(
+    control_plane: ControlPlane,
+    namespace: str,
+    client: KubeClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operator's watch of pods (runtime/watched.py): every reader goes through PodView,
+    so the containers, volumes and tolerations the API server sends are not kept, and the
+    view of the cached pod is the view of the pod the API server holds."""
+    vault = await _kopf_login(control_plane.kubeconfig_path, monkeypatch)
+    created = await client.create(_pod(namespace, "d-decode-0"))
+    [watched] = [w for w in WATCHED if w.resource == POD]
+    cache = WatchCache(kopf.OperatorSettings(), [watched], [namespace], lambda *_: None)
+    await cache.start()
+    try:
+        await cache.wait_synced()
+        cached = await cache.get(POD, namespace, "d-decode-0")
+        held = await client.get(POD, namespace, "d-decode-0")
+    finally:
+        await cache.close()
+        await vault.close()
+    assert cached is not None and held is not None
+    assert {"containers", "volumes", "tolerations"} <= set(created["spec"])
+    assert cached["spec"] == {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}}
+    assert (
+        cached["status"] == held["status"]
+        and cached["metadata"]["uid"] == created["metadata"]["uid"]
+    )
+    assert PodView.of(cached) == PodView.of(held)
 
 
 @pytest.mark.long(seconds=40)

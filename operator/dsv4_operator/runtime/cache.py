@@ -79,6 +79,9 @@ class Watched:
     resource: Resource
     label_selector: str | None = None  # applied by the API server
     optional: bool = False  # its API may be missing; then it is empty and checked again later
+    # The fields of `spec` kept (None: all of it). Only for a kind whose every reader goes
+    # through one view that names what it reads (a pod's: pods.POD_SPEC_FIELDS_READ).
+    spec_fields: tuple[str, ...] | None = None
 
 
 # Watch events that write an object into the cache (DELETED removes it; a list item has none).
@@ -172,12 +175,16 @@ class _Store:
 SHARED_STRING_MAX = 64
 
 
-def _trim(obj: Obj, res: Resource) -> Obj:
-    """What the cache keeps of an object: a copy without `metadata.managedFields`, its keys
-    and short strings shared with every other cached object (`_shared`)."""
+def _trim(obj: Obj, res: Resource, spec_fields: tuple[str, ...] | None = None) -> Obj:
+    """What the cache keeps of an object: a copy without `metadata.managedFields`, with only
+    `spec_fields` of its spec when given (`Watched.spec_fields`), its keys and short strings
+    shared with every other cached object (`_shared`)."""
     metadata = obj.get("metadata")
     if isinstance(metadata, dict) and "managedFields" in metadata:
         obj = {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    spec = obj.get("spec")
+    if spec_fields is not None and isinstance(spec, dict):
+        obj = {**obj, "spec": {k: v for k, v in spec.items() if k in spec_fields}}
     kept: Obj = _shared(obj)
     kept.setdefault("apiVersion", res.api_version)
     kept.setdefault("kind", res.kind)
@@ -225,6 +232,7 @@ class WatchCache:
         self.discover = discover
         self.on_list, self.on_watch_error = on_list, on_watch_error
         self._stores: dict[Resource, _Store] = {w.resource: _Store() for w in self.watched}
+        self._spec_fields = {w.resource: w.spec_fields for w in self.watched}
         for w in self.watched:
             if w.label_selector:
                 select_by_label(settings, w.resource, w.label_selector)
@@ -274,7 +282,7 @@ class WatchCache:
         if cached is None and store.buried_since(key, version):
             return  # the reply to a write made before a deletion the watch already brought
         if cached is None or _newer(version, cached["metadata"].get("resourceVersion")):
-            kept = _trim(obj, res)
+            kept = _trim(obj, res, self._spec_fields[res])
             store.put(kept)
             # The watch event of this version finds it here and tells no one, so the listener
             # hears of it now: another object's pass may depend on it (a DSV4Model a
@@ -383,7 +391,7 @@ class WatchCache:
                 raw = event["object"]
                 if event.get("type") in WATCH_WRITES and self._has_version(res, raw):
                     continue  # mostly the operator's own write, folded in from its reply
-                obj = _trim(dict(raw), res)
+                obj = _trim(dict(raw), res, w.spec_fields)
                 if event.get("type") is None:  # part of the list
                     listed.add(_key(obj))
                 self.fold(res, event.get("type"), obj)

@@ -30,6 +30,7 @@ from dsv4_operator.names import (
     MODEL_KEY_PREFIX,
     MODEL_LABEL,
 )
+from dsv4_operator.pods import POD_SPEC_FIELDS_READ
 from dsv4_operator.reconcile.service import Reconciler
 from dsv4_operator.runtime.cache import Discover, Listener, Watched
 from dsv4_operator.runtime.leadership import Leadership
@@ -61,7 +62,7 @@ WATCHED = (
         for res in (STATEFULSET, DEPLOYMENT, SERVICE, PDB)
     ),
     Watched(CONTROLLER_REVISION, label_selector=REVISION_SELECTOR),
-    Watched(POD, label_selector=POD_SELECTOR),
+    Watched(POD, label_selector=POD_SELECTOR, spec_fields=POD_SPEC_FIELDS_READ),
     *(Watched(res, label_selector=MODEL_CHILD_SELECTOR) for res in WEIGHTS_KINDS),
     Watched(SERVICE_MONITOR, label_selector=CHILD_SELECTOR, optional=True),
     # Only multi-node roles need LWS: a cluster without it runs every single-node spec.
