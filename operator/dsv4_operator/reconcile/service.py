@@ -30,6 +30,7 @@ from dsv4_operator.reconcile.model_service import act_model
 from dsv4_operator.reconcile.model_world import gather_model
 from dsv4_operator.reconcile.pod_causes import EVENTS_REFRESH_SECONDS, PodWarnings, unexplained
 from dsv4_operator.reconcile.recorder import EventRecorder, Subject
+from dsv4_operator.reconcile.refusals import Refusals
 from dsv4_operator.reconcile.status import with_rejection
 from dsv4_operator.reconcile.trailing import Trailing
 from dsv4_operator.reconcile.validations import SpecValidations
@@ -42,6 +43,9 @@ Clock = Callable[[], datetime]
 EVENTS_CACHE_SIZE = 1024
 # After a trailing write failed: soon, but not at once (the API server may be what failed).
 TRAILING_RETRY_SECONDS = 10.0
+# The optional reads RBAC may refuse (Refusals' keys, and what the log says could not be done).
+LIST_EVENTS = "list Events"
+GET_SECRETS = "get Secrets"
 
 
 def _plan_series(plan: PlanCheck | None) -> tuple[str, bool | None] | None:
@@ -81,8 +85,9 @@ class Reconciler:
         self.group_capture = GroupRestartCapture(clock)
         self.validations = SpecValidations()
         self.guard_metrics = GuardMetrics()
-        self._events_forbidden = False
-        self._secrets_forbidden = False
+        # Events and Secrets the operator's RBAC may not grant (a hardened cluster, an older
+        # chart): refused reads are asked again after RETRY_SECONDS, per namespace.
+        self.refusals = Refusals(clock)
         self._pod_events: dict[tuple[str, str], PodWarnings] = {}
         # Told of a key whose object no longer exists (the work queue's `gone`).
         self.gone: Callable[[tuple[str, str]], None] = lambda key: None
@@ -150,13 +155,18 @@ class Reconciler:
         missing one is refused before a download Job is created (WeightsReady
         TokenSecretMissing). Without the right to read it (an older chart's RBAC) the Job
         is created as before and its pod tells."""
-        if self._secrets_forbidden:
+        if self.refusals.holds(GET_SECRETS, namespace):
             return False
         try:
             return not await self.client.exists(SECRET, namespace, name)
         except Forbidden:
-            self._secrets_forbidden = True
-            log.warning("cannot get Secrets (RBAC): a missing Hub token Secret shows on the Job")
+            self.refusals.refused(GET_SECRETS, namespace)
+            log.warning(
+                "cannot get Secrets (RBAC) in namespace %s: a missing Hub token Secret shows on "
+                "the Job; asking again in %.0fs",
+                namespace,
+                self.refusals.retry.total_seconds(),
+            )
             return False
 
     async def _model(self, namespace: str, name: str) -> float | None:
@@ -195,8 +205,8 @@ class Reconciler:
     ) -> dict[str, PodWarnings]:
         """The Warning Events of the few pods whose status does not say why they are stuck
         (FailedMount, FailedAttachVolume, ...), read on demand, never watched, by pod name.
-        Empty once Events turn out forbidden: causes come from pod status only."""
-        if self._events_forbidden:
+        Empty while Events are forbidden in the namespace: causes come from pod status only."""
+        if self.refusals.holds(LIST_EVENTS, namespace):
             return {}
         try:
             return {
@@ -204,8 +214,13 @@ class Reconciler:
                 for name in unexplained(pods, now)
             }
         except Forbidden:
-            self._events_forbidden = True
-            log.warning("cannot list Events (RBAC): pod causes come from pod status only")
+            self.refusals.refused(LIST_EVENTS, namespace)
+            log.warning(
+                "cannot list Events (RBAC) in namespace %s: pod causes come from pod status "
+                "only; asking again in %.0fs",
+                namespace,
+                self.refusals.retry.total_seconds(),
+            )
             return {}
 
     async def _pod_warnings(self, namespace: str, pod: str, now: datetime) -> PodWarnings:
