@@ -4,12 +4,14 @@ without a restart."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 # Long enough that a namespace whose RBAC refuses a read costs one refused request (and one
 # log line) per period, short enough that a fixed Role is picked up within minutes.
 RETRY_SECONDS = 600.0
+log = logging.getLogger(__name__)
 
 
 class Refusals:
@@ -34,6 +36,14 @@ class Refusals:
         del self._until[(read, namespace)]  # due to be asked again
         return False
 
-    def refused(self, read: str, namespace: str) -> None:
-        """The API server refused `read` in `namespace` (403) just now."""
+    def refused(self, read: str, namespace: str, meanwhile: str) -> None:
+        """The API server refused `read` in `namespace` (403) just now; logged once per
+        period with what the operator does `meanwhile`."""
         self._until[(read, namespace)] = self._clock() + self.retry
+        log.warning(
+            "cannot %s (RBAC) in namespace %s: %s; asking again in %.0fs",
+            read,
+            namespace,
+            meanwhile,
+            self.retry.total_seconds(),
+        )

@@ -160,12 +160,8 @@ class Reconciler:
         try:
             return not await self.client.exists(SECRET, namespace, name)
         except Forbidden:
-            self.refusals.refused(GET_SECRETS, namespace)
-            log.warning(
-                "cannot get Secrets (RBAC) in namespace %s: a missing Hub token Secret shows on "
-                "the Job; asking again in %.0fs",
-                namespace,
-                self.refusals.retry.total_seconds(),
+            self.refusals.refused(
+                GET_SECRETS, namespace, "a missing Hub token Secret shows on the Job"
             )
             return False
 
@@ -214,13 +210,7 @@ class Reconciler:
                 for name in unexplained(pods, now)
             }
         except Forbidden:
-            self.refusals.refused(LIST_EVENTS, namespace)
-            log.warning(
-                "cannot list Events (RBAC) in namespace %s: pod causes come from pod status "
-                "only; asking again in %.0fs",
-                namespace,
-                self.refusals.retry.total_seconds(),
-            )
+            self.refusals.refused(LIST_EVENTS, namespace, "pod causes come from pod status only")
             return {}
 
     async def _pod_warnings(self, namespace: str, pod: str, now: datetime) -> PodWarnings:
