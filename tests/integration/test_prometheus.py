@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -22,10 +23,11 @@ import pytest
 
 from dsv4_devcluster import ControlPlane, wait_for
 from dsv4_devcluster.deployments import Cluster, example, rtx_pool, weights_volume
-from dsv4_devcluster.kubelet import report_container_terminated
+from dsv4_devcluster.kubelet import report_container_terminated, report_pod_ip
 from dsv4_devcluster.process import spawned_children
 from dsv4_devcluster.prometheus import PrometheusProcess
 from dsv4_operator import series
+from dsv4_operator.api.limits import ENGINE_PORT
 from tests.support.series import operator_families, tap_families
 
 from ..chart.support import metric_names, tool
@@ -72,6 +74,8 @@ DRIVEN = {
     "DSV4ReconcileErrors": "test_oom_and_reconcile_error_alerts_fire_and_resolve",
     "DSV4KVPoolPressure": "test_kv_pool_pressure_fires_while_the_pool_is_full_and_resolves",
     "DSV4LeakTapDropping": "test_tap_dropping_fires_while_its_classifier_crash_loops_and_resolves",
+    "DSV4GuardReadsQueued": "test_guard_reads_queued_fires_while_engine_reads_hold_the_one_slot_"
+    "and_resolves",
 }
 # An alert no test here can drive yet, with why (none today: a new alert must join one side).
 NOT_DRIVEN: dict[str, str] = {}
@@ -612,3 +616,76 @@ def test_tap_dropping_fires_while_its_classifier_crash_loops_and_resolves(
             timeout=10 * 60 // SCALE + 90,
         )
     assert traffic.sent > 0 and traffic.failed == 0  # the relay never stopped
+
+
+# A loopback address no other test listens on: engine pods given it read from a listener that
+# never answers.
+SILENT_ENGINE_IP = "127.0.0.77"
+
+
+@contextlib.contextmanager
+def _silent_engines(served: Stack) -> Iterator[list[str]]:
+    """The deployment's engine pods at an address that takes connections and never answers
+    (a listener that accepts nothing: the kernel completes each connect, no byte comes back),
+    as a dropped or hung engine port looks to the guard; their addresses restored after. The
+    engine pods' names."""
+    cluster = served.cluster
+    pods = {
+        name: cluster.dyn.resources.get(api_version="v1", kind="Pod")
+        .get(name=name, namespace=cluster.namespace)
+        .to_dict()["status"]["podIP"]
+        for name in (f"{NAME}-prefill-0", f"{NAME}-decode-0")
+    }
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((SILENT_ENGINE_IP, ENGINE_PORT))
+        listener.listen(4096)
+        try:
+            for name in pods:
+                report_pod_ip(cluster.dyn, cluster.namespace, name, SILENT_ENGINE_IP)
+            yield list(pods)
+        finally:
+            for name, ip in pods.items():
+                report_pod_ip(cluster.dyn, cluster.namespace, name, ip)
+
+
+@contextlib.contextmanager
+def _operator_with(served: Stack, **env: str) -> Iterator[None]:
+    """The stack's operator restarted with the settings `env`, and restarted without them
+    after (its metrics port, so its Prometheus target, stays the same)."""
+    op = served.operator
+    op.stop()
+    op.env.update(env)
+    try:
+        op.start()
+        yield
+    finally:
+        op.stop()
+        for key in env:
+            del op.env[key]
+        op.start()
+
+
+@pytest.mark.long(seconds=90)
+def test_guard_reads_queued_fires_while_engine_reads_hold_the_one_slot_and_resolves(
+    served: Stack,
+) -> None:
+    """One read slot (DSV4_GUARD_READS_AT_ONCE=1) and the deployment's two engine pods at an
+    address that never answers: each engine read holds the slot for its 2 s timeout, so every
+    round's other read waits about that long for it, and the p90 of the waits the operator
+    exports passes the rule's second. With the default slots and the engines' addresses back,
+    the waits are short again and the alert resolves."""
+    _, prom, _, _ = _unpack(served)
+    alert = "DSV4GuardReadsQueued"
+    assert _resolved(prom, alert)
+    with _operator_with(served, DSV4_GUARD_READS_AT_ONCE="1"), _silent_engines(served):
+        wait_for(
+            alert,
+            lambda: _firing(prom, alert, pod="dsv4-operator-0"),
+            timeout=(15 + 10) * 60 // SCALE + 90,
+        )
+    wait_for(
+        f"{alert} resolved",
+        functools.partial(_resolved, prom, alert),
+        timeout=10 * 60 // SCALE + 90,
+    )
