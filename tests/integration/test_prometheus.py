@@ -624,11 +624,11 @@ SILENT_ENGINE_IP = "127.0.0.77"
 
 
 @contextlib.contextmanager
-def _silent_engines(served: Stack) -> Iterator[list[str]]:
+def _silent_engines(served: Stack) -> Iterator[None]:
     """The deployment's engine pods at an address that takes connections and never answers
     (a listener that accepts nothing: the kernel completes each connect, no byte comes back),
-    as a dropped or hung engine port looks to the guard; their addresses restored after. The
-    engine pods' names."""
+    as a dropped or hung engine port looks to the guard; their addresses restored after (the
+    pods stay off kwok's stages, as after `report_container_terminated`)."""
     cluster = served.cluster
     pods = {
         name: cluster.dyn.resources.get(api_version="v1", kind="Pod")
@@ -643,7 +643,7 @@ def _silent_engines(served: Stack) -> Iterator[list[str]]:
         try:
             for name in pods:
                 report_pod_ip(cluster.dyn, cluster.namespace, name, SILENT_ENGINE_IP)
-            yield list(pods)
+            yield
         finally:
             for name, ip in pods.items():
                 report_pod_ip(cluster.dyn, cluster.namespace, name, ip)
