@@ -20,7 +20,7 @@ class Refusals:
     Per namespace because RBAC is: with `watchNamespaces` the chart grants a Role in each
     namespace, and one namespace's missing rule says nothing of another's."""
 
-    def __init__(self, clock: Callable[[], datetime], retry_seconds: float = RETRY_SECONDS):
+    def __init__(self, clock: Callable[[], datetime], retry_seconds: float = RETRY_SECONDS) -> None:
         self._clock = clock
         self.retry = timedelta(seconds=retry_seconds)
         self._until: dict[tuple[str, str], datetime] = {}
