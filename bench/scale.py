@@ -63,6 +63,7 @@ from typing import Any
 import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from dsv4_devcluster import ControlPlane
 from dsv4_devcluster.deployments import POOL, POOL_LABEL, RTX, example, weights_volume
@@ -105,6 +106,11 @@ CONTROLLER_MANAGER = {"kube-api-qps": "500", "kube-api-burst": "1000"}
 # dev cluster's /24 holds at N = 1,000.
 API_SERVER = {"service-cluster-ip-range": "10.0.0.0/16"}
 OPERATOR_FLOOR = 10.0  # seconds: the operator's default minimum canary interval
+# The guard's slot waits (operator metrics.py), whose buckets the bench reads over each window.
+SLOT_WAITS = {
+    "reads": "dsv4_guard_read_slot_wait_seconds",
+    "canary": "dsv4_canary_slot_wait_seconds",
+}
 
 
 # --- what a process costs ---------------------------------------------------------------------
@@ -165,36 +171,89 @@ async def until_listed(operator: OperatorProcess, timeout: float = 60.0) -> None
     raise TimeoutError(f"the operator did not list its kinds in {timeout:.0f}s")
 
 
-def operator_total(operator: OperatorProcess, name: str) -> float:
-    """A counter of the operator's summed over its labels."""
+def operator_samples(operator: OperatorProcess) -> list[Sample]:
+    """Every sample on the operator's /metrics page."""
     with httpx.Client() as http:
         text = http.get(f"http://{operator.host}:{operator.metrics_port}/metrics").text
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name
-    )
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def operator_total(operator: OperatorProcess, name: str) -> float:
+    """A counter of the operator's summed over its labels."""
+    return sum(s.value for s in operator_samples(operator) if s.name == name)
 
 
 def operator_counts(operator: OperatorProcess) -> dict[str, float]:
     """The operator's counters: API requests by `kind verb resource`, passes, canary responses."""
-    with httpx.Client() as http:
-        text = http.get(f"http://{operator.host}:{operator.metrics_port}/metrics").text
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in ("dsv4_api_writes_total", "dsv4_api_reads_total"):
-                kind = "write" if "writes" in s.name else "read"
-                key = f"{kind} {s.labels['verb']} {s.labels['resource']}"
-            elif s.name in ("dsv4_reconciles_total", "dsv4_canary_responses_total"):
-                key = s.name
-            elif s.name == "dsv4_canary_runs_total":  # by who ran them: tap or operator
-                key = f"{s.name} {s.labels['runner']}"
-            else:
-                continue
-            out[key] = out.get(key, 0.0) + s.value
+    for s in operator_samples(operator):
+        if s.name in ("dsv4_api_writes_total", "dsv4_api_reads_total"):
+            kind = "write" if "writes" in s.name else "read"
+            key = f"{kind} {s.labels['verb']} {s.labels['resource']}"
+        elif s.name in ("dsv4_reconciles_total", "dsv4_canary_responses_total"):
+            key = s.name
+        elif s.name == "dsv4_canary_runs_total":  # by who ran them: tap or operator
+            key = f"{s.name} {s.labels['runner']}"
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+Waits = dict[str, dict[float, float]]  # by what waits (SLOT_WAITS), cumulative count by bound
+
+
+def operator_waits(operator: OperatorProcess) -> Waits:
+    """The operator's slot-wait histograms as exposed: cumulative counts by bound."""
+    waits: Waits = {what: {} for what in SLOT_WAITS}
+    for s in operator_samples(operator):
+        for what, name in SLOT_WAITS.items():
+            if s.name == f"{name}_bucket":
+                bound = float(s.labels["le"])
+                waits[what][bound] = waits[what].get(bound, 0.0) + s.value
+    return waits
+
+
+def waits_between(after: Waits, before: Waits) -> Waits:
+    """The waits of a window, every bound kept (those with no new wait too, as
+    `histogram_quantile` needs them)."""
+    return {
+        what: {bound: count - before.get(what, {}).get(bound, 0.0) for bound, count in b.items()}
+        for what, b in after.items()
+    }
+
+
+def quantile(q: float, buckets: dict[float, float]) -> float:
+    """`histogram_quantile(q, ...)` over cumulative buckets, as Prometheus computes it: linear
+    within the bucket the rank falls in, the highest finite bound when it falls in +Inf; NaN
+    with no observation."""
+    bounds = sorted(buckets)
+    total = buckets.get(float("inf"), 0.0)
+    if total <= 0 or len(bounds) < 2:
+        return float("nan")
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = bound, count
+    return lower
+
+
+def waits_line(buckets: dict[float, float]) -> str:
+    """A slot wait's figures over a window: p50 / p90 / p99, the share over 1 s (the
+    DSV4GuardReadsQueued rule's line is p90 > 1 s), and how many waits."""
+    total = buckets.get(float("inf"), 0.0)
+    if total <= 0:
+        return "no waits"
+    p50, p90, p99 = (quantile(q, buckets) for q in (0.5, 0.9, 0.99))
+    over = 1 - buckets.get(1.0, 0.0) / total
+    return (
+        f"p50 {p50:.3g} s, p90 {p90:.3g} s, p99 {p99:.3g} s; {100 * over:.1f}% over 1 s; "
+        f"{total:,.0f} waits"
+    )
 
 
 # --- one size -----------------------------------------------------------------------------------
@@ -280,6 +339,8 @@ class Figures:
     server_cpu_with_again_s: float = 0.0
     first_reconciled_s: float = 0.0
     all_reconciled_s: float = 0.0
+    # The slot waits by window: "bring-up" (creation to all baked) and "idle".
+    waits: dict[str, Waits] = field(default_factory=dict)
 
     def calls(self, kind: str) -> dict[str, float]:
         """The operator's API requests of `kind` ("write" or "read") while idle."""
@@ -532,7 +593,7 @@ async def run_fleet(
     try:
         docs = guarded_docs(plan, engines, "op")
         await until_listed(operator)  # running before the creates, as a user's operator is
-        before = operator_counts(operator)
+        before, waited = operator_counts(operator), operator_waits(operator)
         start = time.monotonic()
         # Pods get their engines' addresses as they start, as on a cluster: a guard reading
         # kwok's made-up IPs meanwhile would time out and slow the creation it measures.
@@ -561,6 +622,7 @@ async def run_fleet(
         say(n, f"every pod at its engine's address {time.monotonic() - start:.1f}s after creation")
         baked = await until_baked(http, "op", n, timeout=600 + 2 * n)
         figures.baked_s = time.monotonic() - start
+        figures.waits["bring-up"] = waits_between(operator_waits(operator), waited)
         say(n, f"all baked {figures.baked_s:.1f}s after creation")
         await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
         await idle_with(plan, figures, cp, operator, baked, engines, http)
@@ -624,6 +686,7 @@ async def idle_with(
     statuses = await status_by_name(http, "op")
     pid, server = operator.proc.pid, apiserver_pid(cp)
     ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
+    waited = operator_waits(operator)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
     doubles, taps = [d.process.pid for d in engines.doubles], [t.pid for t in engines.taps]
     doubles_cpu, taps_cpu = sum(map(cpu_seconds, doubles)), sum(map(cpu_seconds, taps))
@@ -636,6 +699,7 @@ async def idle_with(
     figures.server_cpu_with_s = cpu_seconds(server) - server_cpu
     figures.rss_mb = rss_mb(pid)
     figures.idle_calls = delta(operator_counts(operator), ops)
+    figures.waits["idle"] = waits_between(operator_waits(operator), waited)
     figures.server_requests = delta(request_counts(cp, OPERATOR_RESOURCES, by_resource=True), srv)
     canary = one["spec"]["guard"]["canary"]
     per_run = one["status"]["guard"]["canarySessions"] * canary.get("rounds", 4)
@@ -770,10 +834,18 @@ def table(rows: list[Figures], plan: Plan) -> str:
         f"  N={f.n}: operator {cpu_line(f.operator_cpu)}"
         for f in rows
     )
+    waits = "\n".join(
+        f"  N={f.n} {window}: {what} {waits_line(buckets)}"
+        for f in rows
+        for window, by_what in f.waits.items()
+        for what, buckets in by_what.items()
+    )
     return (
         "\n".join(lines)
         + f"\n\nthe operator's API requests while creating:\n{creation}"
         + f"\n\nCPU seconds while the children were made:\n{cpu}"
+        + "\n\nthe guard's slot waits (reads: DSV4_GUARD_READS_AT_ONCE; canary: "
+        + f"DSV4_GUARD_CANARIES_AT_ONCE), from creation to all baked and idle:\n{waits}"
     )
 
 

@@ -52,6 +52,11 @@ def test_an_idle_fleet_with_every_guard_running_writes_nothing(tmp_path: Path) -
     assert writes == {}, f"API writes while nothing a user sees changed: {writes}"
     assert reads == {}, f"API reads outside the watch cache: {reads}"
     assert figures.rss_mb > 0
+    # Each guard read and canary run took a slot, and the bench read their waits per window:
+    # reads from creation to baked (every engine and tap read at least once), canary runs idle.
+    inf = float("inf")
+    assert figures.waits["bring-up"]["reads"][inf] >= 2 * DEPLOYMENTS, figures.waits
+    assert figures.waits["idle"]["canary"][inf] >= figures.canary_runs, figures.waits
     # The creation windows were timed: the plain apply's, bench/ideal_controller.py's (it made
     # every child, or its window would have timed out) and the operator's, each with its CPU.
     assert min(figures.floor_s, figures.ideal_s, figures.operator_s) > 0, figures

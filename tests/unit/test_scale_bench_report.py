@@ -3,6 +3,8 @@ field and condition, never the live counts a status also carries."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.benches import load_bench
 
 bench = load_bench("scale.py")
@@ -41,3 +43,33 @@ def test_the_children_figure_is_the_median_over_the_creation_rounds() -> None:
     assert "median of 3 rounds: operator 1.30x (1.20-1.50)" in line
     assert "ideal controller 0.90x (0.80-1.00) of the plain apply" in line
     assert "operator 1.50x (1.44-1.50) of the ideal controller" in line
+
+
+INF = float("inf")
+
+
+def test_a_slot_wait_quantile_is_interpolated_as_histogram_quantile_does() -> None:
+    buckets = {0.001: 0.0, 0.01: 50.0, 0.1: 90.0, 1.0: 100.0, INF: 100.0}
+    assert bench.quantile(0.5, buckets) == pytest.approx(0.01)  # 0.001 + 0.009 x 50/50
+    assert bench.quantile(0.9, buckets) == pytest.approx(0.1)
+    assert bench.quantile(0.95, buckets) == pytest.approx(0.55)  # halfway through (0.1, 1]
+    # Past the highest finite bound: that bound, as Prometheus answers.
+    assert bench.quantile(0.9, {1.0: 0.0, 5.0: 0.0, INF: 10.0}) == 5.0
+    # The first bucket's lower bound is 0.
+    assert bench.quantile(0.5, {0.5: 10.0, 1.0: 10.0, INF: 10.0}) == 0.25
+
+
+def test_a_window_without_waits_reads_as_none() -> None:
+    quiet = {0.5: 0.0, 1.0: 0.0, INF: 0.0}
+    assert bench.quantile(0.9, quiet) != bench.quantile(0.9, quiet)  # NaN, as Prometheus
+    assert bench.waits_line(quiet) == "no waits"
+
+
+def test_a_windows_waits_keep_every_bound_and_give_the_share_over_one_second() -> None:
+    before = {"reads": {0.5: 10.0, 1.0: 10.0, 5.0: 10.0, INF: 10.0}}
+    after = {"reads": {0.5: 10.0, 1.0: 16.0, 5.0: 20.0, INF: 20.0}}
+    window = bench.waits_between(after, before)
+    # The bound with no new wait stays (at 0): p50 is interpolated from 0.5, not from 0.
+    assert window == {"reads": {0.5: 0.0, 1.0: 6.0, 5.0: 10.0, INF: 10.0}}
+    line = bench.waits_line(window["reads"])
+    assert line.startswith("p50 0.917 s, p90 4 s, p99 4.9 s; 40.0% over 1 s; 10 waits"), line
