@@ -84,6 +84,14 @@ READ_SLOT_WAIT = Histogram(
     "deployments): waits of seconds mean the operator cannot keep up with its fleet's reads.",
     buckets=(0.001, 0.01, 0.1, 0.5, 1, 5, 15, 30, 60),
 )
+READ_HELD = Histogram(
+    "dsv4_guard_read_seconds",
+    "Seconds a read of a pod's page held its slot once it had one (connect, request, the page "
+    "read; answered or failed, at most the read's timeout): beside "
+    "dsv4_guard_read_slot_wait_seconds, long reads mean slow pages or a busy operator, short "
+    "reads with long waits more reads than DSV4_GUARD_READS_AT_ONCE.",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),
+)
 ROLLBACKS = Counter("dsv4_rollbacks", "Automatic rollbacks by reason.", [*SCOPE, "reason"])
 OOM_EVENTS = Counter(
     "dsv4_oom_events", "Engine OOM events by role and kind.", [*SCOPE, "role", "kind"]

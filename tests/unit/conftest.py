@@ -18,6 +18,11 @@ from typing import Any
 
 import pytest
 
+# urllib3 (the Kubernetes client's) binds ::1 once, as it is imported, to learn whether the
+# host has IPv6: imported before any test, so that the first test to import it (one run alone,
+# or first on its worker) is not refused for a probe that is no network use.
+import urllib3  # noqa: F401
+
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from tests.support.builders import Doc, example_doc, with_changes
 

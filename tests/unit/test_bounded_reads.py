@@ -45,11 +45,13 @@ async def test_at_most_the_bound_is_in_flight_and_each_wait_is_told() -> None:
     they came, and each is given its whole timeout once it has a slot."""
     pages = _SlowPages(1.0)
     waits: list[float] = []
-    bounded = BoundedPages(pages, 2, waits.append)
+    held: list[float] = []
+    bounded = BoundedPages(pages, 2, waits.append, held.append)
     urls = [f"http://10.0.0.{i}:9100/metrics" for i in range(6)]
     await asyncio.gather(*(bounded.text(url, 2.0) for url in urls))
     assert pages.most == 2
     assert [round(w, 3) for w in waits] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+    assert [round(h, 3) for h in held] == [1.0] * 6  # the read itself, not its wait
     assert pages.urls == urls  # first come, first read
     assert pages.timeouts == [2.0] * 6  # a wait is not taken from a read's timeout
 
@@ -61,23 +63,26 @@ async def test_a_failed_read_gives_its_slot_back() -> None:
             await super().text(url, timeout)
             raise ConnectionError(url)
 
-    bounded = BoundedPages(_Failing(0.5), 1, lambda seconds: None)
+    held: list[float] = []
+    bounded = BoundedPages(_Failing(0.5), 1, lambda seconds: None, held.append)
     for _ in range(3):  # each waits for no one: the one before gave its slot back
         with pytest.raises(ConnectionError):
             await asyncio.wait_for(bounded.text("http://10.0.0.1:9100/metrics", 2.0), 1.0)
+    assert [round(h, 3) for h in held] == [0.5] * 3  # a failed read's time is told too
 
 
 @pytest.mark.looptime
 async def test_the_guards_engine_reads_share_the_operators_slots() -> None:
     """Three deployments' engine pods (two each), read together with one slot: one read at a
     time, each with the scrape's whole timeout, none failed for the wait, and each wait in
-    dsv4_guard_read_slot_wait_seconds."""
+    dsv4_guard_read_slot_wait_seconds, each read's time in dsv4_guard_read_seconds."""
     guards = GuardSupervisor(
         SettledReader(), Observations(), wake=lambda key: None, reads_at_once=1
     )
     pages = _SlowPages(1.5)  # the last of the 12 reads waits 16.5 s, far past a 2 s timeout
     guards.clients.pods.text = pages.text  # type: ignore[method-assign]  # the pods' client
     before = REGISTRY.get_sample_value("dsv4_guard_read_slot_wait_seconds_count") or 0.0
+    held_before = REGISTRY.get_sample_value("dsv4_guard_read_seconds_sum") or 0.0
     keys = [("ns", f"d{i}") for i in range(3)]
 
     def pods(deployment: int) -> list[PodView]:
@@ -102,3 +107,6 @@ async def test_the_guards_engine_reads_share_the_operators_slots() -> None:
     assert set(pages.timeouts) == {TAP_SCRAPE_TIMEOUT}
     after = REGISTRY.get_sample_value("dsv4_guard_read_slot_wait_seconds_count") or 0.0
     assert after - before == 12
+    # ...and each read's 1.5 s in dsv4_guard_read_seconds.
+    held = (REGISTRY.get_sample_value("dsv4_guard_read_seconds_sum") or 0.0) - held_before
+    assert held == pytest.approx(12 * 1.5, abs=0.01)

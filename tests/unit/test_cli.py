@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -407,3 +409,20 @@ def test_help_states_the_exit_codes_the_docs_state(command: str) -> None:
 def test_dsv4_help_says_what_a_usage_error_exits_with() -> None:
     _, out = run("--help")
     assert USAGE_ERROR in " ".join(out.split())
+
+
+def test_dsv4_help_lists_each_command_imported_on_demand_by_its_own_short_help() -> None:
+    """`dsv4 --help` lists `probe`, `selftest` and `bisect` from summaries kept beside their
+    import paths (so that it imports none of them); a summary that drifts from the command's
+    own help fails here."""
+    lazy = main.lazy
+    assert set(lazy) == {"bisect", "probe", "selftest"}
+    for name, entry in lazy.items():
+        module, _, attribute = entry.path.partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        assert entry.summary == command.get_short_help_str(limit=1000), name
+    code, listing = run("--help")
+    assert code == 0
+    for name in lazy:
+        assert re.search(rf"^  {name} +\S", listing, re.MULTILINE), listing

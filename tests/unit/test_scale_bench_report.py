@@ -72,4 +72,4 @@ def test_a_windows_waits_keep_every_bound_and_give_the_share_over_one_second() -
     # The bound with no new wait stays (at 0): p50 is interpolated from 0.5, not from 0.
     assert window == {"reads": {0.5: 0.0, 1.0: 6.0, 5.0: 10.0, INF: 10.0}}
     line = bench.waits_line(window["reads"])
-    assert line.startswith("p50 0.917 s, p90 4 s, p99 4.9 s; 40.0% over 1 s; 10 waits"), line
+    assert line == "p50 0.917 s, p90 4 s, p99 4.9 s; 0.0% within 0.5 s, 40.0% over 1 s; 10 waits"

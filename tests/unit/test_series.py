@@ -31,6 +31,7 @@ PROCESS_FAMILIES = {
     "dsv4_events_total",
     "dsv4_canary_slot_wait_seconds",  # the operator-wide bound, DSV4_GUARD_CANARIES_AT_ONCE
     "dsv4_guard_read_slot_wait_seconds",  # the operator-wide bound, DSV4_GUARD_READS_AT_ONCE
+    "dsv4_guard_read_seconds",  # how long a read holds one of those slots
 }
 
 

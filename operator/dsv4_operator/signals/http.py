@@ -136,19 +136,31 @@ class BoundedPages:
     whose loop is saturated (a fleet's guards all waking at once) otherwise timed out its
     own reads (a connect's reply waited behind hundreds of other reads' parses), reported
     the taps unreachable and read them again at once, which loaded the loop further
-    (bench/scale.py, N = 1,000). `waited(seconds)` is told how long each read waited."""
+    (bench/scale.py, N = 1,000). `waited(seconds)` is told how long each read waited for its
+    slot, `held(seconds)` how long it then held it (answered or failed): long waits with short
+    reads mean more reads than slots, long reads mean slow pages or a slow loop."""
 
-    def __init__(self, pages: Pages, at_once: int, waited: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        pages: Pages,
+        at_once: int,
+        waited: Callable[[float], None],
+        held: Callable[[float], None] = lambda seconds: None,
+    ) -> None:
         self.pages = pages
-        self.waited = waited
+        self.waited, self.held = waited, held
         self._slots = asyncio.Semaphore(at_once)
 
     async def text(self, url: str, timeout: float) -> str:
         clock = asyncio.get_running_loop()
         due = clock.time()
         async with self._slots:
-            self.waited(clock.time() - due)
-            return await self.pages.text(url, timeout)
+            began = clock.time()
+            self.waited(began - due)
+            try:
+                return await self.pages.text(url, timeout)
+            finally:
+                self.held(clock.time() - began)
 
 
 @dataclass(frozen=True)

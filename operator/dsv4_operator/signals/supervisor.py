@@ -145,7 +145,10 @@ class GuardSupervisor:
         # proxy (signals/http.py).
         self.http = self.clients.spec_urls
         self.pod_http = BoundedPages(
-            self.clients.pods, reads_at_once, metrics.READ_SLOT_WAIT.observe
+            self.clients.pods,
+            reads_at_once,
+            metrics.READ_SLOT_WAIT.observe,
+            metrics.READ_HELD.observe,
         )
         self.spec_pages = HttpxPages(self.http)
         self.engines = EngineReader(self.pod_http)  # engine pods: at their IPs too
