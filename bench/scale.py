@@ -174,8 +174,9 @@ async def until_listed(operator: OperatorProcess, timeout: float = 60.0) -> None
 
 
 def operator_samples(operator: OperatorProcess) -> list[Sample]:
-    """Every sample on the operator's /metrics page."""
-    with httpx.Client() as http:
+    """Every sample on the operator's /metrics page (at N = 1,000 a page of megabytes, made
+    in a thread beside the busy loop: seconds on a loaded machine, past httpx's default 5 s)."""
+    with httpx.Client(timeout=60.0) as http:
         text = http.get(f"http://{operator.host}:{operator.metrics_port}/metrics").text
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 

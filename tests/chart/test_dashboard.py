@@ -167,16 +167,18 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
 
 
 def test_the_guards_slot_waits_are_shown_against_the_alerts_line() -> None:
-    """DSV4GuardReadsQueued's figure (p90 of the read slot wait per operator pod, 1 s) and the
-    canary's slot wait, on one panel with the alert's threshold drawn."""
+    """DSV4GuardReadsQueued's figure (p90 of the read slot wait per operator pod, 1 s), how
+    long a read then holds its slot, and the canary's slot wait, on one panel with the alert's
+    threshold drawn."""
     rules = yaml.safe_load(RULES_FILE.read_text())
     alert = next(
         r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "DSV4GuardReadsQueued"
     )
     line = float(alert["expr"].rsplit(">", 1)[1])
-    panel = next(p for p in _panels() if p["title"] == "Guard slot waits (p90)")
+    panel = next(p for p in _panels() if p["title"] == "Guard slots (p90)")
     exprs = [t["expr"] for t in panel["targets"]]
     assert any("dsv4_guard_read_slot_wait_seconds_bucket" in e for e in exprs), exprs
+    assert any("dsv4_guard_read_seconds_bucket" in e for e in exprs), exprs
     assert any("dsv4_canary_slot_wait_seconds_bucket" in e for e in exprs), exprs
     assert all(e.startswith("histogram_quantile(0.9, sum by (pod, le)") for e in exprs), exprs
     steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
