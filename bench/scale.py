@@ -21,7 +21,9 @@ all deployments, so each guard's canary, engine and tap reads get real answers):
    good), then nobody writing the children's kinds for a few seconds;
 5. idle with the operator (`--idle` seconds): its CPU, RSS, API requests by verb and resource
    (its own counters: what it wrote while nothing a user sees changed), canary runs (the
-   guard's schedule), the API server's CPU and the requests it answered on our kinds;
+   guard's schedule), the API server's CPU and the requests it answered on our kinds; and,
+   over this window and from creation to all baked, how long the guard's reads and canary runs
+   waited for a slot and a read then held it (the operator's histograms);
 6. idle without the operator (stopped; same objects, same doubles, same length): the API
    server's CPU; then the operator started again and, once settled, the same window with it
    again: the ratio is the mean of the two windows with over the one without, between them
@@ -106,9 +108,9 @@ CONTROLLER_MANAGER = {"kube-api-qps": "500", "kube-api-burst": "1000"}
 # dev cluster's /24 holds at N = 1,000.
 API_SERVER = {"service-cluster-ip-range": "10.0.0.0/16"}
 OPERATOR_FLOOR = 10.0  # seconds: the operator's default minimum canary interval
-# The guard's slot waits and how long a read then holds its slot (operator metrics.py), whose
-# buckets the bench reads over each window.
-SLOT_WAITS = {
+# The guard's slots (operator metrics.py): how long reads and canary runs waited for one, and
+# how long a read then held it; the bench reads their buckets over each window.
+GUARD_SLOTS = {
     "reads waited": "dsv4_guard_read_slot_wait_seconds",
     "reads held": "dsv4_guard_read_seconds",
     "canary waited": "dsv4_canary_slot_wait_seconds",
@@ -203,14 +205,14 @@ def operator_counts(operator: OperatorProcess) -> dict[str, float]:
     return out
 
 
-Waits = dict[str, dict[float, float]]  # by what waits (SLOT_WAITS), cumulative count by bound
+Waits = dict[str, dict[float, float]]  # by GUARD_SLOTS entry, cumulative count by bound
 
 
 def operator_waits(operator: OperatorProcess) -> Waits:
-    """The operator's slot-wait histograms as exposed: cumulative counts by bound."""
-    waits: Waits = {what: {} for what in SLOT_WAITS}
+    """The operator's slot histograms (GUARD_SLOTS) as exposed: cumulative counts by bound."""
+    waits: Waits = {what: {} for what in GUARD_SLOTS}
     for s in operator_samples(operator):
-        for what, name in SLOT_WAITS.items():
+        for what, name in GUARD_SLOTS.items():
             if s.name == f"{name}_bucket":
                 bound = float(s.labels["le"])
                 waits[what][bound] = waits[what].get(bound, 0.0) + s.value
@@ -218,7 +220,7 @@ def operator_waits(operator: OperatorProcess) -> Waits:
 
 
 def waits_between(after: Waits, before: Waits) -> Waits:
-    """The waits of a window, every bound kept (those with no new wait too, as
+    """A window's observations, every bound kept (those with no new one too, as
     `histogram_quantile` needs them)."""
     return {
         what: {bound: count - before.get(what, {}).get(bound, 0.0) for bound, count in b.items()}
@@ -246,20 +248,20 @@ def quantile(q: float, buckets: dict[float, float]) -> float:
 
 
 def waits_line(buckets: dict[float, float]) -> str:
-    """A slot wait's figures over a window: p50 / p90 / p99 as `histogram_quantile` gives
-    them (interpolated within a bucket, so the share within the first bucket says how much of
-    that is the buckets' resolution), the share over 1 s (the DSV4GuardReadsQueued rule's line
-    is p90 > 1 s), and how many waits."""
+    """One slot histogram's figures over a window: p50 / p90 / p99 as `histogram_quantile`
+    gives them (interpolated within a bucket, so the share within the first bucket says how
+    much of that is the buckets' resolution), the share over 1 s (the DSV4GuardReadsQueued
+    rule's line is the read waits' p90 over 1 s), and how many were observed."""
     total = buckets.get(float("inf"), 0.0)
     if total <= 0:
-        return "no waits"
+        return "none"
     p50, p90, p99 = (quantile(q, buckets) for q in (0.5, 0.9, 0.99))
     first = min(buckets)
     within = buckets[first] / total
     over = 1 - buckets.get(1.0, 0.0) / total
     return (
         f"p50 {p50:.3g} s, p90 {p90:.3g} s, p99 {p99:.3g} s; {100 * within:.1f}% within "
-        f"{first:g} s, {100 * over:.1f}% over 1 s; {total:,.0f} waits"
+        f"{first:g} s, {100 * over:.1f}% over 1 s; n = {total:,.0f}"
     )
 
 
@@ -346,7 +348,7 @@ class Figures:
     server_cpu_with_again_s: float = 0.0
     first_reconciled_s: float = 0.0
     all_reconciled_s: float = 0.0
-    # The slot waits by window: "bring-up" (creation to all baked) and "idle".
+    # The guard's slots by window: "bring-up" (creation to all baked) and "idle".
     waits: dict[str, Waits] = field(default_factory=dict)
 
     def calls(self, kind: str) -> dict[str, float]:
