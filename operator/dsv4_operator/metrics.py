@@ -87,7 +87,7 @@ READ_SLOT_WAIT = Histogram(
 READ_HELD = Histogram(
     "dsv4_guard_read_seconds",
     "Seconds a read of a pod's page held its slot once it had one (connect, request, the page "
-    "read; answered or failed, at most the read's timeout): beside "
+    "read; answered, failed or timed out): beside "
     "dsv4_guard_read_slot_wait_seconds, long reads mean slow pages or a busy operator, short "
     "reads with long waits more reads than DSV4_GUARD_READS_AT_ONCE.",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5),

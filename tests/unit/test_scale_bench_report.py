@@ -1,5 +1,6 @@
-"""bench/scale.py's account of an idle window's status writes: what a user sees changed, by
-field and condition, never the live counts a status also carries."""
+"""bench/scale.py's accounts: an idle window's status writes (what a user sees changed, by
+field and condition, never the live counts a status also carries), the children's ratios over
+rounds, and the guard's slot histograms over a window (quantiles as Prometheus computes them)."""
 
 from __future__ import annotations
 
