@@ -188,10 +188,11 @@ def operator_total(operator: OperatorProcess, name: str) -> float:
     return sum(s.value for s in operator_samples(operator) if s.name == name)
 
 
-def operator_counts(operator: OperatorProcess) -> dict[str, float]:
-    """The operator's counters: API requests by `kind verb resource`, passes, canary responses."""
+def operator_counts(page: list[Sample]) -> dict[str, float]:
+    """The operator's counters on a page of `operator_samples`: API requests by `kind verb
+    resource`, passes, canary responses."""
     out: dict[str, float] = {}
-    for s in operator_samples(operator):
+    for s in page:
         if s.name in ("dsv4_api_writes_total", "dsv4_api_reads_total"):
             kind = "write" if "writes" in s.name else "read"
             key = f"{kind} {s.labels['verb']} {s.labels['resource']}"
@@ -208,10 +209,11 @@ def operator_counts(operator: OperatorProcess) -> dict[str, float]:
 Waits = dict[str, dict[float, float]]  # by GUARD_SLOTS entry, cumulative count by bound
 
 
-def operator_waits(operator: OperatorProcess) -> Waits:
-    """The operator's slot histograms (GUARD_SLOTS) as exposed: cumulative counts by bound."""
+def operator_waits(page: list[Sample]) -> Waits:
+    """The operator's slot histograms (GUARD_SLOTS) on a page of `operator_samples`, as
+    exposed: cumulative counts by bound."""
     waits: Waits = {what: {} for what in GUARD_SLOTS}
-    for s in operator_samples(operator):
+    for s in page:
         for what, name in GUARD_SLOTS.items():
             if s.name == f"{name}_bucket":
                 bound = float(s.labels["le"])
@@ -602,7 +604,8 @@ async def run_fleet(
     try:
         docs = guarded_docs(plan, engines, "op")
         await until_listed(operator)  # running before the creates, as a user's operator is
-        before, waited = operator_counts(operator), operator_waits(operator)
+        page = operator_samples(operator)  # one read of the page for both (megabytes at 1,000)
+        before, waited = operator_counts(page), operator_waits(page)
         start = time.monotonic()
         # Pods get their engines' addresses as they start, as on a cluster: a guard reading
         # kwok's made-up IPs meanwhile would time out and slow the creation it measures.
@@ -616,7 +619,7 @@ async def run_fleet(
             )
             figures.operator_cpu = delta(process_cpu(cp, engines, operator), cpu)
             stop_profiler(spy)
-            counts = delta(operator_counts(operator), before)
+            counts = delta(operator_counts(operator_samples(operator)), before)
             figures.creation = {k: v for k, v in counts.items() if " " in k}
             figures.creation_passes = counts.get("dsv4_reconciles_total", 0.0)
             figures.rounds.append(Round(figures.floor_s, figures.ideal_s, figures.operator_s))
@@ -631,7 +634,9 @@ async def run_fleet(
         say(n, f"every pod at its engine's address {time.monotonic() - start:.1f}s after creation")
         baked = await until_baked(http, "op", n, timeout=600 + 2 * n)
         figures.baked_s = time.monotonic() - start
-        figures.waits["bring-up"] = waits_between(operator_waits(operator), waited)
+        figures.waits["bring-up"] = waits_between(
+            operator_waits(operator_samples(operator)), waited
+        )
         say(n, f"all baked {figures.baked_s:.1f}s after creation")
         await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
         await idle_with(plan, figures, cp, operator, baked, engines, http)
@@ -694,8 +699,9 @@ async def idle_with(
     assert operator.proc is not None
     statuses = await status_by_name(http, "op")
     pid, server = operator.proc.pid, apiserver_pid(cp)
-    ops, srv = operator_counts(operator), request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
-    waited = operator_waits(operator)
+    page = operator_samples(operator)
+    ops, waited = operator_counts(page), operator_waits(page)
+    srv = request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
     doubles, taps = [d.process.pid for d in engines.doubles], [t.pid for t in engines.taps]
     doubles_cpu, taps_cpu = sum(map(cpu_seconds, doubles)), sum(map(cpu_seconds, taps))
@@ -707,8 +713,9 @@ async def idle_with(
     figures.fleet_cpu_s = sum(map(cpu_seconds, doubles)) - doubles_cpu + figures.taps_cpu_s
     figures.server_cpu_with_s = cpu_seconds(server) - server_cpu
     figures.rss_mb = rss_mb(pid)
-    figures.idle_calls = delta(operator_counts(operator), ops)
-    figures.waits["idle"] = waits_between(operator_waits(operator), waited)
+    page = operator_samples(operator)
+    figures.idle_calls = delta(operator_counts(page), ops)
+    figures.waits["idle"] = waits_between(operator_waits(page), waited)
     figures.server_requests = delta(request_counts(cp, OPERATOR_RESOURCES, by_resource=True), srv)
     canary = one["spec"]["guard"]["canary"]
     per_run = one["status"]["guard"]["canarySessions"] * canary.get("rounds", 4)

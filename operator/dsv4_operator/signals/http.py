@@ -145,7 +145,7 @@ class BoundedPages:
         pages: Pages,
         at_once: int,
         waited: Callable[[float], None],
-        held: Callable[[float], None] = lambda seconds: None,
+        held: Callable[[float], None],
     ) -> None:
         self.pages = pages
         self.waited, self.held = waited, held
