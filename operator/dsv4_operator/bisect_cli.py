@@ -30,7 +30,7 @@ from dsv4_operator.bisect.outcome import judge as judge_outcome
 from dsv4_operator.bisect.report import answer_text, plan_text, probe_text, units_text
 from dsv4_operator.bisect.search import BisectState, ProbeRequest, Reason
 from dsv4_operator.canary.harness import run_canary
-from dsv4_operator.canary.transport import ProbeError
+from dsv4_operator.canary.transport import ProbeError, canary_limits
 from dsv4_operator.engine.canary_load import canary_load
 from dsv4_operator.exit_codes import (
     EXIT_BAD_INPUT,
@@ -128,8 +128,7 @@ class Runner:
         probe_seed = self.seed + zlib.crc32(request.probe_id.encode())
         try:
             url = await self.url(spec_file)
-            limits = httpx.Limits(max_connections=sessions + 4, max_keepalive_connections=8)
-            async with httpx.AsyncClient(limits=limits) as client:
+            async with httpx.AsyncClient(limits=canary_limits(sessions)) as client:
                 for batch in range(self.judge.max_responses):
                     report = await run_canary(
                         client, url, None, sessions, rounds, timeout=self.timeout,

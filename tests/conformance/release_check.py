@@ -179,6 +179,22 @@ def env_names() -> list[str]:
     return sorted(v.name for v in vars(environ.Envs).values() if isinstance(v, environ.EnvField))
 
 
+def keep_alive() -> dict[str, Any]:
+    """How long the engine's HTTP server keeps an idle connection by default (seconds), and
+    whether its launch hands that to uvicorn (srt/entrypoints/http_server.py)."""
+    from pathlib import Path
+
+    import sglang
+    from sglang.srt.environ import envs
+
+    os.environ.pop("SGLANG_TIMEOUT_KEEP_ALIVE", None)
+    launch = (Path(sglang.__file__).parent / "srt/entrypoints/http_server.py").read_text()
+    return {
+        "seconds": envs.SGLANG_TIMEOUT_KEEP_ALIVE.get(),
+        "uvicorn": "timeout_keep_alive=envs.SGLANG_TIMEOUT_KEEP_ALIVE.get()" in launch,
+    }
+
+
 def main() -> None:
     logging.disable(logging.CRITICAL)
     os.environ.setdefault("SGLANG_LOG_LEVEL", "error")
@@ -203,6 +219,8 @@ def main() -> None:
         answer["values"] = refused_values(request["values"])
     if request.get("sources"):
         answer["sources"] = source_lines(request["sources"])
+    if request.get("keepAlive"):
+        answer["keepAlive"] = keep_alive()
     if request.get("handshake"):
         answer["handshake"] = handshake_fields()
     if request.get("pools"):

@@ -8,7 +8,8 @@ every source line the pairing list and the rule catalogue cite is in the release
 version they name on and absent before; every prefix of every flag resolves as the release's
 argparse resolves it, and every invalid choice is refused as it refuses it; the KV-layout
 settings give the pool bytes and the PD layout string of the release's own
-`DSV4PoolConfigurator` and pool, and the settings DSV4-R024 refuses are the ones it refuses.
+`DSV4PoolConfigurator` and pool, and the settings DSV4-R024 refuses are the ones it refuses; the
+canary lets go of an idle connection well before the release's HTTP server does.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 from dsv4_operator.api.roles import ROLES, Role
 from dsv4_operator.api.spec import DSV4DeploymentSpec
+from dsv4_operator.canary.transport import KEEPALIVE_S
 from dsv4_operator.engine.effective import effective_role
 from dsv4_operator.engine.planner import role_layouts
 from dsv4_operator.engine.releases import release, version_key
@@ -86,6 +88,21 @@ def test_every_cited_source_line_is_where_its_version_says(version: str, asker: 
         if found != want
     ]
     assert not wrong, f"sglang {version}: {wrong}"
+
+
+def test_the_canary_lets_go_of_an_idle_connection_before_the_engine(
+    version: str, asker: Ask
+) -> None:
+    """A POST sent on a kept connection as the server closes it fails once sent and is not
+    retried: the canary's keep-alive must end first, with room for the request's way there."""
+    engine = asker(version, {"keepAlive": True})["keepAlive"]
+    assert engine["uvicorn"], (
+        f"sglang {version} no longer hands SGLANG_TIMEOUT_KEEP_ALIVE to uvicorn"
+    )
+    assert engine["seconds"] >= KEEPALIVE_S + 1.0, (
+        f"the canary keeps idle connections {KEEPALIVE_S:g} s, sglang {version}'s HTTP server "
+        f"{engine['seconds']} s (SGLANG_TIMEOUT_KEEP_ALIVE): lower canary/transport.py KEEPALIVE_S"
+    )
 
 
 def _our_resolution(version: str, token: str) -> str:

@@ -18,7 +18,7 @@ import httpx
 
 from dsv4_operator.canary.harness import run_canary
 from dsv4_operator.canary.report import CanaryReport, Per, ResponseRecord
-from dsv4_operator.canary.transport import ProbeError, discover_model
+from dsv4_operator.canary.transport import ProbeError, canary_limits, discover_model
 from dsv4_operator.exit_codes import (
     EXIT_BAD_INPUT,
     EXIT_INCONCLUSIVE,
@@ -202,11 +202,7 @@ async def _run_one(
 
 async def _run_all(urls: list[str], **options: Any) -> list[CanaryReport]:
     concurrency = options["concurrency"] or options["sessions"]
-    # Few idle keep-alive connections: httpcore 1.0.9 assigns pooled connections to queued
-    # requests in O(connections x requests) per pass (encode/httpcore#1035), which stalls the
-    # event loop for seconds at 60+ concurrent requests with a large idle pool.
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=8)
-    async with httpx.AsyncClient(limits=limits) as client:
+    async with httpx.AsyncClient(limits=canary_limits(concurrency)) as client:
         return [await _run_one(client, url, **options) for url in urls]
 
 

@@ -26,6 +26,22 @@ from dsv4_operator.names import PROBE_HEADER
 
 MAX_ATTEMPTS = 3
 RETRY_BACKOFF_S = (0.2, 0.5)
+# How long an idle connection is kept for the canary's next request: well under the engine's
+# own keep-alive (SGLang's uvicorn, `SGLANG_TIMEOUT_KEEP_ALIVE`, 5 s by default), so that no
+# request goes out on a connection the engine is closing. Such a POST fails once sent (aiohttp
+# retries only idempotent methods on a kept connection, httpx none) and counts as an `error`.
+KEEPALIVE_S = 2.0
+
+
+def canary_limits(connections: int) -> httpx.Limits:
+    """An httpx client's limits for a canary of `connections` requests at once.
+
+    Few idle connections kept: httpcore 1.0.9 assigns pooled connections to queued requests in
+    O(connections x requests) per pass (encode/httpcore#1035), which stalls the event loop for
+    seconds at 60+ concurrent requests with a large idle pool."""
+    return httpx.Limits(
+        max_connections=connections + 4, max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_S
+    )
 
 
 class ProbeError(Exception):

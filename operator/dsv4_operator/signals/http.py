@@ -23,13 +23,13 @@ from dsv4_operator.aiohttp_transport import (
     as_httpx,
     environment_proxies,
 )
-from dsv4_operator.canary.transport import Exchanges, HttpxExchanges
+from dsv4_operator.canary.transport import KEEPALIVE_S, Exchanges, HttpxExchanges
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
 DEFAULT_TIMEOUT = 10.0
-# How long a connection is kept between two requests: a canary run's rounds reuse its
-# sessions' connections; between two runs (the interval) it has expired.
-KEEPALIVE_S = 5.0
+# How long a connection is kept between two requests (canary/transport.py says why 2 s): a
+# canary run's rounds reuse its sessions' connections; between two runs (the interval) they
+# have expired.
 
 
 class Pages(Protocol):
