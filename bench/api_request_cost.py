@@ -11,7 +11,8 @@ server's own CPU (/proc: utime + stime) and divided by `--n`:
 
 Which of a create's requests cost the API server most, without the rest of a cluster: the
 per-request figures behind bench/scale.py's creation windows. `--crd FILE` measures another
-CRD (for example one without its CEL rules).
+CRD (for example one without its CEL rules). Last, it counts what the requests made, read back
+from the API server (a batch that made nothing would be priced at nothing).
 
     python bench/api_request_cost.py [--n 200] [--crd crds/dsv4.io_dsv4deployments.yaml]
 """
@@ -32,7 +33,7 @@ from dsv4_devcluster.deployments import example
 from dsv4_devcluster.process import cpu_seconds
 from dsv4_operator.api.spec import DSV4DeploymentSpec
 from dsv4_operator.kube.client import KubeClient, http_client_for, load_configuration
-from dsv4_operator.kube.resources import DSV4
+from dsv4_operator.kube.resources import CONTROLLER_REVISION, DSV4, EVENT, SERVICE, STATEFULSET
 from dsv4_operator.render.children import render_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +87,26 @@ def children(kind: str, n: int) -> list[dict[str, Any]]:
     return out
 
 
-async def measure(crd: Path, n: int) -> list[tuple[str, float]]:
+async def made(client: KubeClient) -> str:
+    """What the batches left in the namespace, read back: each kind's objects by the names the
+    bench gave them (the controllers add ControllerRevisions and Events of their own)."""
+    prefixes = {DSV4: "d-", SERVICE: "service-", STATEFULSET: "statefulset-"}
+    prefixes |= {CONTROLLER_REVISION: "r-", EVENT: "e-"}
+    counts = []
+    for kind, prefix in prefixes.items():
+        objects = [
+            o
+            for o in await client.list(kind, NAMESPACE)
+            if o["metadata"]["name"].startswith(prefix)
+        ]
+        counts.append(f"{kind.kind} {len(objects)}")
+        if kind is DSV4:  # the merge patch came last
+            ready = sum((o.get("status") or {}).get("phase") == "Ready" for o in objects)
+            counts[-1] += f" (status Ready {ready})"
+    return ", ".join(counts)
+
+
+async def measure(crd: Path, n: int) -> tuple[list[tuple[str, float]], str]:
     with ControlPlane(crds=[crd]) as cp:
         pid = cp.component("kube-apiserver").pid
         cp.dynamic_client().resources.get(api_version="v1", kind="Namespace").create(
@@ -165,7 +185,8 @@ async def measure(crd: Path, n: int) -> list[tuple[str, float]]:
                 ),
             ]
             await asyncio.sleep(3)  # the control plane's own start-up work done
-            return [(label, await cost(pid, calls, n)) for label, calls in batches]
+            rows = [(label, await cost(pid, calls, n)) for label, calls in batches]
+            return rows, await made(client)
         finally:
             await client.close()
 
@@ -176,11 +197,12 @@ def main() -> int:
     parser.add_argument("--crd", type=Path, default=REPO / "crds" / "dsv4.io_dsv4deployments.yaml")
     args = parser.parse_args()
     started = time.monotonic()
-    rows = asyncio.run(measure(args.crd, args.n))
+    rows, objects = asyncio.run(measure(args.crd, args.n))
     print(f"API server CPU per request ({args.n} of each, {IN_FLIGHT} in flight; CRD {args.crd})")
     print("\n| request | ms of API server CPU |\n|---|---|")
     for label, ms in rows:
         print(f"| {label} | {ms:.2f} |")
+    print(f"\nmade: {objects}")
     print(f"\nmeasured in {time.monotonic() - started:.0f} s")
     return 0
 
