@@ -595,14 +595,20 @@ def test_admission_webhook_refuses_unsafe_specs(
     control_plane: ControlPlane, cluster: Cluster, tmp_path: Path
 ) -> None:
     """kopf serves the webhook on loopback with a self-signed cert and keeps the
-    ValidatingWebhookConfiguration; the API server itself then refuses the unsafe spec."""
+    ValidatingWebhookConfiguration; the API server itself then refuses the unsafe spec. The
+    self-signed key lives in the operator's temporary directory while it runs, and not after."""
     from kubernetes.dynamic.exceptions import DynamicApiError
 
     configs = cluster.dyn.resources.get(
         api_version="admissionregistration.k8s.io/v1", kind="ValidatingWebhookConfiguration"
     )
-    webhook = webhook_operator(control_plane.kubeconfig_path, cluster.namespace, tmp_path)
+    temporary = tmp_path / "operator-tmp"
+    temporary.mkdir()
+    webhook = webhook_operator(
+        control_plane.kubeconfig_path, cluster.namespace, tmp_path, TMPDIR=str(temporary)
+    )
     try:
+        assert sorted(p.name for p in temporary.glob("dsv4-webhook-*/*")) == ["tls.crt", "tls.key"]
         _wait_managed_webhook(configs)
         leaking: dict[str, Any] = {
             **BF16,
@@ -648,6 +654,9 @@ def test_admission_webhook_refuses_unsafe_specs(
         assert "Warning: spec.engine.maxRunningRequests: [DSV4-R006]" in applied.stderr
         _hostile_input_at_the_webhook(control_plane, cluster, configs, webhook)
         _long_multi_node_name_at_the_webhook(cluster)
+        webhook.stop()  # SIGTERM, as Kubernetes stops it
+        assert webhook.proc is not None and webhook.proc.returncode == 0, webhook.log_tail()
+        assert not list(temporary.iterdir()), "the webhook's self-signed key outlived the operator"
     finally:
         webhook.stop()
         print(f"--- webhook operator log ---\n{webhook.log_tail()}")

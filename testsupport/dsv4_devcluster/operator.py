@@ -184,9 +184,12 @@ class OperatorProcess:
         self.stop()
 
 
-def webhook_operator(kubeconfig: Path, namespace: str, log_dir: Path) -> OperatorProcess:
+def webhook_operator(
+    kubeconfig: Path, namespace: str, log_dir: Path, **env: str
+) -> OperatorProcess:
     """An operator serving the admission webhook on loopback; kopf keeps the
-    ValidatingWebhookConfiguration `dsv4.io.validation` pointing at it (delete it after)."""
+    ValidatingWebhookConfiguration `dsv4.io.validation` pointing at it (delete it after).
+    `env` as for `OperatorProcess`."""
     return OperatorProcess(
         kubeconfig,
         namespace,
@@ -195,4 +198,5 @@ def webhook_operator(kubeconfig: Path, namespace: str, log_dir: Path) -> Operato
         DSV4_LISTEN_HOST="127.0.0.1",
         DSV4_WEBHOOK_PORT=str(free_port()),
         DSV4_WEBHOOK_URL_HOST="127.0.0.1",
+        **env,
     ).start()

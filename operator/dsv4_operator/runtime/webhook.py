@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,9 @@ def webhook_server(op: OperatorSettings) -> AdmissionServer:
     cert_dir = op.webhook_cert_dir
     if cert_dir is None:  # local runs: a self-signed cert for the address the API server dials
         cert_dir = Path(tempfile.mkdtemp(prefix="dsv4-webhook-"))
+        # The key is this process's alone: gone when it exits (kopf re-reads the files while it
+        # serves). Before, every local start left a key behind in the temporary directory.
+        atexit.register(shutil.rmtree, cert_dir, ignore_errors=True)
         self_signed(cert_dir, [op.webhook_url_host or "localhost", "127.0.0.1"])
     crt, key = cert_dir / "tls.crt", cert_dir / "tls.key"
     return AdmissionServer(
