@@ -194,6 +194,7 @@ def webhook_operator(
         kubeconfig,
         namespace,
         log_dir,
+        wrap=None,
         DSV4_WEBHOOK="1",
         DSV4_LISTEN_HOST="127.0.0.1",
         DSV4_WEBHOOK_PORT=str(free_port()),
