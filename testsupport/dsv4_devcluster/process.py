@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -111,12 +114,66 @@ def stop_all(grace_seconds: float = 5.0) -> None:
 atexit.register(stop_all)
 
 
+# Ports handed out by `free_port`: below the kernel's own picks, above most fixed ones.
+LOWEST_PORT = 15000
+# How long a handed-out port is kept from other `free_port` calls: time for its user to bind
+# it (a process's start-up); once bound, the bind itself keeps it.
+RESERVED_S = 600.0
+PORT_RESERVATIONS = Path(tempfile.gettempdir()) / f"dsv4-ports-{os.getuid()}"
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
+    """A TCP port, free now on every local address, that nothing else will take before its
+    user binds it: not one the kernel picks (its ephemeral range, where it takes the ports of
+    outgoing connections and of binds to port 0, is left out), and not one another test
+    process on this machine was given in the last `RESERVED_S` (a reservation file each,
+    written under one lock). The kernel's own pick, the way before, could be taken by any
+    connection between the pick and the bind."""
+    low, high = ephemeral_ports()
+    candidates = [*range(LOWEST_PORT, low), *range(high + 1, 65536)]
+    if len(candidates) < 1000:  # a kernel that picks from nearly all ports: share them
+        candidates = list(range(LOWEST_PORT, 65536))
+    start = random.randrange(len(candidates))  # processes started together start apart
+    return reserve_port(candidates[start:] + candidates[:start])
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the ports it picks itself (Linux's default: 32768-60999)."""
+    text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+    low, high = (int(part) for part in text.split())
+    return low, high
+
+
+def reserve_port(candidates: Sequence[int], now: Callable[[], float] = time.time) -> int:
+    """The first of `candidates` that no other caller reserved in the last `RESERVED_S`
+    seconds and that binds on 0.0.0.0 (it conflicts with a bind to any local address),
+    reserved from now on."""
+    PORT_RESERVATIONS.mkdir(exist_ok=True)
+    with (PORT_RESERVATIONS / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released with the file
+        for port in candidates:
+            reservation = PORT_RESERVATIONS / str(port)
+            with contextlib.suppress(FileNotFoundError):
+                if now() - reservation.stat().st_mtime < RESERVED_S:
+                    continue
+            if not _binds(port):
+                continue
+            reservation.write_text(f"{os.getpid()}\n")
+            os.utime(reservation, (now(), now()))
+            return port
+    raise RuntimeError(
+        f"no free TCP port among {len(candidates)} candidates (each bound, or handed out in the "
+        f"last {RESERVED_S:g} s: {PORT_RESERVATIONS})"
+    )
+
+
+def _binds(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def cpu_times(pid: int) -> tuple[float, float]:
