@@ -219,16 +219,25 @@ async def test_a_cached_pod_keeps_of_its_spec_only_what_the_pod_view_reads(
 ) -> None:
     """The operator's watch of pods (runtime/watched.py): every reader goes through PodView,
     so the containers, volumes and tolerations the API server sends are not kept, and the
-    view of the cached pod is the view of the pod the API server holds."""
+    view of the cached pod is the view of the pod the API server holds (at the same version:
+    the scheduler writes the pod's PodScheduled condition at a moment of its own)."""
     vault = await _kopf_login(control_plane.kubeconfig_path, monkeypatch)
     created = await client.create(_pod(namespace, "d-decode-0"))
     [watched] = [w for w in WATCHED if w.resource == POD]
     cache = WatchCache(kopf.OperatorSettings(), [watched], [namespace], lambda *_: None)
     await cache.start()
+    seen: dict[str, Any] = {}
+
+    async def same_version() -> bool:
+        seen["held"] = await client.get(POD, namespace, "d-decode-0")
+        seen["cached"] = await cache.get(POD, namespace, "d-decode-0")
+        versions = [(seen[k] or {}).get("metadata", {}).get("resourceVersion") for k in seen]
+        return versions[0] is not None and versions[0] == versions[1]
+
     try:
         await cache.wait_synced()
-        cached = await cache.get(POD, namespace, "d-decode-0")
-        held = await client.get(POD, namespace, "d-decode-0")
+        await until("the cached pod at the API server's version", same_version)
+        cached, held = seen["cached"], seen["held"]
     finally:
         await cache.close()
         await vault.close()
