@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from dsv4_operator.api.times import Timestamp
-from dsv4_operator.names import PAIR_LABEL, REVISION_LABEL, ROLE_LABEL
+from dsv4_operator.names import LWS_WORKER_INDEX_LABEL, PAIR_LABEL, REVISION_LABEL, ROLE_LABEL
 
 # The fields of a pod's spec that `PodView` reads. Every reader of a cached pod goes through
 # PodView, so the watch cache keeps only these of a pod's spec (runtime/watched.py): the
@@ -136,6 +136,12 @@ class PodView:
     @property
     def pair(self) -> str | None:
         return self.labels.get(PAIR_LABEL)
+
+    @property
+    def worker_index(self) -> int:
+        """Its place in a multi-node group: 0 for the leader, and for a single-node pod."""
+        value = self.labels.get(LWS_WORKER_INDEX_LABEL, "0")
+        return int(value) if value.isdigit() else 0
 
     def condition(self, type_: str) -> PodCondition | None:
         """The condition of that type (the last one listed, should there be two)."""

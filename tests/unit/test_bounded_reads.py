@@ -90,7 +90,11 @@ async def test_the_guards_engine_reads_share_the_operators_slots() -> None:
         for index, role in enumerate(("prefill", "decode")):
             pod = copy.deepcopy(engine_pod("r1", {}, role=role))
             pod["metadata"]["uid"] = f"uid-{deployment}-{index}"
-            pod["status"] = {"phase": "Running", "podIP": f"10.0.{deployment}.{index}"}
+            pod["status"] = {
+                "phase": "Running",
+                "podIP": f"10.0.{deployment}.{index}",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
             out.append(PodView.of(pod))
         return out
 

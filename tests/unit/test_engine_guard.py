@@ -19,6 +19,7 @@ from dsv4_operator.guard.observations import Observations, Snapshot
 from dsv4_operator.guard.plan import PlanExpectation, ServerInfo, check_plan, rendered_args
 from dsv4_operator.guard.policy import Evidence, evaluate
 from dsv4_operator.metrics import GuardMetrics
+from dsv4_operator.names import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL
 from dsv4_operator.pods import PodView
 from dsv4_operator.reasons import ConditionReason, GuardResult, RollbackReason
 from dsv4_operator.reconcile.decide import decide
@@ -77,15 +78,33 @@ def test_an_engine_s_metrics_become_flat_counts_one_rank_counted_once() -> None:
     }
 
 
-def _pod(name: str, uid: str, role: str, revision: str, ip: str, created: str) -> dict[str, Any]:
+def _pod(
+    name: str,
+    uid: str,
+    role: str,
+    revision: str,
+    ip: str,
+    created: str,
+    ready: bool = True,
+    group: tuple[str, int, int] | None = None,
+) -> dict[str, Any]:
+    """An engine pod; `group`: (LeaderWorkerSet, group index, worker index) of a multi-node
+    role's pod (a worker has no readiness probe: Ready once it runs)."""
+    labels = {"dsv4.io/role": role, "dsv4.io/revision": revision}
+    if group is not None:
+        lws, index, worker = group
+        labels |= {
+            LWS_NAME_LABEL: lws,
+            LWS_GROUP_INDEX_LABEL: str(index),
+            LWS_WORKER_INDEX_LABEL: str(worker),
+        }
     return {
-        "metadata": {
-            "name": name,
-            "uid": uid,
-            "creationTimestamp": created,
-            "labels": {"dsv4.io/role": role, "dsv4.io/revision": revision},
+        "metadata": {"name": name, "uid": uid, "creationTimestamp": created, "labels": labels},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
         },
-        "status": {"phase": "Running", "podIP": ip},
     }
 
 
@@ -103,20 +122,26 @@ def _metrics(responses: int, drops: int, failed: int = 0) -> str:
 
 
 class Engines:
-    """Engine pods behind a MockTransport: /metrics from a table, /server_info counted."""
+    """Engine pods behind a MockTransport: /metrics from a table, /server_info counted; a
+    `workers` host answers as a group worker's health-only server (no /server_info)."""
 
     def __init__(self) -> None:
         self.metrics: dict[str, str] = {}
         self.info_reads: Counter[str] = Counter()
+        self.reads: Counter[str] = Counter()
         self.down: set[str] = set()
+        self.workers: set[str] = set()
 
     def reply(self, request: httpx.Request) -> httpx.Response:
         host = request.url.host
         assert request.url.port == 30000
+        self.reads[host] += 1
         if host in self.down:
             raise httpx.ConnectError("refused", request=request)
         if request.url.path == "/server_info":
             self.info_reads[host] += 1
+            if host in self.workers:
+                return httpx.Response(404, json={"detail": "Not Found"})
             return httpx.Response(
                 200, json={"max_total_num_tokens": 1000, "version": "0.5.23", "tp_size": 4}
             )
@@ -166,6 +191,86 @@ async def test_engine_counts_go_to_the_revision_on_each_pod_s_label() -> None:
         assert third.failed == ["x-decode-1: ConnectError"]
     # /server_info once per pod, however many rounds.
     assert engines.info_reads == {"10.0.0.1": 1, "10.0.0.2": 1, "10.0.0.3": 1}
+
+
+async def test_an_engine_loading_its_weights_is_on_its_way_not_unreachable() -> None:
+    """Not Ready and never read: not read (its port opens once the weights are loaded); Ready,
+    read; read before and not Ready now, still read: its silence is news."""
+    engines = Engines()
+    engines.down.add("10.0.0.1")
+    key = ("ns", "x")
+
+    def decode(ready: bool) -> PodView:
+        return PodView.of(_pod("x-decode-0", "d1", "decode", "r1", "10.0.0.1", NEW, ready=ready))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engines.reply)) as client:
+        reader = EngineReader(HttpxPages(client))
+        loading = await reader.round(key, [decode(ready=False)], started=NOW)
+        assert (loading.failed, loading.pods_changed, engines.reads) == ([], True, {})
+        engines.down.clear()
+        engines.metrics["10.0.0.1"] = _metrics(7, 1)
+        ready = await reader.round(key, [decode(ready=True)], started=NOW)
+        assert ready.counts == {  # started after the loop: counted from zero
+            "r1": EngineCounts(responses=7, drops=1, requests=7, drop_reasons={"malformed": 1})
+        }
+        assert set(ready.server_info) == {"d1"}
+        engines.down.add("10.0.0.1")
+        gone_quiet = await reader.round(key, [decode(ready=False)], started=NOW)
+        assert gone_quiet.failed == ["x-decode-0: ConnectError"]
+
+
+async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_leader_s_plan() -> (
+    None
+):
+    """A multi-node group: the worker (Ready once it runs: no probe) is read only once the
+    leader is Ready; /metrics of both, /server_info of the leader only (the worker's health-
+    only server has none), and the plan counts the leader."""
+    engines = Engines()
+    engines.workers.add("10.0.0.4")
+    engines.metrics = {"10.0.0.3": _metrics(10, 0, 1), "10.0.0.4": _metrics(0, 0, 2)}
+    key = ("ns", "x")
+
+    def group(leader_ready: bool) -> list[PodView]:
+        return [
+            PodView.of(_pod("x-prefill-0", "p1", "prefill", "r1", "10.0.0.2", NEW)),
+            PodView.of(
+                _pod(
+                    "x-decode-0",
+                    "d1",
+                    "decode",
+                    "r1",
+                    "10.0.0.3",
+                    NEW,
+                    leader_ready,
+                    ("x-decode", 0, 0),
+                )
+            ),
+            PodView.of(
+                _pod(
+                    "x-decode-0-1", "d1w", "decode", "r1", "10.0.0.4", NEW, True, ("x-decode", 0, 1)
+                )
+            ),
+        ]
+
+    engines.metrics["10.0.0.2"] = _metrics(0, 0)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engines.reply)) as client:
+        reader = EngineReader(HttpxPages(client))
+        first = await reader.round(key, group(leader_ready=False), started=NOW)
+        assert (first.failed, first.pods_changed) == ([], True)
+        assert set(engines.reads) == {"10.0.0.2"}  # the single-node prefill pod alone
+        second = await reader.round(key, group(leader_ready=True), started=NOW)
+        third = await reader.round(key, group(leader_ready=True), started=NOW)
+    assert second.failed == [] and third.failed == []
+    assert second.counts["r1"].transfer_failures == 3  # the leader's 1 and the worker's 2
+    assert set(third.server_info) == {"p1", "d1"}
+    assert engines.info_reads == {"10.0.0.2": 1, "10.0.0.3": 1}  # never the worker's
+    infos = {
+        "p1": _info(900_000, tp_size=4, mem_fraction_static=0.85),
+        "d1": _info(800_000, tp_size=4, disaggregation_enable_kv_checksum=True),
+    }
+    verified = check_plan(EXPECTED, group(leader_ready=True), infos)
+    assert verified.verified, verified.message
+    assert verified.message.startswith("all 2 engine pod(s) of revision r1")
 
 
 def test_a_revision_s_engines_dropping_calls_fail_it_and_say_how() -> None:

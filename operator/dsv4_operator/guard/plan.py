@@ -145,11 +145,16 @@ def check_plan(
     expected: PlanExpectation, pods: Sequence[PodView], infos: Mapping[str, ServerInfo]
 ) -> PlanCheck:
     """PlanVerified for `expected.revision`: a mismatch on any pod wins; else every engine pod
-    of the revision must have answered."""
+    of the revision must have answered. Of a multi-node group, its leader: it reports the
+    group's arguments and pool, and a worker serves no /server_info (docs/engine-notes.md,
+    "Start-up")."""
     mine = [
         p
         for p in pods
-        if p.revision == expected.revision and p.role in ROLES and p.phase not in ENDED_PHASES
+        if p.revision == expected.revision
+        and p.role in ROLES
+        and p.worker_index == 0
+        and p.phase not in ENDED_PHASES
     ]
     answered = [(p, infos[p.uid]) for p in mine if p.uid and p.uid in infos]
     wrong = [(p, d) for p, info in answered if (d := differences(info, str(p.role), expected))]

@@ -68,6 +68,10 @@ class TrafficDeltas:
             new[verdict] = value if value < before else value - before
         return {v: n for v, n in new.items() if n}
 
+    def knows(self, owner: object, url: str) -> bool:
+        """Whether `url` of `owner` has been read (and kept) before."""
+        return url in self._last.get(owner, {})
+
     def retain(self, owner: object, urls: set[str]) -> bool:
         """Forget `owner`'s sources other than `urls` (router pods that are gone); True when
         `urls` are not the sources it had (one came, or one went)."""

@@ -18,7 +18,7 @@ from dsv4_operator.api.roles import ROLES
 from dsv4_operator.api.status import DSV4DeploymentStatus, GroupRestart, PodTermination
 from dsv4_operator.api.times import Timestamp
 from dsv4_operator.kube.resources import LEADER_WORKER_SET
-from dsv4_operator.names import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL, LWS_WORKER_INDEX_LABEL
+from dsv4_operator.names import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
 from dsv4_operator.pods import ContainerView, PodView, Terminated
 from dsv4_operator.reasons import ConditionReason, EventReason
 from dsv4_operator.reconcile.actions import Actions
@@ -31,11 +31,6 @@ MAX_GROUP_RESTARTS = 5
 MAX_MESSAGE = 512
 
 
-def _index(pod: PodView) -> int:
-    value = pod.labels.get(LWS_WORKER_INDEX_LABEL, "0")
-    return int(value) if value.isdigit() else 0
-
-
 def _last(container: ContainerView) -> Terminated | None:
     return container.terminated or container.last_terminated
 
@@ -43,10 +38,10 @@ def _last(container: ContainerView) -> Terminated | None:
 def last_termination(pod: PodView) -> PodTermination:
     ended = next((t for c in pod.containers if (t := _last(c)) is not None), None)
     if ended is None:
-        return PodTermination(pod=pod.name, worker_index=_index(pod))
+        return PodTermination(pod=pod.name, worker_index=pod.worker_index)
     return PodTermination(
         pod=pod.name,
-        worker_index=_index(pod),
+        worker_index=pod.worker_index,
         reason=ended.reason,
         exit_code=ended.exit_code,
         message=(ended.message or "")[-MAX_MESSAGE:],
@@ -55,7 +50,7 @@ def last_termination(pod: PodView) -> PodTermination:
 
 def _cause(pod: PodView, container: ContainerView) -> str:
     ended = _last(container)
-    what = "leader" if _index(pod) == 0 else f"worker {_index(pod)}"
+    what = "leader" if pod.worker_index == 0 else f"worker {pod.worker_index}"
     how = "restarted"
     if ended is not None:
         code = "?" if ended.exit_code is None else ended.exit_code
@@ -71,7 +66,10 @@ def groups_of(pods: Iterable[PodView]) -> dict[str, list[PodView]]:
         lws, index = pod.labels.get(LWS_NAME_LABEL), pod.labels.get(LWS_GROUP_INDEX_LABEL)
         if lws is not None and index is not None:
             groups.setdefault(f"{lws}-{index}", []).append(pod)
-    return {name: sorted(members, key=_index) for name, members in sorted(groups.items())}
+    return {
+        name: sorted(members, key=lambda pod: pod.worker_index)
+        for name, members in sorted(groups.items())
+    }
 
 
 def new_group_restarts(

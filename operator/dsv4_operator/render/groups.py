@@ -3,8 +3,8 @@
 Why one LeaderWorkerSet per role and not a DisaggregatedSet: docs/multinode.md, "How
 multi-node roles are rendered". The group's pods run the role's one engine argv, joined into
 one torch.distributed world by `--dist-init-addr`/`--nnodes`/`--node-rank` from the
-environment the LWS pod webhook injects; the leader (worker index 0) alone serves HTTP, so it
-alone carries the ports and the probes, and the role's Service selects it only.
+environment the LWS pod webhook injects; the leader (worker index 0) alone serves the API, so
+it alone carries the ports and the probes, and the role's Service selects it only.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from dsv4_operator.names import (
 from dsv4_operator.render.context import Manifest, RenderContext
 from dsv4_operator.render.engine import pod_template, with_replicas, workload_metadata
 
-# A worker's probes: none. Only the leader runs the HTTP server (sglang's ranks on nodes > 0
-# run schedulers only), so a worker is ready once it runs, and a group once its leader
-# answers /health_generate, which it does only once every rank of every node has joined.
+# A worker's probes: none. Only the leader serves the API (a node > 0 runs its schedulers and,
+# once they are ready, a health-only server: docs/engine-notes.md, "Start-up"), so a worker is
+# ready once it runs, and a group once its leader answers /health_generate, which it does only
+# once every rank of every node has joined.
 _LEADER_ONLY = ("startupProbe", "readinessProbe", "livenessProbe", "ports")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,6 +23,7 @@ from dsv4_operator.guard.engine import EngineCounts, engine_counts, parse_engine
 from dsv4_operator.guard.observations import Key
 from dsv4_operator.guard.plan import ServerInfo
 from dsv4_operator.guard.taps import TrafficDeltas
+from dsv4_operator.names import LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL
 from dsv4_operator.pods import PodView
 from dsv4_operator.signals.http import Pages
 from dsv4_operator.signals.taps import TAP_SCRAPE_TIMEOUT, pod_url, scrape
@@ -38,6 +40,27 @@ async def read_server_info(pages: Pages, url: str) -> ServerInfo | None:
     except (httpx.HTTPError, ValueError):
         return None
     return ServerInfo.of(body) if isinstance(body, dict) else None
+
+
+def http_up(pods: Sequence[PodView]) -> set[str]:
+    """The uids of the engine pods whose HTTP server is up, as far as readiness tells: a Ready
+    pod, and a multi-node group's worker whose leader is Ready.
+
+    An engine opens its HTTP port only once its weights are loaded, minutes for DSV4, and its
+    readiness probe passes soon after. A worker has no probe of its own (render/groups.py): it
+    opens a health-only server (/metrics among its pages) once its ranks have joined the
+    group's, which is when its leader can answer (docs/engine-notes.md, "Start-up")."""
+    leaders_ready = {_group(p) for p in pods if p.worker_index == 0 and p.ready}
+    return {
+        p.uid
+        for p in pods
+        if p.uid and (p.ready if p.worker_index == 0 else _group(p) in leaders_ready)
+    }
+
+
+def _group(pod: PodView) -> tuple[str | None, str | None]:
+    """Its multi-node group: (LeaderWorkerSet, group index), from the LWS controller's labels."""
+    return pod.labels.get(LWS_NAME_LABEL), pod.labels.get(LWS_GROUP_INDEX_LABEL)
 
 
 @dataclass
@@ -66,20 +89,28 @@ class EngineReader:
         self._infos.pop(key, None)
 
     async def round(self, key: Key, pods: list[PodView], started: datetime) -> EngineRound:
-        """Read every running engine pod of `key` (with an IP, a uid and a revision). A pod
-        created after `started` (when this loop began) is counted from zero."""
-        engines = [
+        """Read every running engine pod of `key` (with an IP, a uid and a revision) whose
+        HTTP server is up (`http_up`) or that answered before. A pod created after `started`
+        (when this loop began) is counted from zero."""
+        running = [
             p
             for p in pods
             if p.role in ROLES and p.phase == "Running" and p.ip and p.uid and p.revision
         ]
+        up = http_up(pods)
+        # Still loading: a read would only be refused. One read before that went down since is
+        # still read: its failure to answer is news.
+        loading = [
+            p for p in running if p.uid not in up and not self._deltas.knows(key, str(p.uid))
+        ]
+        engines = [p for p in running if p not in loading]
         uids = {str(p.uid) for p in engines}
         came_or_went = self._deltas.retain(key, uids)
         infos = {u: i for u, i in self._infos.get(key, {}).items() if u in uids}
         self._infos[key] = infos
-        # On its way: pending, or running without an address yet (a failed or evicted pod that
-        # lingers is not).
-        coming = any(
+        # On its way: pending, running without an address yet, or loading (a failed or evicted
+        # pod that lingers is not).
+        coming = bool(loading) or any(
             p.role in ROLES and (p.phase == "Pending" or (p.phase == "Running" and not p.ip))
             for p in pods
         )
@@ -109,10 +140,11 @@ class EngineReader:
         counts, error = await scrape(
             self.pages, pod_url(ip, ENGINE_PORT, "/metrics"), parse_engine_counts
         )
-        # At most once per pod: its server info does not change while it runs.
+        # At most once per pod: its server info does not change while it runs. A group's
+        # worker has none: its health-only server answers /metrics and the health checks.
         info = (
             None
-            if known or error is not None
+            if known or error is not None or pod.worker_index > 0
             else await read_server_info(self.pages, pod_url(ip, ENGINE_PORT, SERVER_INFO_PATH))
         )
         return counts, error, info
