@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dsv4_devcluster.process import free_port
 from dsv4_engine_double import outputs, shapes
 from dsv4_engine_double.config import HICACHE_RACE, LOAD_HEADER, parse_config
 from dsv4_engine_double.examples import (
@@ -208,6 +209,29 @@ def test_health_is_503_while_starting() -> None:
     with DoubleProcess(["--served-model-name", "m"], {"DSV4_DOUBLE_STARTUP_S": "3600"}) as double:
         assert httpx.get(f"{double.url}/health").status_code == 503
         assert httpx.get(f"{double.url}/health_generate").status_code == 503
+
+
+def test_the_port_stays_closed_while_the_weights_load() -> None:
+    """As SGLang's launch_server: no HTTP server until every scheduler has loaded."""
+    port = free_port()
+    args = ["--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port)]
+    double = DoubleProcess(args, {"DSV4_DOUBLE_LOADING_S": "3600"}, bind=False)
+    with double.start(loading=True):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+        assert "Uvicorn running" not in double.log
+
+
+def test_a_group_worker_serves_the_health_checks_and_metrics_only() -> None:
+    """`--node-rank 1`: a node > 0 of a multi-node group, which runs sglang's health-only
+    server (launch_dummy_health_check_server): no API, no /server_info."""
+    args = ["--served-model-name", "m", "--enable-metrics", "--node-rank", "1"]
+    with DoubleProcess(args, {"DSV4_DOUBLE_STARTUP_S": "3600"}) as double:
+        for path in ("/health", "/health_generate", "/ping", "/metrics"):
+            assert httpx.get(f"{double.url}{path}").status_code == 200, path
+        for path in ("/server_info", "/v1/models"):
+            assert httpx.get(f"{double.url}{path}").status_code == 404, path
+        assert chat(double.url, USER).status_code == 404
 
 
 def test_a_prompt_longer_than_the_context_is_refused() -> None:

@@ -5,8 +5,11 @@ Argv: the operator's engine command line after the entrypoint (`--model-path`,
 `--max-running-requests`, `--cuda-graph-max-bs`, `--context-length`, `--max-total-tokens`,
 `--tool-call-parser`, `--reasoning-parser`, `--enable-metrics`, `--disable-overlap-schedule`,
 `--enable-hierarchical-cache`, `--hicache-*`, `--enable-deepseek-v4-fp4-indexer`,
-`--disaggregation-enable-kv-checksum`, ...). Unknown flags are kept in `unknown_args` and echoed
-by `/server_info`.
+`--disaggregation-enable-kv-checksum`, `--node-rank`, ...). Unknown flags are kept in
+`unknown_args` and echoed by `/server_info`. With `--node-rank` 1 or more the double is a
+multi-node group's worker, as SGLang runs one: no API, only the health-only server
+(`launch_dummy_health_check_server`): `/health`, `/health_generate` and `/ping` answer 200,
+`/metrics` with `--enable-metrics`, anything else 404.
 
 Engine env (as rendered by the operator):
 - `SGLANG_DSV4_BF16_INDEX_K=1`: bf16 index-K, honoured only when the image has `bf16IndexK`
@@ -82,7 +85,11 @@ Double-only knobs:
 - `DSV4_DOUBLE_LATENCY_MS` (default 200): simulated time per chat request (x0.75..1.25,
   drawn from the conversation). It only shapes latency metrics and timeouts; in the default
   declared-load mode it has no effect on answers.
-- `DSV4_DOUBLE_STARTUP_S` (default 0): `/health*` answer 503 for this long after start.
+- `DSV4_DOUBLE_LOADING_S` (default 0): the port stays closed this long after start, as
+  SGLang's HTTP server starts only once every scheduler has loaded its weights
+  (docs/engine-notes.md, "Start-up"): a connection is refused until then.
+- `DSV4_DOUBLE_STARTUP_S` (default 0): once the port is open, `/health*` answer 503 for this
+  long (SGLang's `ServerStatus.Starting`, until its warm-up request has run).
 - `DSV4_DOUBLE_OOM_AFTER=N`: serve N chat requests, then crash with a CUDA OOM on the next
   (`0` crashes during startup, as in CUDA-graph capture).
 - `DSV4_DOUBLE_OOM_KIND`: `cuda` (default: `torch.OutOfMemoryError: CUDA out of memory. Tried
@@ -175,6 +182,8 @@ class DoubleConfig:
     load: int = 1  # declared load (DSV4_DOUBLE_LOAD)
     observe_load: bool = False  # DSV4_DOUBLE_LOAD=observed: non-deterministic, opt-in only
     latency_s: float = 0.2
+    node_rank: int = 0
+    loading_s: float = 0.0
     startup_s: float = 0.0
     oom_after: int | None = None
     oom_kind: str = "cuda"
@@ -342,6 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hicache-write-policy", default="write_through")
     p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true")
     p.add_argument("--disaggregation-enable-kv-checksum", action="store_true")
+    p.add_argument("--node-rank", type=int, default=0)
     return p
 
 
@@ -453,6 +463,7 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> D
         load=load or 1,
         observe_load=load is None,
         latency_s=float(env.get("DSV4_DOUBLE_LATENCY_MS", "200") or 200) / 1000.0,
+        loading_s=float(env.get("DSV4_DOUBLE_LOADING_S", "0") or 0),
         startup_s=float(env.get("DSV4_DOUBLE_STARTUP_S", "0") or 0),
         oom_after=oom_after,
         oom_kind=oom_kind,

@@ -77,6 +77,7 @@ class DoubleProcess:
         self.url = ""
         self._lines: list[str] = []
         self._listening = threading.Event()
+        self._loading = threading.Event()
         self._process: subprocess.Popen[str] | None = None
         self._reader: threading.Thread | None = None
 
@@ -94,15 +95,19 @@ class DoubleProcess:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self._lines.append(line)
+            if "Load weight begin" in line:
+                self._loading.set()
             match = _LISTENING.search(line)
             if match and not self.url:
                 host = "127.0.0.1" if match.group(1) in ("0.0.0.0", "") else match.group(1)
                 self.url = f"http://{host}:{match.group(2)}"
                 self._listening.set()
         self._listening.set()  # exited: unblock start()
+        self._loading.set()
 
-    def start(self, timeout: float = 20.0) -> DoubleProcess:
-        """Start and wait until it listens; raises DoubleFailedToStart if it does not."""
+    def start(self, timeout: float = 20.0, *, loading: bool = False) -> DoubleProcess:
+        """Start and wait until it listens (`loading`: until it is loading its weights, its
+        port still closed: DSV4_DOUBLE_LOADING_S); raises DoubleFailedToStart if it does not."""
         self._process = subprocess.Popen(
             [sys.executable, "-m", "dsv4_engine_double", *self.args],
             env=self.env,
@@ -114,6 +119,11 @@ class DoubleProcess:
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        if loading:
+            if not self._loading.wait(timeout) or self.process.poll() is not None:
+                self.stop()
+                raise DoubleFailedToStart("the engine double did not start loading", self.log)
+            return self
         if not self._listening.wait(timeout) or not self.url:
             self.stop()
             raise DoubleFailedToStart("the engine double did not start listening", self.log)

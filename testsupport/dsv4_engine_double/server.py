@@ -440,11 +440,20 @@ class EngineDouble:
             self.corrupted += 1
 
 
+async def _ok(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
 def build_app(config: DoubleConfig) -> web.Application:
     """The aiohttp application of one engine double."""
     double = EngineDouble(config)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app["double"] = double
+    if config.node_rank >= 1:  # a group's worker: sglang's launch_dummy_health_check_server
+        for path in ("/health", "/health_generate", "/ping"):
+            app.router.add_get(path, _ok)
+        app.router.add_get("/metrics", double.metrics_endpoint)
+        return app
     app.router.add_get("/health", double.health)
     app.router.add_get("/health_generate", double.health)
     app.router.add_get("/v1/models", double.models)
@@ -477,6 +486,18 @@ async def serve(config: DoubleConfig) -> None:
         log(f"engine double: ignoring flags it does not model: {' '.join(config.unknown_args)}")
     if config.oom_after == 0:
         crash(config, "during CUDA graph capture")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if config.loading_s > 0:  # sglang opens its port once every scheduler has loaded
+        log("Load weight begin. (engine double: the port stays closed until the end)")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), config.loading_s)
+        if stop.is_set():
+            log("engine double: shutting down")
+            return
+        log("Load weight end.")
     app = build_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
@@ -484,11 +505,7 @@ async def serve(config: DoubleConfig) -> None:
     await site.start()
     port = runner.addresses[0][1]
     log(f"Uvicorn running on http://{config.host}:{port} (Press CTRL+C to quit)")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if config.startup_s > 0:
+    if config.startup_s > 0 and config.node_rank == 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), config.startup_s)
     if not stop.is_set():
