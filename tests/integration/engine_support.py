@@ -24,6 +24,8 @@ import pytest
 from dsv4_devcluster import ControlPlane, report_pod_ip
 from dsv4_devcluster.deployments import Cluster, rtx_pool, weights_volume
 from dsv4_devcluster.fleet import replace_flag
+from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION
+from dsv4_devcluster.prober import ReadinessProber, report_pod_started
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.limits import ENGINE_PORT
 from dsv4_operator.names import PROBE_LABEL, ROLE_LABEL, SHADOW_OF_LABEL
@@ -37,6 +39,8 @@ from .guard_support import (
 )
 
 ROLES = ("prefill", "decode")
+# Engine pods' annotations for `PodEngines(kubelet=True)`: kwok never starts them.
+KUBELET_ANNOTATIONS = dict([MANUAL_STATUS_ANNOTATION])
 # What the chart ships (templates/priorityclass.yaml) under a release named dsv4: the
 # culprit search's shadow pods name it.
 BISECT_PRIORITY_CLASS = "dsv4-bisect"
@@ -96,12 +100,19 @@ class PodEngines:
         name: str = "dsv4-flash",
         knobs: dict[str, str] | None = None,
         revision_knobs: dict[str, dict[str, str]] | None = None,
+        kubelet: bool = False,
     ):
         """`knobs`: the double's own variables (DSV4_DOUBLE_*), for every engine it runs;
-        `revision_knobs`: more, for the engines of one revision."""
+        `revision_knobs`: more, for the engines of one revision. `kubelet`: the engine pods
+        carry `KUBELET_ANNOTATIONS` (kwok leaves them Pending), and each is reported Running
+        at its address, not ready, when its double starts, then Ready once its
+        readinessProbe passes, as a kubelet's prober does (dsv4_devcluster.prober); else
+        kwok reports them Ready at once."""
         self.cluster, self.ips, self.log_dir, self.name = cluster, ips, log_dir, name
         self.knobs = dict(knobs or {})
         self.revision_knobs = dict(revision_knobs or {})
+        self.prober = ReadinessProber(cluster.dyn, cluster.namespace) if kubelet else None
+        self.pod_names: dict[str, str] = {}  # role -> the pod its double stands for
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
         self.starts = 0
@@ -120,6 +131,8 @@ class PodEngines:
         return dict(running[1]) if running else {}
 
     def start(self) -> PodEngines:
+        if self.prober is not None:
+            self.prober.__enter__()
         self._thread.start()
         return self
 
@@ -128,8 +141,13 @@ class PodEngines:
         self._thread.join(timeout=10)
         for role in ROLES:
             self._kill(role)
+        if self.prober is not None:
+            self.prober.__exit__()
 
     def _kill(self, role: str) -> None:
+        pod = self.pod_names.pop(role, None)
+        if self.prober is not None and pod is not None:
+            self.prober.remove(pod)
         proc = self.procs.pop(role, None)
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -140,7 +158,8 @@ class PodEngines:
                 proc.wait()
 
     def _pod(self, role: str, revision: str) -> dict[str, Any] | None:
-        """The role's running pod of `revision` (none while the rollout replaces it)."""
+        """The role's running pod of `revision` (none while the rollout replaces it); with
+        `kubelet`, its scheduled pod (this kubelet starts it)."""
         pods = self.cluster.pods(f"dsv4.io/deployment={self.name},dsv4.io/role={role}")
         return next(
             (
@@ -148,7 +167,10 @@ class PodEngines:
                 for p in pods
                 if p["metadata"]["labels"].get("dsv4.io/revision") == revision
                 and not p["metadata"].get("deletionTimestamp")
-                and (p.get("status") or {}).get("phase") == "Running"
+                and (
+                    (p.get("status") or {}).get("phase") == "Running"
+                    or (self.prober is not None and p["spec"].get("nodeName"))
+                )
             ),
             None,
         )
@@ -225,7 +247,12 @@ class PodEngines:
         )
         self.starts += 1
         self.launches.append((time.monotonic(), role, revision))
-        report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)
+        self.pod_names[role] = pod
+        if self.prober is None:
+            report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)
+            return
+        report_pod_started(self.cluster.dyn, self.cluster.namespace, pod, ip)
+        self.prober.add(pod, ip)
 
 
 class ShadowEngines:

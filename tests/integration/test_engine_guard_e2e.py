@@ -17,6 +17,8 @@ SGLang 0.5.23 with the drop-counter patch.
   back before it bakes, rollback reason `KVIntegrity`.
 - An engine that reports another `max_total_num_tokens` than its plan is never baked:
   `PlanVerified=False`, reason `PlanMismatch`, though its canary passes.
+- Engine pods that run while their engines load their weights, port closed, are on their way,
+  not unreachable; once the kubelet's prober makes them Ready, their plan is verified.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from dsv4_devcluster.operator import OperatorProcess
 from dsv4_devcluster.process import free_port
 
 from .engine_support import (
+    KUBELET_ANNOTATIONS,
+    ROLES,
     PodEngines,
     cluster_fixture,
     gpu_pool_fixture,
@@ -347,3 +351,26 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
     assert _condition(cluster.get(), "PlanVerified")["reason"] == "PlanMismatch"
     assert operator.metric("dsv4_plan_verified", revision=bad) == 0
     assert [e for e in cluster.events() if e["reason"] == "PlanMismatch"]
+
+
+@pytest.mark.long(seconds=50)
+def test_engines_loading_their_weights_are_on_their_way_not_unreachable(
+    cluster: Cluster, operator: OperatorProcess, ips: dict[str, str], tmp_path: Path
+) -> None:
+    """The engine pods run, as a kubelet reports them, while each engine loads its weights
+    with its port closed (the double's DSV4_DOUBLE_LOADING_S, as SGLang opens its port once
+    every scheduler has loaded); the kubelet's prober makes them Ready once /health_generate
+    answers. The operator reads no engine before that, so it reports none unreachable (a read
+    of a loading engine is refused), and it verifies their plan once they are Ready."""
+    knobs = {"DSV4_DOUBLE_LOADING_S": "8"}
+    engines = PodEngines(cluster, ips, tmp_path, knobs=knobs, kubelet=True).start()
+    try:
+        manual = {f"{role}.podTemplate": {"annotations": KUBELET_ANNOTATIONS} for role in ROLES}
+        cluster.apply(_spec(cluster.namespace, engines.url, None, None, **manual))
+        _plan_verified(cluster, "Verified")
+        said = operator.log_text()  # before the engines stop: then they are unreachable
+    finally:
+        engines.stop()
+    logs = [log.read_text() for log in sorted(tmp_path.glob("engine-*.log"))]
+    assert len(logs) == 2 and all("Load weight end." in log for log in logs), logs
+    assert "engine /metrics unreachable" not in said, said[-4000:]
