@@ -173,6 +173,7 @@ class DoubleConfig:
     hicache_write_policy: str = "write_through"
     enable_deepseek_v4_fp4_indexer: bool = False
     disaggregation_enable_kv_checksum: bool = False
+    node_rank: int = 0  # >= 1: a multi-node group's worker
     unknown_args: tuple[str, ...] = ()
     # env
     bf16_index_k_requested: bool = False
@@ -182,7 +183,6 @@ class DoubleConfig:
     load: int = 1  # declared load (DSV4_DOUBLE_LOAD)
     observe_load: bool = False  # DSV4_DOUBLE_LOAD=observed: non-deterministic, opt-in only
     latency_s: float = 0.2
-    node_rank: int = 0
     loading_s: float = 0.0
     startup_s: float = 0.0
     oom_after: int | None = None

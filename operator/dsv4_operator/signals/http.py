@@ -27,9 +27,6 @@ from dsv4_operator.canary.transport import KEEPALIVE_S, Exchanges, HttpxExchange
 
 # Requests without their own timeout (Prometheus); the canary and the scrapes set theirs.
 DEFAULT_TIMEOUT = 10.0
-# How long a connection is kept between two requests (canary/transport.py says why 2 s): a
-# canary run's rounds reuse its sessions' connections; between two runs (the interval) they
-# have expired.
 
 
 class Pages(Protocol):
@@ -57,8 +54,9 @@ class AiohttpExchanges:
     objects a request costs half the CPU or less (`python bench/http_client.py`).
 
     `keep`: connections kept `KEEPALIVE_S` between requests (the canary: a run's rounds reuse
-    them), else closed after each (pod pages: each pod is read once per interval, and a kept
-    socket per engine and tap pod would be thousands at 1,000 deployments).
+    them; between two runs they have expired; canary/transport.py says why 2 s), else closed
+    after each (pod pages: each pod is read once per interval, and a kept socket per engine
+    and tap pod would be thousands at 1,000 deployments).
     """
 
     def __init__(self, tls: ssl.SSLContext, keep: bool) -> None:
