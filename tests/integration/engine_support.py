@@ -28,12 +28,21 @@ from dsv4_devcluster.kubelet import MANUAL_STATUS_ANNOTATION
 from dsv4_devcluster.prober import ReadinessProber, report_pod_started
 from dsv4_engine_double.process import DoubleProcess, launch_from_statefulset
 from dsv4_operator.api.limits import ENGINE_PORT
-from dsv4_operator.names import PROBE_LABEL, ROLE_LABEL, SHADOW_OF_LABEL
+from dsv4_operator.names import (
+    LWS_GROUP_INDEX_LABEL,
+    LWS_NAME_LABEL,
+    LWS_WORKER_INDEX_LABEL,
+    PROBE_LABEL,
+    ROLE_LABEL,
+    SHADOW_OF_LABEL,
+)
 
 from .guard_support import (
     ENGINE_LOAD,
     ENTRYPOINT_LENGTH,
+    VAR,
     base_env,
+    double_env,
     paired_prefill_command,
     with_pair_hicache,
 )
@@ -198,11 +207,8 @@ class PodEngines:
         pod = self._pod(role, revision)
         if stored is None or pod is None:
             return None
-        engine = stored["data"]["spec"]["engine"]
         container = template["spec"]["containers"][0]
-        env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
-        env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(engine.get("capabilities", []))
-        env["DSV4_DOUBLE_SGLANG_VERSION"] = engine["sglangVersion"]
+        env = double_env(container, stored)
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         env["DSV4_DOUBLE_LATENCY_MS"] = "20"
         env.update(self.knobs)
@@ -253,6 +259,100 @@ class PodEngines:
             return
         report_pod_started(self.cluster.dyn, self.cluster.namespace, pod, ip)
         self.prober.add(pod, ip)
+
+
+class GroupEngines:
+    """The kubelet of a multi-node deployment's engine pods, which carry `KUBELET_ANNOTATIONS`
+    (kwok leaves them Pending): once every pod of a group is scheduled, each gets an engine
+    double at a loopback address of its own, run with its LeaderWorkerSet template's argv as
+    the kubelet expands it, and is reported Running there; a pod turns Ready as a kubelet's
+    prober finds it (dsv4_devcluster.prober: a worker, which has no probe, at once).
+
+    The workers' doubles (`--node-rank` 1 or more: sglang's health-only server) start first
+    and the leader's once they listen, as a leader answers only once every rank has joined.
+    For a deployment that does not roll (a pod's double is never replaced)."""
+
+    def __init__(self, cluster: Cluster, log_dir: Path, name: str = "dsv4-flash") -> None:
+        self.cluster, self.log_dir, self.name = cluster, log_dir, name
+        self.base = f"127.{random.randrange(32, 250)}.{random.randrange(1, 250)}"
+        self.doubles: dict[str, DoubleProcess] = {}  # pod name -> its double
+        self.addresses: dict[str, str] = {}  # pod name -> its double's address
+        self.prober = ReadinessProber(cluster.dyn, cluster.namespace)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> GroupEngines:
+        self.prober.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        for double in self.doubles.values():
+            double.stop()
+        self.prober.__exit__()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pods = self.cluster.pods(f"dsv4.io/deployment={self.name}")
+                for group in self._scheduled_groups(pods):
+                    for pod in sorted(group, key=lambda p: -_worker_index(p)):  # leader last
+                        self._start(pod)
+            except Exception:  # the API server is busy: look again
+                pass
+            time.sleep(0.3)
+
+    def _scheduled_groups(self, pods: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """The engine groups whose pods are all scheduled and not started yet."""
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for pod in pods:
+            labels = pod["metadata"]["labels"]
+            if labels.get(ROLE_LABEL) in ROLES and pod["metadata"]["name"] not in self.doubles:
+                key = (labels[LWS_NAME_LABEL], labels[LWS_GROUP_INDEX_LABEL])
+                groups.setdefault(key, []).append(pod)
+        children = self.cluster.children(self.name)
+
+        def size(lws: str) -> int:
+            return int(children[("LeaderWorkerSet", lws)]["spec"]["leaderWorkerTemplate"]["size"])
+
+        return [
+            group
+            for (lws, _), group in groups.items()
+            if len(group) == size(lws) and all(p["spec"].get("nodeName") for p in group)
+        ]
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        labels, name = pod["metadata"]["labels"], pod["metadata"]["name"]
+        worker = _worker_index(pod)
+        lws = self.cluster.children(self.name)[("LeaderWorkerSet", labels[LWS_NAME_LABEL])]
+        group = lws["spec"]["leaderWorkerTemplate"]
+        template = group["leaderTemplate" if worker == 0 else "workerTemplate"]
+        container = template["spec"]["containers"][0]
+        [stored] = [
+            r
+            for r in self.cluster.revisions(self.name)
+            if r["metadata"]["labels"]["dsv4.io/revision"] == labels["dsv4.io/revision"]
+        ]
+        env = double_env(container, stored)
+        ip = f"{self.base}.{10 + len(self.addresses)}"
+        known = {
+            "LWS_LEADER_ADDRESS": ip,  # the rendezvous is not played: any address will do
+            "LWS_GROUP_SIZE": str(group["size"]),
+            "LWS_WORKER_INDEX": str(worker),
+        }
+        command = [VAR.sub(lambda m: known.get(m[1], m[0]), arg) for arg in container["command"]]
+        args = replace_flag(command[ENTRYPOINT_LENGTH:], "--host", ip)
+        args = replace_flag(args, "--port", str(ENGINE_PORT))
+        self.addresses[name] = ip
+        self.doubles[name] = DoubleProcess(args, env, bind=False).start(timeout=60)
+        report_pod_started(self.cluster.dyn, self.cluster.namespace, name, ip)
+        self.prober.add(name, ip)
+
+
+def _worker_index(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][LWS_WORKER_INDEX_LABEL])
 
 
 class ShadowEngines:

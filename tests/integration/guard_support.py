@@ -44,6 +44,16 @@ ENTRYPOINT_LENGTH = 3  # python3 -m sglang.launch_server
 ENGINE_LOAD = 60
 
 
+def double_env(container: dict[str, Any], stored: dict[str, Any]) -> dict[str, str]:
+    """An engine container's env, and what the double reads of the image (its capabilities
+    and release) from the stored revision `stored` (a ControllerRevision) of its spec."""
+    engine = stored["data"]["spec"]["engine"]
+    env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
+    env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(engine.get("capabilities", []))
+    env["DSV4_DOUBLE_SGLANG_VERSION"] = engine["sglangVersion"]
+    return env
+
+
 def base_env() -> dict[str, str]:
     """This process's env without engine or double knobs: the StatefulSet's env decides."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "DSV4_DOUBLE_"))}
@@ -152,10 +162,7 @@ class EngineKubelet:
         )
         if stored is None:
             return None
-        capabilities = stored["data"]["spec"]["engine"].get("capabilities", [])
-        env = {e["name"]: e.get("value", "") for e in container.get("env", [])}
-        env["DSV4_DOUBLE_CAPABILITIES"] = ",".join(capabilities)
-        env["DSV4_DOUBLE_SGLANG_VERSION"] = stored["data"]["spec"]["engine"]["sglangVersion"]
+        env = double_env(container, stored)
         env["DSV4_DOUBLE_LOAD"] = str(ENGINE_LOAD)
         # No effect on verdicts; keeps canary runs short (unless the spec's env sets it).
         env.setdefault("DSV4_DOUBLE_LATENCY_MS", "20")

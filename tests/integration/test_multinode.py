@@ -13,6 +13,7 @@ LWS, on purpose, so that the tests of single-node deployments show that they nee
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from tests.support.builders import with_changes
 from tests.support.paths import REPO
 
 from .cluster_support import dry_run_apply
+from .engine_support import KUBELET_ANNOTATIONS, ROLES, GroupEngines
 from .guard_support import LEAKING, EngineKubelet, wait_good_revision_served
 
 pytestmark = pytest.mark.integration
@@ -281,6 +283,48 @@ def _leader_uid(cluster: Cluster) -> str | None:
 def _last_restart(cluster: Cluster, count: int) -> dict[str, Any] | None:
     restarts = cluster.get().get("status", {}).get("groupRestarts") or []
     return restarts[-1] if len(restarts) == count else None
+
+
+@pytest.mark.long(seconds=45)
+def test_the_guard_reads_each_group_as_sglang_serves_it(
+    lws_cluster: Cluster, lws_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Every pod of both groups behind an engine double at an address of its own, a kubelet
+    played for them (engine_support.GroupEngines): leaders serve the API, workers
+    (`--node-rank 1`) sglang's health-only server, which has no /server_info. The guard reads
+    the plan from the leaders, so PlanVerified is `Verified`, and every pod's /metrics once
+    its group's leader is Ready, none unreachable."""
+    cluster = lws_cluster
+    changes: dict[str, Any] = {
+        "guard.canary.enabled": False,
+        "guard.tap.enabled": False,
+        "guard.engine.interval": "1s",
+        **{f"{role}.podTemplate": {"annotations": KUBELET_ANNOTATIONS} for role in ROLES},
+    }
+    with GroupEngines(cluster, tmp_path) as engines:
+        cluster.apply(_multi_node(cluster.namespace, **changes))
+
+        def verified() -> dict[str, Any] | None:
+            found: list[dict[str, Any]] = cluster.get().get("status", {}).get("conditions", [])
+            condition = next((c for c in found if c["type"] == "PlanVerified"), {})
+            return condition if condition.get("reason") == "Verified" else None
+
+        plan: dict[str, Any] = wait_for("PlanVerified Verified", verified, timeout=180)
+        said = lws_operator.log_text()
+        assert len(engines.addresses) == 4, engines.addresses  # two leaders, two workers
+    assert plan["message"].startswith("all 2 engine pod(s) of revision"), plan
+    workers = [n for n in engines.addresses if n.endswith("-0-1")]
+    assert len(workers) == 2, engines.addresses
+    for worker in workers:  # each ran as a group's worker: sglang's health-only server
+        assert _server_args(engines.doubles[worker].log)["node_rank"] == 1
+    assert "engine /metrics unreachable" not in said, said[-4000:]
+
+
+def _server_args(log: str) -> dict[str, Any]:
+    """What an engine double logged of its configuration as it started."""
+    line = next(line for line in log.splitlines() if "server_args=" in line)
+    args: dict[str, Any] = json.loads(line.split("server_args=", 1)[1])
+    return args
 
 
 def test_a_killed_worker_restarts_its_group_and_the_status_keeps_what_each_pod_said(
