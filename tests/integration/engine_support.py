@@ -270,7 +270,8 @@ class GroupEngines:
 
     The workers' doubles (`--node-rank` 1 or more: sglang's health-only server) start first
     and the leader's once they listen, as a leader answers only once every rank has joined.
-    For a deployment that does not roll (a pod's double is never replaced)."""
+    For a deployment that does not roll (a pod's double is never replaced). Each double's log
+    goes to `log_dir` (`engine-<pod>.log`) when it stops."""
 
     def __init__(self, cluster: Cluster, log_dir: Path, name: str = "dsv4-flash") -> None:
         self.cluster, self.log_dir, self.name = cluster, log_dir, name
@@ -289,8 +290,9 @@ class GroupEngines:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
-        for double in self.doubles.values():
+        for pod, double in self.doubles.items():
             double.stop()
+            (self.log_dir / f"engine-{pod}.log").write_text(double.log)
         self.prober.__exit__()
 
     def _run(self) -> None:
