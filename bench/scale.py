@@ -206,22 +206,22 @@ def operator_counts(page: list[Sample]) -> dict[str, float]:
     return out
 
 
-Waits = dict[str, dict[float, float]]  # by GUARD_SLOTS entry, cumulative count by bound
+Slots = dict[str, dict[float, float]]  # by GUARD_SLOTS entry, cumulative count by bound
 
 
-def operator_waits(page: list[Sample]) -> Waits:
+def operator_slots(page: list[Sample]) -> Slots:
     """The operator's slot histograms (GUARD_SLOTS) on a page of `operator_samples`, as
     exposed: cumulative counts by bound."""
-    waits: Waits = {what: {} for what in GUARD_SLOTS}
+    slots: Slots = {what: {} for what in GUARD_SLOTS}
     for s in page:
         for what, name in GUARD_SLOTS.items():
             if s.name == f"{name}_bucket":
                 bound = float(s.labels["le"])
-                waits[what][bound] = waits[what].get(bound, 0.0) + s.value
-    return waits
+                slots[what][bound] = slots[what].get(bound, 0.0) + s.value
+    return slots
 
 
-def waits_between(after: Waits, before: Waits) -> Waits:
+def slots_between(after: Slots, before: Slots) -> Slots:
     """A window's observations, every bound kept (those with no new one too, as
     `histogram_quantile` needs them)."""
     return {
@@ -249,7 +249,7 @@ def quantile(q: float, buckets: dict[float, float]) -> float:
     return lower
 
 
-def waits_line(buckets: dict[float, float]) -> str:
+def slots_line(buckets: dict[float, float]) -> str:
     """One slot histogram's figures over a window: p50 / p90 / p99 as `histogram_quantile`
     gives them (interpolated within a bucket, so the share within the first bucket says how
     much of that is the buckets' resolution), the share over 1 s (the DSV4GuardReadsQueued
@@ -351,7 +351,7 @@ class Figures:
     first_reconciled_s: float = 0.0
     all_reconciled_s: float = 0.0
     # The guard's slots by window: "bring-up" (creation to all baked) and "idle".
-    waits: dict[str, Waits] = field(default_factory=dict)
+    slots: dict[str, Slots] = field(default_factory=dict)
 
     def calls(self, kind: str) -> dict[str, float]:
         """The operator's API requests of `kind` ("write" or "read") while idle."""
@@ -605,7 +605,7 @@ async def run_fleet(
         docs = guarded_docs(plan, engines, "op")
         await until_listed(operator)  # running before the creates, as a user's operator is
         page = operator_samples(operator)  # one read of the page for both (megabytes at 1,000)
-        before, waited = operator_counts(page), operator_waits(page)
+        before, waited = operator_counts(page), operator_slots(page)
         start = time.monotonic()
         # Pods get their engines' addresses as they start, as on a cluster: a guard reading
         # kwok's made-up IPs meanwhile would time out and slow the creation it measures.
@@ -634,8 +634,8 @@ async def run_fleet(
         say(n, f"every pod at its engine's address {time.monotonic() - start:.1f}s after creation")
         baked = await until_baked(http, "op", n, timeout=600 + 2 * n)
         figures.baked_s = time.monotonic() - start
-        figures.waits["bring-up"] = waits_between(
-            operator_waits(operator_samples(operator)), waited
+        figures.slots["bring-up"] = slots_between(
+            operator_slots(operator_samples(operator)), waited
         )
         say(n, f"all baked {figures.baked_s:.1f}s after creation")
         await asyncio.to_thread(quiet, cp, plan.quiet_seconds)
@@ -700,7 +700,7 @@ async def idle_with(
     statuses = await status_by_name(http, "op")
     pid, server = operator.proc.pid, apiserver_pid(cp)
     page = operator_samples(operator)
-    ops, waited = operator_counts(page), operator_waits(page)
+    ops, waited = operator_counts(page), operator_slots(page)
     srv = request_counts(cp, OPERATOR_RESOURCES, by_resource=True)
     cpu, server_cpu = cpu_seconds(pid), cpu_seconds(server)
     doubles, taps = [d.process.pid for d in engines.doubles], [t.pid for t in engines.taps]
@@ -715,7 +715,7 @@ async def idle_with(
     figures.rss_mb = rss_mb(pid)
     page = operator_samples(operator)
     figures.idle_calls = delta(operator_counts(page), ops)
-    figures.waits["idle"] = waits_between(operator_waits(page), waited)
+    figures.slots["idle"] = slots_between(operator_slots(page), waited)
     figures.server_requests = delta(request_counts(cp, OPERATOR_RESOURCES, by_resource=True), srv)
     canary = one["spec"]["guard"]["canary"]
     per_run = one["status"]["guard"]["canarySessions"] * canary.get("rounds", 4)
@@ -850,10 +850,10 @@ def table(rows: list[Figures], plan: Plan) -> str:
         f"  N={f.n}: operator {cpu_line(f.operator_cpu)}"
         for f in rows
     )
-    waits = "\n".join(
-        f"  N={f.n} {window}: {what} {waits_line(buckets)}"
+    slots = "\n".join(
+        f"  N={f.n} {window}: {what} {slots_line(buckets)}"
         for f in rows
-        for window, by_what in f.waits.items()
+        for window, by_what in f.slots.items()
         for what, buckets in by_what.items()
     )
     return (
@@ -862,7 +862,7 @@ def table(rows: list[Figures], plan: Plan) -> str:
         + f"\n\nCPU seconds while the children were made:\n{cpu}"
         + "\n\nthe guard's slots (reads: DSV4_GUARD_READS_AT_ONCE, waited for and then held "
         + "by the read; canary runs: DSV4_GUARD_CANARIES_AT_ONCE), from creation to all baked "
-        + f"and idle:\n{waits}"
+        + f"and idle:\n{slots}"
     )
 
 

@@ -179,20 +179,13 @@ def env_names() -> list[str]:
     return sorted(v.name for v in vars(environ.Envs).values() if isinstance(v, environ.EnvField))
 
 
-def keep_alive() -> dict[str, Any]:
-    """How long the engine's HTTP server keeps an idle connection by default (seconds), and
-    whether its launch hands that to uvicorn (srt/entrypoints/http_server.py)."""
-    from pathlib import Path
-
-    import sglang
+def keep_alive() -> float:
+    """How long the engine's HTTP server keeps an idle connection by default (seconds)."""
     from sglang.srt.environ import envs
 
     os.environ.pop("SGLANG_TIMEOUT_KEEP_ALIVE", None)
-    launch = (Path(sglang.__file__).parent / "srt/entrypoints/http_server.py").read_text()
-    return {
-        "seconds": envs.SGLANG_TIMEOUT_KEEP_ALIVE.get(),
-        "uvicorn": "timeout_keep_alive=envs.SGLANG_TIMEOUT_KEEP_ALIVE.get()" in launch,
-    }
+    seconds: float = envs.SGLANG_TIMEOUT_KEEP_ALIVE.get()
+    return seconds
 
 
 def main() -> None:

@@ -53,6 +53,8 @@ TOPOLOGY = {
     "required_dst_info_num",
     "required_prefill_response_num",
 }
+# How the launch gives uvicorn the engine's keep-alive (srt/entrypoints/http_server.py).
+HANDS_KEEP_ALIVE_TO_UVICORN = "timeout_keep_alive=envs.SGLANG_TIMEOUT_KEEP_ALIVE.get()"
 C4_C128 = (0, 4, 128)  # DeepSeek-V4-Flash's compress ratios (tests/conformance/data)
 
 
@@ -95,13 +97,15 @@ def test_the_canary_lets_go_of_an_idle_connection_before_the_engine(
 ) -> None:
     """A POST sent on a kept connection as the server closes it fails once sent and is not
     retried: the canary's keep-alive must end first, with room for the request's way there."""
-    engine = asker(version, {"keepAlive": True})["keepAlive"]
-    assert engine["uvicorn"], (
-        f"sglang {version} no longer hands SGLANG_TIMEOUT_KEEP_ALIVE to uvicorn"
+    launch = {"file": "srt/entrypoints/http_server.py", "text": HANDS_KEEP_ALIVE_TO_UVICORN}
+    answer = asker(version, {"keepAlive": True, "sources": [launch]})
+    assert answer["sources"] == [True], (
+        f"sglang {version}'s launch: no {HANDS_KEEP_ALIVE_TO_UVICORN}"
     )
-    assert engine["seconds"] >= KEEPALIVE_S + 1.0, (
+    seconds = answer["keepAlive"]
+    assert seconds >= KEEPALIVE_S + 1.0, (
         f"the canary keeps idle connections {KEEPALIVE_S:g} s, sglang {version}'s HTTP server "
-        f"{engine['seconds']} s (SGLANG_TIMEOUT_KEEP_ALIVE): lower canary/transport.py KEEPALIVE_S"
+        f"{seconds} s (SGLANG_TIMEOUT_KEEP_ALIVE): lower canary/transport.py KEEPALIVE_S"
     )
 
 

@@ -55,14 +55,14 @@ def test_an_idle_fleet_with_every_guard_running_writes_nothing(tmp_path: Path) -
     # Each guard read and canary run took a slot, and the bench read their waits per window:
     # reads from creation to baked (every engine and tap read at least once, each wait and
     # each read's time told), canary runs idle.
-    inf, up = float("inf"), figures.waits["bring-up"]
-    assert up["reads waited"][inf] >= 2 * DEPLOYMENTS, figures.waits
+    inf, up = float("inf"), figures.slots["bring-up"]
+    assert up["reads waited"][inf] >= 2 * DEPLOYMENTS, figures.slots
     # (A read still in flight at the window's end has waited and not yet held.)
-    assert 2 * DEPLOYMENTS <= up["reads held"][inf] <= up["reads waited"][inf], figures.waits
+    assert 2 * DEPLOYMENTS <= up["reads held"][inf] <= up["reads waited"][inf], figures.slots
     # A deployment's canary runs one at a time, so at most one run each took its slot before
     # the window and was counted in it.
-    canary_waits = figures.waits["idle"]["canary waited"][inf]
-    assert canary_waits >= max(1, figures.canary_runs - DEPLOYMENTS), figures.waits
+    canary_waits = figures.slots["idle"]["canary waited"][inf]
+    assert canary_waits >= max(1, figures.canary_runs - DEPLOYMENTS), figures.slots
     # The creation windows were timed: the plain apply's, bench/ideal_controller.py's (it made
     # every child, or its window would have timed out) and the operator's, each with its CPU.
     assert min(figures.floor_s, figures.ideal_s, figures.operator_s) > 0, figures

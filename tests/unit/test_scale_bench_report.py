@@ -63,14 +63,14 @@ def test_a_slot_wait_quantile_is_interpolated_as_histogram_quantile_does() -> No
 def test_a_window_without_waits_reads_as_none() -> None:
     quiet = {0.5: 0.0, 1.0: 0.0, INF: 0.0}
     assert bench.quantile(0.9, quiet) != bench.quantile(0.9, quiet)  # NaN, as Prometheus
-    assert bench.waits_line(quiet) == "none"
+    assert bench.slots_line(quiet) == "none"
 
 
 def test_a_windows_waits_keep_every_bound_and_give_the_share_over_one_second() -> None:
     before = {"reads": {0.5: 10.0, 1.0: 10.0, 5.0: 10.0, INF: 10.0}}
     after = {"reads": {0.5: 10.0, 1.0: 16.0, 5.0: 20.0, INF: 20.0}}
-    window = bench.waits_between(after, before)
+    window = bench.slots_between(after, before)
     # The bound with no new wait stays (at 0): p50 is interpolated from 0.5, not from 0.
     assert window == {"reads": {0.5: 0.0, 1.0: 6.0, 5.0: 10.0, INF: 10.0}}
-    line = bench.waits_line(window["reads"])
+    line = bench.slots_line(window["reads"])
     assert line == "p50 0.917 s, p90 4 s, p99 4.9 s; 0.0% within 0.5 s, 40.0% over 1 s; n = 10"

@@ -98,19 +98,17 @@ class EngineReader:
             if p.role in ROLES and p.phase == "Running" and p.ip and p.uid and p.revision
         ]
         up = http_up(pods)
-        # Still loading: a read would only be refused. One read before that went down since is
-        # still read: its failure to answer is news.
-        loading = [
-            p for p in running if p.uid not in up and not self._deltas.knows(key, str(p.uid))
-        ]
-        engines = [p for p in running if p not in loading]
+        # The others are still loading: a read would only be refused. One read before that went
+        # down since is still read: its failure to answer is news.
+        engines = [p for p in running if p.uid in up or self._deltas.knows(key, str(p.uid))]
+        loading = len(engines) < len(running)
         uids = {str(p.uid) for p in engines}
         came_or_went = self._deltas.retain(key, uids)
         infos = {u: i for u, i in self._infos.get(key, {}).items() if u in uids}
         self._infos[key] = infos
         # On its way: pending, running without an address yet, or loading (a failed or evicted
         # pod that lingers is not).
-        coming = bool(loading) or any(
+        coming = loading or any(
             p.role in ROLES and (p.phase == "Pending" or (p.phase == "Running" and not p.ip))
             for p in pods
         )
