@@ -121,6 +121,12 @@ ENGINES_UNREACHABLE = Gauge(
     "Engine pods whose /metrics the guard could not read in its last round.",
     list(SCOPE),
 )
+ENGINES_RESTARTING = Gauge(
+    "dsv4_guard_engines_restarting",
+    "Engine pods the guard did not read in its last round because their containers restarted "
+    "in place and the pod is not Ready again (reloading its weights, or crash-looping).",
+    list(SCOPE),
+)
 PLAN_VERIFIED = Gauge(
     "dsv4_plan_verified",
     "1 when every engine pod of the revision reports its plan (PlanVerified=True), 0 on a "
@@ -168,6 +174,7 @@ PER_DEPLOYMENT = (
     TAPS_UNREACHABLE,
     TRAFFIC_UNATTRIBUTED,
     ENGINES_UNREACHABLE,
+    ENGINES_RESTARTING,
     PLAN_VERIFIED,
     QUARANTINED,
     REVISION_INFO,
@@ -180,7 +187,7 @@ PER_DEPLOYMENT = (
 SOURCE_SERIES: dict[str, tuple[Counter | Gauge, ...]] = {
     "canary": (CANARY_LAST_RUN, CANARY_RESPONSES, CANARY_RUNS),
     "tap": (TAPS_UNREACHABLE, TRAFFIC_UNATTRIBUTED),
-    "engine": (ENGINES_UNREACHABLE,),
+    "engine": (ENGINES_UNREACHABLE, ENGINES_RESTARTING),
 }
 
 

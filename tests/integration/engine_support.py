@@ -125,6 +125,7 @@ class PodEngines:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.running: dict[str, tuple[str, dict[str, str]] | None] = dict.fromkeys(ROLES)
         self.starts = 0
+        self.exit_reasons: dict[str, str] = {}  # role -> the reason its next exit reports
         # (time.monotonic(), role, revision) of every engine started: a change's onset.
         self.launches: list[tuple[float, str, str]] = []
         self._stop = threading.Event()
@@ -152,6 +153,11 @@ class PodEngines:
             self._kill(role)
         if self.prober is not None:
             self.prober.__exit__()
+
+    def crash(self, role: str, reason: str = "Error") -> None:
+        """The role's engine dies (SIGKILL), reported with `reason`; restarted in its pod."""
+        self.exit_reasons[role] = reason
+        self.procs[role].kill()
 
     def _kill(self, role: str) -> None:
         pod = self.pod_names.pop(role, None)
@@ -231,16 +237,32 @@ class PodEngines:
                     continue
                 want = (desired[0], desired[1]) if desired else None
                 proc = self.procs.get(role)
-                if want != self.running[role] or (proc is not None and proc.poll() is not None):
+                exited = proc is not None and proc.poll() is not None
+                if want != self.running[role] or exited:
+                    # The same pod's engine exited: a kubelet restarts the container in place.
+                    restarted = (
+                        (self.exit_reasons.pop(role, "Error"), _exit_code(proc))
+                        if exited and proc is not None and want == self.running[role]
+                        else None
+                    )
                     self._kill(role)
                     if desired is not None:
-                        self._launch(role, *desired)
+                        self._launch(role, *desired, restarted=restarted)
                     self.running[role] = want
             time.sleep(0.3)
 
     def _launch(
-        self, role: str, uid: str, env: dict[str, str], command: list[str], pod: str, revision: str
+        self,
+        role: str,
+        uid: str,
+        env: dict[str, str],
+        command: list[str],
+        pod: str,
+        revision: str,
+        restarted: tuple[str, int] | None = None,
     ) -> None:
+        """Start the role's double for `pod`; `restarted`: (reason, exit code) when it is the
+        same pod's engine started again, reported as a restart in place (`kubelet`)."""
         ip = self.ips[role]
         args = replace_flag(command[ENTRYPOINT_LENGTH:], "--host", ip)
         args = replace_flag(args, "--port", str(ENGINE_PORT))
@@ -257,8 +279,14 @@ class PodEngines:
         if self.prober is None:
             report_pod_ip(self.cluster.dyn, self.cluster.namespace, pod, ip)
             return
-        report_pod_started(self.cluster.dyn, self.cluster.namespace, pod, ip)
+        report_pod_started(self.cluster.dyn, self.cluster.namespace, pod, ip, restarted)
         self.prober.add(pod, ip)
+
+
+def _exit_code(proc: subprocess.Popen[bytes]) -> int:
+    """The exit code a container runtime reports: 128 + the signal for a killed process."""
+    code = proc.returncode
+    return 128 - code if code < 0 else code
 
 
 class GroupEngines:

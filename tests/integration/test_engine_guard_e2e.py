@@ -18,7 +18,9 @@ SGLang 0.5.23 with the drop-counter patch.
 - An engine that reports another `max_total_num_tokens` than its plan is never baked:
   `PlanVerified=False`, reason `PlanMismatch`, though its canary passes.
 - Engine pods that run while their engines load their weights, port closed, are on their way,
-  not unreachable; once the kubelet's prober makes them Ready, their plan is verified.
+  not unreachable; once the kubelet's prober makes them Ready, their plan is verified. An
+  engine restarted in place (the same pod) that reloads is counted restarting, not
+  unreachable, until it is Ready again.
 """
 
 from __future__ import annotations
@@ -354,23 +356,54 @@ def test_an_engine_reporting_another_pool_than_its_plan_is_never_baked(
 
 
 @pytest.mark.long(seconds=50)
-def test_engines_loading_their_weights_are_on_their_way_not_unreachable(
+def test_engines_loading_or_restarted_in_place_are_on_their_way_not_unreachable(
     cluster: Cluster, operator: OperatorProcess, ips: dict[str, str], tmp_path: Path
 ) -> None:
     """The engine pods run, as a kubelet reports them, while each engine loads its weights
     with its port closed (the double's DSV4_DOUBLE_LOADING_S, as SGLang opens its port once
     every scheduler has loaded); the kubelet's prober makes them Ready once /health_generate
     answers. The operator reads no engine before that, so it reports none unreachable (a read
-    of a loading engine is refused), and it verifies their plan once they are Ready."""
+    of a loading engine is refused), and it verifies their plan once they are Ready.
+
+    Then the decode engine is killed and restarted in its pod, as a kubelet restarts a
+    container (restartCount 1, the exit as lastState), and loads again: the operator names it
+    restarted in place, counts it restarting and not unreachable while it reloads, and reads
+    it again once Ready."""
     knobs = {"DSV4_DOUBLE_LOADING_S": "8"}
     engines = PodEngines(cluster, ips, tmp_path, knobs=knobs, kubelet=True).start()
+    scope = {"namespace": cluster.namespace, "deployment": "dsv4-flash"}
+    polls: list[tuple[float | None, float | None]] = []  # (restarting, unreachable)
     try:
         manual = {f"{role}.podTemplate": {"annotations": KUBELET_ANNOTATIONS} for role in ROLES}
         cluster.apply(_spec(cluster.namespace, engines.url, None, None, **manual))
         _plan_verified(cluster, "Verified")
         said = operator.log_text()  # before the engines stop: then they are unreachable
+        decode = engines.pod_names["decode"]
+        engines.crash("decode")
+        wait_for(
+            "the operator naming the restart",
+            lambda: (
+                f"{decode}: restarted in place (restarts 1; last exit Error, code 137)"
+                in operator.log_text()
+            ),
+            timeout=60,
+        )
+
+        def read_again() -> bool:
+            polls.append(
+                (
+                    operator.metric("dsv4_guard_engines_restarting", **scope),
+                    operator.metric("dsv4_guard_engines_unreachable", **scope),
+                )
+            )
+            return polls[-1][0] == 0
+
+        wait_for("the restarted engine read again", read_again, timeout=60, interval=0.5)
     finally:
         engines.stop()
     logs = [log.read_text() for log in sorted(tmp_path.glob("engine-*.log"))]
-    assert len(logs) == 2 and all("Load weight end." in log for log in logs), logs
+    assert len(logs) == 3 and all("Load weight end." in log for log in logs), logs
     assert "engine /metrics unreachable" not in said, said[-4000:]
+    # While it reloaded (8 s, then the prober's period): restarting, never unreachable.
+    assert [r for r, _ in polls].count(1) >= 5, polls
+    assert all(u == 0 for _, u in polls), polls

@@ -87,9 +87,11 @@ def _pod(
     created: str,
     ready: bool = True,
     group: tuple[str, int, int] | None = None,
+    container: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An engine pod; `group`: (LeaderWorkerSet, group index, worker index) of a multi-node
-    role's pod (a worker has no readiness probe: Ready once it runs)."""
+    role's pod (a worker has no readiness probe: Ready once it runs); `container`: its
+    engine container's status as the kubelet writes it."""
     labels = {"dsv4.io/role": role, "dsv4.io/revision": revision}
     if group is not None:
         lws, index, worker = group
@@ -104,6 +106,7 @@ def _pod(
             "phase": "Running",
             "podIP": ip,
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [container or {"name": "engine", "restartCount": 0}],
         },
     }
 
@@ -217,6 +220,50 @@ async def test_an_engine_loading_its_weights_is_on_its_way_not_unreachable() -> 
         engines.down.add("10.0.0.1")
         gone_quiet = await reader.round(key, [decode(ready=False)], started=NOW)
         assert gone_quiet.failed == ["x-decode-0: ConnectError"]
+
+
+async def test_an_engine_restarted_in_place_is_reloading_not_unreachable() -> None:
+    """Read before, then its container restarted (the kubelet's restartCount) and the pod not
+    Ready: not read (its port is closed while it reloads), named as restarting with why, and
+    on its way; Ready again, read, its counters started over. Not Ready with no restart: read,
+    its silence is news."""
+    engines = Engines()
+    engines.metrics["10.0.0.1"] = _metrics(7, 1)
+    key = ("ns", "x")
+    oom_killed = {
+        "name": "engine",
+        "restartCount": 1,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+    }
+
+    def decode(ready: bool, container: dict[str, Any] | None = None) -> PodView:
+        return PodView.of(
+            _pod("x-decode-0", "d1", "decode", "r1", "10.0.0.1", OLD, ready, container=container)
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engines.reply)) as client:
+        reader = EngineReader(HttpxPages(client))
+        await reader.round(key, [decode(ready=True)], started=NOW)  # the baseline
+        engines.down.add("10.0.0.1")
+        reads = engines.reads["10.0.0.1"]
+        restarted = await reader.round(key, [decode(False, oom_killed)], started=NOW)
+        assert (restarted.failed, restarted.pods_changed) == ([], True)
+        assert restarted.restarting == [
+            "x-decode-0: restarted in place "
+            "(restarts 1; last exit OOMKilled, code 137; waiting CrashLoopBackOff)"
+        ]
+        assert restarted.revisions == {"r1"}
+        assert engines.reads["10.0.0.1"] == reads  # not read
+        engines.down.clear()
+        engines.metrics["10.0.0.1"] = _metrics(3, 0)
+        running = {**oom_killed, "state": {"running": {}}}
+        again = await reader.round(key, [decode(True, running)], started=NOW)
+        assert (again.restarting, again.failed) == ([], [])
+        assert again.counts == {"r1": EngineCounts(responses=3, requests=3)}
+        engines.down.add("10.0.0.1")
+        hung = await reader.round(key, [decode(False, running)], started=NOW)
+        assert (hung.restarting, hung.failed) == ([], ["x-decode-0: ConnectError"])
 
 
 async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_leader_s_plan() -> (

@@ -35,14 +35,19 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def report_pod_started(dyn: Any, namespace: str, name: str, ip: str) -> dict[str, Any]:
-    """Report the pod Running at ``ip`` with every container started and not ready yet."""
+def report_pod_started(
+    dyn: Any, namespace: str, name: str, ip: str, restarted: tuple[str, int] | None = None
+) -> dict[str, Any]:
+    """Report the pod Running at ``ip`` with every container started and not ready yet.
+    ``restarted``: (reason, exit code) of the containers' last run, for a restart in place
+    (the same pod): each container's ``restartCount`` one more, its ``lastState`` that exit."""
     pods = dyn.resources.get(api_version="v1", kind="Pod")
     pod: dict[str, Any] = pods.get(name=name, namespace=namespace).to_dict()
     key, value = MANUAL_STATUS_ANNOTATION
     if (pod["metadata"].get("annotations") or {}).get(key) != value:
         raise ValueError(f"pod {namespace}/{name} lacks the annotation {key}={value}")
     now = _now()
+    before = {c["name"]: c for c in (pod.get("status") or {}).get("containerStatuses") or []}
     containers = [
         {
             "name": c["name"],
@@ -55,6 +60,17 @@ def report_pod_started(dyn: Any, namespace: str, name: str, ip: str) -> dict[str
         }
         for c in pod["spec"]["containers"]
     ]
+    if restarted is not None:
+        reason, code = restarted
+        for container in containers:
+            last = before.get(container["name"], {})
+            container["restartCount"] = int(last.get("restartCount") or 0) + 1
+            began = (last.get("state") or {}).get("running", {}).get("startedAt", now)
+            container["lastState"] = {
+                "terminated": {
+                    "reason": reason, "exitCode": code, "startedAt": began, "finishedAt": now,
+                }
+            }  # fmt: skip
     conditions = [
         {"type": kind, "status": status, "lastTransitionTime": now}
         for kind, status in (

@@ -58,6 +58,23 @@ def http_up(pods: Sequence[PodView]) -> set[str]:
     }
 
 
+def restarts(pod: PodView) -> int:
+    """How many times the kubelet has restarted the pod's containers in place."""
+    return sum(container.restart_count for container in pod.containers)
+
+
+def restart_note(pod: PodView) -> str:
+    """`name: restarted in place (restarts N; last exit R, code C; waiting W)`, for the log."""
+    parts = [f"restarts {restarts(pod)}"]
+    last = next((c.last_terminated for c in pod.containers if c.last_terminated), None)
+    if last is not None:
+        parts.append(f"last exit {last.reason or 'unknown'}, code {last.exit_code}")
+    waiting = next((c.waiting for c in pod.containers if c.waiting), None)
+    if waiting is not None and waiting.reason:
+        parts.append(f"waiting {waiting.reason}")
+    return f"{pod.name}: restarted in place ({'; '.join(parts)})"
+
+
 def _group(pod: PodView) -> tuple[str | None, str | None]:
     """Its multi-node group: (LeaderWorkerSet, group index), from the LWS controller's labels."""
     return pod.labels.get(LWS_NAME_LABEL), pod.labels.get(LWS_GROUP_INDEX_LABEL)
@@ -66,13 +83,16 @@ def _group(pod: PodView) -> tuple[str | None, str | None]:
 @dataclass
 class EngineRound:
     """One round over a deployment's engine pods: new counts per revision, the revisions that
-    have pods, each pod's server info, the pods that could not be read, and whether the pods
-    changed (one came, went, or is on its way: not running yet)."""
+    have pods, each pod's server info, the pods that could not be read, the pods not read
+    because their engine restarted in place and is not Ready again (`restart_note`), and
+    whether the pods changed (one came, went, or is on its way: not running yet, loading,
+    or restarting)."""
 
     counts: dict[str, EngineCounts] = field(default_factory=dict)
     revisions: set[str] = field(default_factory=set)
     server_info: dict[str, ServerInfo] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
+    restarting: list[str] = field(default_factory=list)
     pods_changed: bool = False
 
 
@@ -83,37 +103,56 @@ class EngineReader:
         self.pages = pages
         self._deltas = TrafficDeltas()
         self._infos: dict[Key, dict[str, ServerInfo]] = {}
+        self._restarts: dict[Key, dict[str, int]] = {}  # per pod uid, when it last answered
 
     def forget(self, key: Key) -> None:
         self._deltas.retain(key, set())
         self._infos.pop(key, None)
+        self._restarts.pop(key, None)
 
     async def round(self, key: Key, pods: list[PodView], started: datetime) -> EngineRound:
         """Read every running engine pod of `key` (with an IP, a uid and a revision) whose
-        HTTP server is up (`http_up`) or that answered before. A pod created after `started`
-        (when this loop began) is counted from zero."""
+        HTTP server is up (`http_up`) or that answered before, unless it restarted in place
+        since and is not up again. A pod created after `started` (when this loop began) is
+        counted from zero."""
         running = [
             p
             for p in pods
             if p.role in ROLES and p.phase == "Running" and p.ip and p.uid and p.revision
         ]
         up = http_up(pods)
-        # The others are still loading: a read would only be refused. One read before that went
-        # down since is still read: its failure to answer is news.
-        engines = [p for p in running if p.uid in up or self._deltas.knows(key, str(p.uid))]
-        loading = len(engines) < len(running)
-        uids = {str(p.uid) for p in engines}
-        came_or_went = self._deltas.retain(key, uids)
-        infos = {u: i for u, i in self._infos.get(key, {}).items() if u in uids}
+        answered = self._restarts.setdefault(key, {})
+        # Not up and never read: still loading, a read would only be refused. Read before and
+        # not up since its containers restarted: reloading, the same (a restart is no silence).
+        # Read before and not up otherwise: still read, its failure to answer is news.
+        known = {str(p.uid) for p in running if self._deltas.knows(key, str(p.uid))}
+        restarting = [
+            p
+            for p in running
+            if p.uid in known and p.uid not in up and restarts(p) > answered.get(str(p.uid), 0)
+        ]
+        reloading = {p.uid for p in restarting}
+        engines = [p for p in running if (p.uid in up or p.uid in known) and p.uid not in reloading]
+        loading = len(engines) + len(restarting) < len(running)
+        kept = {str(p.uid) for p in (*engines, *restarting)}  # their baselines kept
+        came_or_went = self._deltas.retain(key, kept)
+        infos = {u: i for u, i in self._infos.get(key, {}).items() if u in kept}
         self._infos[key] = infos
-        # On its way: pending, running without an address yet, or loading (a failed or evicted
-        # pod that lingers is not).
-        coming = loading or any(
-            p.role in ROLES and (p.phase == "Pending" or (p.phase == "Running" and not p.ip))
-            for p in pods
+        self._restarts[key] = answered = {u: n for u, n in answered.items() if u in kept}
+        # On its way: pending, running without an address yet, loading or restarting (a failed
+        # or evicted pod that lingers is not).
+        coming = (
+            loading
+            or bool(restarting)
+            or any(
+                p.role in ROLES and (p.phase == "Pending" or (p.phase == "Running" and not p.ip))
+                for p in pods
+            )
         )
         out = EngineRound(
-            revisions={str(p.revision) for p in engines}, pods_changed=came_or_went or coming
+            revisions={str(p.revision) for p in (*engines, *restarting)},
+            restarting=[restart_note(p) for p in restarting],
+            pods_changed=came_or_went or coming,
         )
         replies = await asyncio.gather(*(self._read(p, str(p.uid) in infos) for p in engines))
         for pod, (counts, error, info) in zip(engines, replies, strict=True):
@@ -123,6 +162,7 @@ class EngineReader:
             if error is not None:
                 out.failed.append(f"{pod.name}: {error}")
                 continue
+            answered[uid] = restarts(pod)
             fresh = pod.created is not None and pod.created.at > started
             new = self._deltas.advance((key, uid), counts, fresh=fresh)
             got = engine_counts(new, decode=pod.role == "decode")

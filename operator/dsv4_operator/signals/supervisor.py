@@ -73,6 +73,7 @@ from dsv4_operator.trust import (
 log = logging.getLogger(__name__)
 SETTLED_PHASES: tuple[Phase, ...] = ("Ready", "RolledBack", "Degraded")
 CANARY_TAP = "canary-tap"  # the logged-once key of a tap that did not run the canary
+ENGINE_RESTART = "engine-restart"  # ...of engines restarted in place, not read until Ready
 
 
 def _served(status: DSV4DeploymentStatus) -> str | None:
@@ -364,6 +365,12 @@ class GuardSupervisor:
             self._say(key, ENGINE, f"engine /metrics unreachable: {'; '.join(seen.failed)}")
         else:
             self._said.pop((key, ENGINE), None)
+        metrics.ENGINES_RESTARTING.labels(namespace, name).set(len(seen.restarting))
+        if seen.restarting:
+            notes = "; ".join(seen.restarting)
+            self._say(key, ENGINE_RESTART, f"engine not read until Ready again: {notes}")
+        else:
+            self._said.pop((key, ENGINE_RESTART), None)
         before = self.observations.snapshot(key)
         known = set(before.server_info) if before is not None else set()
         self.observations.record_engine(key, seen.counts, seen.revisions, seen.server_info)
