@@ -42,6 +42,9 @@ across zero is no difference these rounds can tell), and each relay's CPU per ch
 "added" figures subtract the direct run, whose load generator and upstream share a CPU, and
 HAProxy's can be nil or negative, where a ratio to it says nothing.
 
+With `--tap-command CMD` another relay runs in the tap's place, measured the same way (the
+native relay probe, bench/probes/native_relay, says how).
+
 With `--pin` (the default on a machine of 2 or more cores) the upstream stand-in and the load
 generator share CPU 0 and the tap with its classifier gets the others, as the tap has its own
 CPU in the router pod: otherwise, on a small machine, the figures are the harness's
@@ -49,7 +52,7 @@ contention for the cores more than the tap's cost.
 
     python bench/tap.py [--seconds 5] [--rounds 3] [--warmup 1] [--chunks 40] [--gap-ms 15]
                         [--timing steps,streams] [--no-pin] [--no-tools]
-                        [--tap-workers 1] [--reference-proxy PATH]
+                        [--tap-workers 1] [--tap-command CMD] [--reference-proxy PATH]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import math
 import multiprocessing
 import os
 import random
+import shlex
 import socket
 import statistics
 import subprocess
@@ -70,6 +74,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import cast
 
 import uvloop
@@ -311,6 +316,15 @@ def _group_times(pids: list[int]) -> tuple[float, float]:
     return sum(user for user, _ in times), sum(system for _, system in times)
 
 
+def _children(pid: int) -> list[int]:
+    """Every process `pid` started, from any of its threads (Linux: reads /proc)."""
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
 def _cpu_seconds(pids: list[int]) -> float:
     return sum(_group_times(pids))
 
@@ -512,6 +526,13 @@ def main() -> int:
         "--tap-workers", type=int, default=1, help="the tap's --workers (relay processes)"
     )
     parser.add_argument(
+        "--tap-command",
+        metavar="CMD",
+        help="run this in the tap's place (another relay to measure; {listen}, {upstream} and "
+        "{metrics} are host:port, {python} this interpreter): its child processes are counted "
+        "as its classifier, and /metrics need only give dsv4_tap_classifier_dropped",
+    )
+    parser.add_argument(
         "--reference-proxy",
         metavar="PATH",
         help="an haproxy binary: also measure it on the same load, as a floor for the tap",
@@ -532,20 +553,35 @@ def main() -> int:
     tap_port, metrics_port = free_port(), free_port()
     up_url, tap_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{tap_port}"
     # The tap as it runs in the router pod: `dsv4 tap` (it starts its classifier process).
+    command = (
+        shlex.split(
+            args.tap_command.format(
+                listen=f"127.0.0.1:{tap_port}", upstream=f"127.0.0.1:{up_port}",
+                metrics=f"127.0.0.1:{metrics_port}", python=sys.executable,
+            )
+        )
+        if args.tap_command
+        else [sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", up_url,
+              "--listen", f"127.0.0.1:{tap_port}", "--metrics", f"127.0.0.1:{metrics_port}",
+              "--deployment", "bench", "--workers", str(args.tap_workers)]
+    )  # fmt: skip
     tap = subprocess.Popen(
-        [sys.executable, "-m", "dsv4_operator.cli", "tap", "--upstream", up_url,
-         "--listen", f"127.0.0.1:{tap_port}", "--metrics", f"127.0.0.1:{metrics_port}",
-         "--deployment", "bench", "--workers", str(args.tap_workers)],
+        command,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
-    )  # fmt: skip
+    )
     _wait_port(tap_port, tap)
     _wait_port(metrics_port, tap)  # with workers: once every one of them serves
-    relays = spawned_children(tap.pid) if args.tap_workers > 1 else [tap.pid]
-    classifiers = [child for relay in relays for child in spawned_children(relay)]
-    if len(relays) != args.tap_workers or len(classifiers) != args.tap_workers:
-        raise LookupError(f"the tap (pid {tap.pid}): relays {relays}, classifiers {classifiers}")
+    if args.tap_command:
+        relays, classifiers = [tap.pid], _children(tap.pid)
+    else:
+        relays = spawned_children(tap.pid) if args.tap_workers > 1 else [tap.pid]
+        classifiers = [child for relay in relays for child in spawned_children(relay)]
+        if len(relays) != args.tap_workers or len(classifiers) != args.tap_workers:
+            raise LookupError(
+                f"the tap (pid {tap.pid}): relays {relays}, classifiers {classifiers}"
+            )
     pids = {"load": [os.getpid()], "upstream": [upstream.pid or 0], "tap": [tap.pid]}
     if args.tap_workers > 1:
         pids["tap"] += relays

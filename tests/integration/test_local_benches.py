@@ -69,3 +69,21 @@ def test_the_tap_bench_runs_both_timings_through_a_real_tap(workers: str) -> Non
     assert throughput is not None, out
     assert int(throughput[1]) > 0
     assert int(throughput[2]) + int(throughput[3]) > 0  # the classifier was fed copies
+
+
+def test_the_tap_bench_measures_a_relay_given_as_a_command_in_the_taps_place() -> None:
+    # The command form (how the native relay probe is measured), run here with the tap itself.
+    command = (
+        "{python} -m dsv4_operator.cli tap --upstream http://{upstream} --listen {listen} "
+        "--metrics {metrics} --deployment bench"
+    )
+    out = run_bench(
+        "tap.py",
+        *("--seconds", "1", "--warmup", "0.2", "--sessions", "1,4", "--rounds", "1"),
+        *("--chunks", "4", "--no-pin", "--timing", "steps", "--tap-command", command),
+    )
+    assert out.count("added by the tap (tap - direct") == 1
+    rows = re.findall(r"\n +4  tap +\d+ .* tap [\d.]+ .* classifier ([\d.]+)", out)
+    assert len(rows) == 1, out  # its classifier found among the command's children
+    throughput = re.search(r"classified (\d+), dropped (\d+)", out)
+    assert throughput is not None and int(throughput[1]) + int(throughput[2]) > 0, out
