@@ -552,7 +552,8 @@ def main() -> int:
     up_port: int = port_of_upstream.recv()
     tap_port, metrics_port = free_port(), free_port()
     up_url, tap_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{tap_port}"
-    # The tap as it runs in the router pod: `dsv4 tap` (it starts its classifier process).
+    # The tap as it runs in the router pod, `dsv4 tap` (it starts its classifier process), or
+    # the relay to measure in its place.
     command = (
         shlex.split(
             args.tap_command.format(

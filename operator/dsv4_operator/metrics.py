@@ -123,8 +123,9 @@ ENGINES_UNREACHABLE = Gauge(
 )
 ENGINES_RESTARTING = Gauge(
     "dsv4_guard_engines_restarting",
-    "Engine pods the guard did not read in its last round because their containers restarted "
-    "in place and the pod is not Ready again (reloading its weights, or crash-looping).",
+    "Engine pods whose containers restarted in place since they last answered the guard and "
+    "that did not answer in its last round (not Ready again, or their read failed): reloading "
+    "their weights, or crash-looping.",
     list(SCOPE),
 )
 PLAN_VERIFIED = Gauge(

@@ -264,6 +264,14 @@ async def test_an_engine_restarted_in_place_is_reloading_not_unreachable() -> No
         engines.down.add("10.0.0.1")
         hung = await reader.round(key, [decode(False, running)], started=NOW)
         assert (hung.restarting, hung.failed) == ([], ["x-decode-0: ConnectError"])
+        # Restarted again, still Ready as far as the pod says (its readiness not yet probed; a
+        # group's worker, Ready by its leader's): read, and its failure is the restart.
+        twice = {**running, "restartCount": 2}
+        unprobed = await reader.round(key, [decode(True, twice)], started=NOW)
+        assert unprobed.failed == []
+        assert unprobed.restarting == [
+            "x-decode-0: restarted in place (restarts 2; last exit OOMKilled, code 137)"
+        ]
 
 
 async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_leader_s_plan() -> (

@@ -113,8 +113,8 @@ class EngineReader:
     async def round(self, key: Key, pods: list[PodView], started: datetime) -> EngineRound:
         """Read every running engine pod of `key` (with an IP, a uid and a revision) whose
         HTTP server is up (`http_up`) or that answered before, unless it restarted in place
-        since and is not up again. A pod created after `started` (when this loop began) is
-        counted from zero."""
+        since and is not up again; a failed read of a restarted pod is its restart. A pod
+        created after `started` (when this loop began) is counted from zero."""
         running = [
             p
             for p in pods
@@ -123,16 +123,16 @@ class EngineReader:
         up = http_up(pods)
         answered = self._restarts.setdefault(key, {})
         # Not up and never read: still loading, a read would only be refused. Read before and
-        # not up since its containers restarted: reloading, the same (a restart is no silence).
-        # Read before and not up otherwise: still read, its failure to answer is news.
+        # restarted in place since (its containers' restarts up): reloading, not read while not
+        # up, and a failed read is its restart, not silence (a group's worker is "up" by its
+        # leader's readiness). Read before and not up otherwise: still read, its failure to
+        # answer is news.
         known = {str(p.uid) for p in running if self._deltas.knows(key, str(p.uid))}
-        restarting = [
-            p
-            for p in running
-            if p.uid in known and p.uid not in up and restarts(p) > answered.get(str(p.uid), 0)
-        ]
-        reloading = {p.uid for p in restarting}
-        engines = [p for p in running if (p.uid in up or p.uid in known) and p.uid not in reloading]
+        restarted = {
+            p.uid for p in running if p.uid in known and restarts(p) > answered.get(str(p.uid), 0)
+        }
+        restarting = [p for p in running if p.uid in restarted and p.uid not in up]
+        engines = [p for p in running if p.uid in up or (p.uid in known and p.uid not in restarted)]
         loading = len(engines) + len(restarting) < len(running)
         kept = {str(p.uid) for p in (*engines, *restarting)}  # their baselines kept
         came_or_went = self._deltas.retain(key, kept)
@@ -160,7 +160,10 @@ class EngineReader:
             if info is not None:
                 infos[uid] = info
             if error is not None:
-                out.failed.append(f"{pod.name}: {error}")
+                if pod.uid in restarted:
+                    out.restarting.append(restart_note(pod))
+                else:
+                    out.failed.append(f"{pod.name}: {error}")
                 continue
             answered[uid] = restarts(pod)
             fresh = pod.created is not None and pod.created.at > started
