@@ -124,8 +124,8 @@ ENGINES_UNREACHABLE = Gauge(
 ENGINES_RESTARTING = Gauge(
     "dsv4_guard_engines_restarting",
     "Engine pods whose containers restarted in place since they last answered the guard and "
-    "that did not answer in its last round (not Ready again, or their read failed): reloading "
-    "their weights, or crash-looping.",
+    "that did not answer in its last round (not Ready again; a group's worker, its read "
+    "failed): reloading their weights, or crash-looping.",
     list(SCOPE),
 )
 PLAN_VERIFIED = Gauge(

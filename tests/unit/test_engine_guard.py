@@ -264,14 +264,10 @@ async def test_an_engine_restarted_in_place_is_reloading_not_unreachable() -> No
         engines.down.add("10.0.0.1")
         hung = await reader.round(key, [decode(False, running)], started=NOW)
         assert (hung.restarting, hung.failed) == ([], ["x-decode-0: ConnectError"])
-        # Restarted again, still Ready as far as the pod says (its readiness not yet probed; a
-        # group's worker, Ready by its leader's): read, and its failure is the restart.
+        # Restarted again and Ready by its own probe: read, and a failure is news.
         twice = {**running, "restartCount": 2}
-        unprobed = await reader.round(key, [decode(True, twice)], started=NOW)
-        assert unprobed.failed == []
-        assert unprobed.restarting == [
-            "x-decode-0: restarted in place (restarts 2; last exit OOMKilled, code 137)"
-        ]
+        ready_again = await reader.round(key, [decode(True, twice)], started=NOW)
+        assert (ready_again.restarting, ready_again.failed) == ([], ["x-decode-0: ConnectError"])
 
 
 async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_leader_s_plan() -> (
@@ -285,7 +281,7 @@ async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_lea
     engines.metrics = {"10.0.0.3": _metrics(10, 0, 1), "10.0.0.4": _metrics(0, 0, 2)}
     key = ("ns", "x")
 
-    def group(leader_ready: bool) -> list[PodView]:
+    def group(leader_ready: bool, worker_restarts: int = 0) -> list[PodView]:
         return [
             PodView.of(_pod("x-prefill-0", "p1", "prefill", "r1", "10.0.0.2", NEW)),
             PodView.of(
@@ -302,7 +298,9 @@ async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_lea
             ),
             PodView.of(
                 _pod(
-                    "x-decode-0-1", "d1w", "decode", "r1", "10.0.0.4", NEW, True, ("x-decode", 0, 1)
+                    *("x-decode-0-1", "d1w", "decode", "r1", "10.0.0.4", NEW, True),
+                    ("x-decode", 0, 1),
+                    {"name": "engine", "restartCount": worker_restarts},
                 )
             ),
         ]
@@ -315,6 +313,12 @@ async def test_a_groups_worker_is_read_once_its_leader_is_ready_and_only_the_lea
         assert set(engines.reads) == {"10.0.0.2"}  # the single-node prefill pod alone
         second = await reader.round(key, group(leader_ready=True), started=NOW)
         third = await reader.round(key, group(leader_ready=True), started=NOW)
+        # The worker restarted in place (its leader still Ready, so "up"): read, and its
+        # failure to answer is its restart, not silence.
+        engines.down.add("10.0.0.4")
+        restarted = await reader.round(key, group(True, worker_restarts=1), started=NOW)
+        assert restarted.failed == []
+        assert restarted.restarting == ["x-decode-0-1: restarted in place (restarts 1)"]
     assert second.failed == [] and third.failed == []
     assert second.counts["r1"].transfer_failures == 3  # the leader's 1 and the worker's 2
     assert set(third.server_info) == {"p1", "d1"}

@@ -113,8 +113,9 @@ class EngineReader:
     async def round(self, key: Key, pods: list[PodView], started: datetime) -> EngineRound:
         """Read every running engine pod of `key` (with an IP, a uid and a revision) whose
         HTTP server is up (`http_up`) or that answered before, unless it restarted in place
-        since and is not up again; a failed read of a restarted pod is its restart. A pod
-        created after `started` (when this loop began) is counted from zero."""
+        since it last answered and is not up again; a restarted group worker that fails to
+        answer counts as restarting too. A pod created after `started` (when this loop began)
+        is counted from zero."""
         running = [
             p
             for p in pods
@@ -124,9 +125,9 @@ class EngineReader:
         answered = self._restarts.setdefault(key, {})
         # Not up and never read: still loading, a read would only be refused. Read before and
         # restarted in place since (its containers' restarts up): reloading, not read while not
-        # up, and a failed read is its restart, not silence (a group's worker is "up" by its
-        # leader's readiness). Read before and not up otherwise: still read, its failure to
-        # answer is news.
+        # up; a group's worker, "up" by its leader's readiness with no probe of its own, is read
+        # and a failure is its restart. Read before and not up otherwise, or restarted and Ready
+        # again by its own probe: read, a failure to answer is news.
         known = {str(p.uid) for p in running if self._deltas.knows(key, str(p.uid))}
         restarted = {
             p.uid for p in running if p.uid in known and restarts(p) > answered.get(str(p.uid), 0)
@@ -160,7 +161,7 @@ class EngineReader:
             if info is not None:
                 infos[uid] = info
             if error is not None:
-                if pod.uid in restarted:
+                if pod.uid in restarted and pod.worker_index > 0:
                     out.restarting.append(restart_note(pod))
                 else:
                     out.failed.append(f"{pod.name}: {error}")
