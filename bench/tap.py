@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import multiprocessing
@@ -318,11 +319,11 @@ def _group_times(pids: list[int]) -> tuple[float, float]:
 
 def _children(pid: int) -> list[int]:
     """Every process `pid` started, from any of its threads (Linux: reads /proc)."""
-    return [
-        int(child)
-        for task in Path(f"/proc/{pid}/task").iterdir()
-        for child in (task / "children").read_text().split()
-    ]
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # that thread has just ended
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 def _cpu_seconds(pids: list[int]) -> float:

@@ -225,8 +225,8 @@ async def test_an_engine_loading_its_weights_is_on_its_way_not_unreachable() -> 
 async def test_an_engine_restarted_in_place_is_reloading_not_unreachable() -> None:
     """Read before, then its container restarted (the kubelet's restartCount) and the pod not
     Ready: not read (its port is closed while it reloads), named as restarting with why, and
-    on its way; Ready again, read, its counters started over. Not Ready with no restart: read,
-    its silence is news."""
+    on its way; Ready again, read, its counters started over. Not Ready with no restart, or
+    restarted and Ready again by its own probe: read, its silence is news."""
     engines = Engines()
     engines.metrics["10.0.0.1"] = _metrics(7, 1)
     key = ("ns", "x")
