@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import json
 import math
@@ -66,6 +67,7 @@ import multiprocessing
 import os
 import random
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -317,6 +319,21 @@ def _group_times(pids: list[int]) -> tuple[float, float]:
     return sum(user for user, _ in times), sum(system for _, system in times)
 
 
+def _ended_with_the_bench(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """`process`, terminated when the bench exits however it does (with main's SIGTERM
+    handler, on SIGTERM and Ctrl-C too): left running, it would hold its port and CPU through
+    the runs that follow and skew them. (The upstream stand-in is a daemon process:
+    multiprocessing ends it the same way.)"""
+
+    def end() -> None:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(10)
+
+    atexit.register(end)
+    return process
+
+
 def _children(pid: int) -> list[int]:
     """Every process `pid` started, from any of its threads (Linux: reads /proc)."""
     found = []
@@ -474,11 +491,13 @@ def _start_reference(
         check = subprocess.run([binary, "-c", "-q", "-f", config], capture_output=True, text=True)
         if check.returncode:
             raise RuntimeError(f"{binary} refused its configuration: {check.stderr}")
-        proxy = subprocess.Popen(
-            [binary, "-db", "-f", config],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        proxy = _ended_with_the_bench(
+            subprocess.Popen(
+                [binary, "-db", "-f", config],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            )
         )
         _wait_port(port, proxy)
     return proxy
@@ -539,6 +558,8 @@ def main() -> int:
         help="an haproxy binary: also measure it on the same load, as a floor for the tap",
     )
     args = parser.parse_args()
+    # SIGTERM as an exit, so that what the bench started ends with it (_ended_with_the_bench).
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     cpus = sorted(os.sched_getaffinity(0))
     pin = len(cpus) >= 2 if args.pin is None else args.pin
     if pin:  # this process (the load generator) and the upstream it spawns: the first CPU
@@ -567,11 +588,13 @@ def main() -> int:
               "--listen", f"127.0.0.1:{tap_port}", "--metrics", f"127.0.0.1:{metrics_port}",
               "--deployment", "bench", "--workers", str(args.tap_workers)]
     )  # fmt: skip
-    tap = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
+    tap = _ended_with_the_bench(
+        subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
+        )
     )
     _wait_port(tap_port, tap)
     _wait_port(metrics_port, tap)  # with workers: once every one of them serves

@@ -5,10 +5,16 @@ not asserted here). The ones that start a control plane: tests/integration/test_
 from __future__ import annotations
 
 import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.support.benches import run_bench
+from tests.support.benches import BENCH, run_bench
 
 
 def test_the_detector_bench_runs_and_finds_every_verdict_as_expected() -> None:
@@ -87,3 +93,51 @@ def test_the_tap_bench_measures_a_relay_given_as_a_command_in_the_taps_place() -
     assert len(rows) == 1, out  # its classifier found among the command's children
     throughput = re.search(r"classified (\d+), dropped (\d+)", out)
     assert throughput is not None and int(throughput[1]) + int(throughput[2]) > 0, out
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process under `pid`, from /proc (each thread's children, recursively)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # that thread has just ended
+            continue
+        for child in children:
+            found |= {child} | _descendants(child)
+    return found
+
+
+def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started() -> None:
+    """Left running, a stopped bench's tap, classifier and upstream would hold their ports
+    and CPU through the runs that follow, and skew them."""
+    args = ["--seconds", "600", "--sessions", "1", "--rounds", "1", "--chunks", "4"]
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCH / "tap.py"), *args, "--no-pin", "--timing", "steps"],
+        stdout=subprocess.PIPE,
+    )
+    assert bench.stdout is not None
+    try:
+        # Its first line comes once the upstream, the tap and its classifier all run.
+        ready, _, _ = select.select([bench.stdout], [], [], 60)
+        assert ready and b"cores" in bench.stdout.readline()
+        started = _descendants(bench.pid)
+        assert len(started) >= 3, started  # upstream, tap, classifier (and helpers)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    deadline = time.monotonic() + 15
+    while (left := {p for p in started if _running(p)}) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after the bench was stopped: {sorted(left)}"
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
