@@ -75,6 +75,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -319,19 +320,39 @@ def _group_times(pids: list[int]) -> tuple[float, float]:
     return sum(user for user, _ in times), sum(system for _, system in times)
 
 
+#: How to end each process the bench started, last started first (`_end_all`).
+_ENDS: list[Callable[[], None]] = []
+
+
 def _ended_with_the_bench(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
-    """`process`, terminated when the bench exits however it does (with main's SIGTERM
-    handler, on SIGTERM and Ctrl-C too): left running, it would hold its port and CPU through
-    the runs that follow and skew them. (The upstream stand-in is a daemon process:
-    multiprocessing ends it the same way.)"""
+    """`process`, ended when the bench ends however it does (at exit, on Ctrl-C, on SIGTERM:
+    `_stopped`): left running, it would hold its port and CPU through the runs that follow
+    and skew them."""
 
     def end() -> None:
         if process.poll() is None:
             process.terminate()
-            process.wait(10)
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
-    atexit.register(end)
+    _ENDS.append(end)
     return process
+
+
+def _end_all() -> None:
+    """End every process the bench started."""
+    while _ENDS:
+        _ENDS.pop()()
+
+
+def _stopped(signum: int, _: object) -> None:
+    """SIGTERM: end what the bench started, then exit at once. Not by raising SystemExit:
+    raised in the middle of the event loop's work, it is not sure to end the run."""
+    _end_all()
+    os._exit(128 + signum)
 
 
 def _children(pid: int) -> list[int]:
@@ -558,8 +579,8 @@ def main() -> int:
         help="an haproxy binary: also measure it on the same load, as a floor for the tap",
     )
     args = parser.parse_args()
-    # SIGTERM as an exit, so that what the bench started ends with it (_ended_with_the_bench).
-    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    atexit.register(_end_all)
+    signal.signal(signal.SIGTERM, _stopped)
     cpus = sorted(os.sched_getaffinity(0))
     pin = len(cpus) >= 2 if args.pin is None else args.pin
     if pin:  # this process (the load generator) and the upstream it spawns: the first CPU
@@ -568,6 +589,14 @@ def main() -> int:
     port_of_upstream, bound = ctx.Pipe(duplex=False)
     upstream = ctx.Process(target=_upstream, args=(bound, args.chunks, args.gap_ms), daemon=True)
     upstream.start()
+
+    def end_upstream() -> None:
+        upstream.terminate()
+        upstream.join(5)
+        if upstream.is_alive():
+            upstream.kill()
+
+    _ENDS.append(end_upstream)
     bound.close()
     if not port_of_upstream.poll(30):
         raise TimeoutError("the upstream stand-in did not bind within 30 s")

@@ -108,14 +108,19 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started() -> None:
+def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started(
+    tmp_path: Path,
+) -> None:
     """Left running, a stopped bench's tap, classifier and upstream would hold their ports
     and CPU through the runs that follow, and skew them."""
     args = ["--seconds", "600", "--sessions", "1", "--rounds", "1", "--chunks", "4"]
-    bench = subprocess.Popen(
-        [sys.executable, str(BENCH / "tap.py"), *args, "--no-pin", "--timing", "steps"],
-        stdout=subprocess.PIPE,
-    )
+    errors = tmp_path / "stderr"
+    with errors.open("wb") as stderr:
+        bench = subprocess.Popen(
+            [sys.executable, str(BENCH / "tap.py"), *args, "--no-pin", "--timing", "steps"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
     assert bench.stdout is not None
     try:
         # Its first line comes once the upstream, the tap and its classifier all run.
@@ -124,7 +129,11 @@ def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started() -> 
         started = _descendants(bench.pid)
         assert len(started) >= 3, started  # upstream, tap, classifier (and helpers)
         bench.send_signal(signal.SIGTERM)
-        assert bench.wait(30) == 128 + signal.SIGTERM
+        try:
+            exited = bench.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"no exit within 30 s of SIGTERM; its stderr:\n{errors.read_text()}")
+        assert exited == 128 + signal.SIGTERM, errors.read_text()
     finally:
         if bench.poll() is None:
             bench.kill()
