@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
 import json
 import math
@@ -75,7 +74,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -84,7 +82,7 @@ from typing import cast
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_devcluster.process import cpu_times, free_port, spawned_children
+from dsv4_devcluster.process import ManagedProcess, cpu_times, free_port, spawned_children
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
@@ -320,39 +318,12 @@ def _group_times(pids: list[int]) -> tuple[float, float]:
     return sum(user for user, _ in times), sum(system for _, system in times)
 
 
-#: How to end each process the bench started, last started first (`_end_all`).
-_ENDS: list[Callable[[], None]] = []
-
-
-def _ended_with_the_bench(process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
-    """`process`, ended when the bench ends however it does (at exit, on Ctrl-C, on SIGTERM:
-    `_stopped`): left running, it would hold its port and CPU through the runs that follow
-    and skew them."""
-
-    def end() -> None:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-    _ENDS.append(end)
-    return process
-
-
-def _end_all() -> None:
-    """End every process the bench started."""
-    while _ENDS:
-        _ENDS.pop()()
-
-
-def _stopped(signum: int, _: object) -> None:
-    """SIGTERM: end what the bench started, then exit at once. Not by raising SystemExit:
-    raised in the middle of the event loop's work, it is not sure to end the run."""
-    _end_all()
-    os._exit(128 + signum)
+def _start(name: str, argv: list[str], logs: Path, cpus: list[int] | None) -> ManagedProcess:
+    """`argv` (on `cpus`, when given) as a dev-cluster process, its output in `logs`: stopped
+    at the bench's exit, and killed by the kernel should the bench die (left running, it would
+    hold its port and CPU through the runs that follow, and skew them)."""
+    pinned = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
+    return ManagedProcess(name, [*pinned, *argv], logs / f"{name}.log")
 
 
 def _children(pid: int) -> list[int]:
@@ -501,8 +472,8 @@ backend upstream
 
 
 def _start_reference(
-    binary: str, port: int, upstream: int, cpus: list[int] | None
-) -> subprocess.Popen[bytes]:
+    binary: str, port: int, upstream: int, logs: Path, cpus: list[int] | None
+) -> ManagedProcess:
     """HAProxy relaying to the upstream as the tap does: HTTP mode, one thread, no delay;
     returned once it listens (it has read its configuration by then)."""
     with tempfile.TemporaryDirectory() as config_dir:
@@ -512,15 +483,8 @@ def _start_reference(
         check = subprocess.run([binary, "-c", "-q", "-f", config], capture_output=True, text=True)
         if check.returncode:
             raise RuntimeError(f"{binary} refused its configuration: {check.stderr}")
-        proxy = _ended_with_the_bench(
-            subprocess.Popen(
-                [binary, "-db", "-f", config],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-            )
-        )
-        _wait_port(port, proxy)
+        proxy = _start("haproxy", [binary, "-db", "-f", config], logs, cpus)
+        _wait_port(port, proxy.popen)
     return proxy
 
 
@@ -579,8 +543,9 @@ def main() -> int:
         help="an haproxy binary: also measure it on the same load, as a floor for the tap",
     )
     args = parser.parse_args()
-    atexit.register(_end_all)
-    signal.signal(signal.SIGTERM, _stopped)
+    # The tap's and HAProxy's output, removed with the bench's exit.
+    kept_logs = tempfile.TemporaryDirectory(prefix="dsv4-tap-bench-")
+    logs = Path(kept_logs.name)
     cpus = sorted(os.sched_getaffinity(0))
     pin = len(cpus) >= 2 if args.pin is None else args.pin
     if pin:  # this process (the load generator) and the upstream it spawns: the first CPU
@@ -590,13 +555,15 @@ def main() -> int:
     upstream = ctx.Process(target=_upstream, args=(bound, args.chunks, args.gap_ms), daemon=True)
     upstream.start()
 
-    def end_upstream() -> None:
-        upstream.terminate()
-        upstream.join(5)
-        if upstream.is_alive():
-            upstream.kill()
+    def stopped(signum: int, _: object) -> None:
+        """SIGTERM: exit at once, the upstream stand-in with the bench; the tap and HAProxy
+        are ended by the kernel (`_start`). Not by raising SystemExit: raised amid the event
+        loop's work, it is not sure to end the run."""
+        upstream.kill()
+        kept_logs.cleanup()
+        os._exit(128 + signum)
 
-    _ENDS.append(end_upstream)
+    signal.signal(signal.SIGTERM, stopped)
     bound.close()
     if not port_of_upstream.poll(30):
         raise TimeoutError("the upstream stand-in did not bind within 30 s")
@@ -617,16 +584,9 @@ def main() -> int:
               "--listen", f"127.0.0.1:{tap_port}", "--metrics", f"127.0.0.1:{metrics_port}",
               "--deployment", "bench", "--workers", str(args.tap_workers)]
     )  # fmt: skip
-    tap = _ended_with_the_bench(
-        subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus[1:])) if pin else None,
-        )
-    )
-    _wait_port(tap_port, tap)
-    _wait_port(metrics_port, tap)  # with workers: once every one of them serves
+    tap = _start("tap", command, logs, cpus[1:] if pin else None)
+    _wait_port(tap_port, tap.popen)
+    _wait_port(metrics_port, tap.popen)  # with workers: once every one of them serves
     if args.tap_command:
         relays, classifiers = [tap.pid], _children(tap.pid)
     else:
@@ -644,7 +604,7 @@ def main() -> int:
     if args.reference_proxy:
         ref_port = free_port()
         reference = _start_reference(
-            args.reference_proxy, ref_port, up_port, cpus[1:] if pin else None
+            args.reference_proxy, ref_port, up_port, logs, cpus[1:] if pin else None
         )
         paths["haproxy"] = f"http://127.0.0.1:{ref_port}"
         pids["haproxy"] = [reference.pid]
@@ -730,13 +690,11 @@ def main() -> int:
         f"classifier's CPU; p50 total {statistics.median(s.total) * 1000:.1f} ms); "
         f"classified {now_classified - classified:.0f}, dropped {now_dropped - dropped:.0f}"
     )
-    tap.terminate()
+    tap.stop()
     upstream.terminate()
-    tap.wait(10)
     upstream.join(10)
     if reference is not None:
-        reference.terminate()
-        reference.wait(10)
+        reference.stop()
     return 0
 
 
