@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import multiprocessing
@@ -82,7 +81,13 @@ from typing import cast
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from dsv4_devcluster.process import ManagedProcess, cpu_times, free_port, spawned_children
+from dsv4_devcluster.process import (
+    ManagedProcess,
+    children,
+    cpu_times,
+    free_port,
+    spawned_children,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 # A token or two per chunk, as an engine streams them (about 60-120 bytes of SSE each).
@@ -324,15 +329,6 @@ def _start(name: str, argv: list[str], logs: Path, cpus: list[int] | None) -> Ma
     hold its port and CPU through the runs that follow, and skew them)."""
     pinned = ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
     return ManagedProcess(name, [*pinned, *argv], logs / f"{name}.log")
-
-
-def _children(pid: int) -> list[int]:
-    """Every process `pid` started, from any of its threads (Linux: reads /proc)."""
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):  # that thread has just ended
-            found += [int(child) for child in (task / "children").read_text().split()]
-    return found
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -588,7 +584,7 @@ def main() -> int:
     _wait_port(tap_port, tap.popen)
     _wait_port(metrics_port, tap.popen)  # with workers: once every one of them serves
     if args.tap_command:
-        relays, classifiers = [tap.pid], _children(tap.pid)
+        relays, classifiers = [tap.pid], children(tap.pid)
     else:
         relays = spawned_children(tap.pid) if args.tap_workers > 1 else [tap.pid]
         classifiers = [child for relay in relays for child in spawned_children(relay)]

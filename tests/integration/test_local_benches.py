@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_devcluster.process import children
 from tests.support.benches import BENCH, run_bench
 
 
@@ -96,16 +97,8 @@ def test_the_tap_bench_measures_a_relay_given_as_a_command_in_the_taps_place() -
 
 
 def _descendants(pid: int) -> set[int]:
-    """Every process under `pid`, from /proc (each thread's children, recursively)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:  # that thread has just ended
-            continue
-        for child in children:
-            found |= {child} | _descendants(child)
-    return found
+    """Every process under `pid`."""
+    return {p for child in children(pid) for p in {child, *_descendants(child)}}
 
 
 def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started(

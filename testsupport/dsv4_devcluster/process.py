@@ -188,22 +188,33 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_times(pid))
 
 
+def children(pid: int) -> list[int]:
+    """The processes `pid` started, from any of its threads (none once it has ended). Linux:
+    reads /proc."""
+    try:
+        tasks = sorted(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:  # it has ended
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            found += map(int, (task / "children").read_text().split())
+        except FileNotFoundError:  # that thread has just ended
+            continue
+    return found
+
+
 def spawned_children(pid: int) -> list[int]:
     """The processes `pid` started with multiprocessing's spawn method, from any of its
     threads (its resource tracker is another child, left out). Linux: reads /proc."""
     found = []
-    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+    for child in children(pid):
         try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:  # that thread has just ended
+            with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                if b"spawn_main" in cmdline.read():
+                    found.append(child)
+        except FileNotFoundError:  # that child has just ended
             continue
-        for child in map(int, children):
-            try:
-                with open(f"/proc/{child}/cmdline", "rb") as cmdline:
-                    if b"spawn_main" in cmdline.read():
-                        found.append(child)
-            except FileNotFoundError:  # that child has just ended
-                continue
     return found
 
 
