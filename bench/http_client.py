@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
+import shutil
+import signal
 import statistics
-import subprocess
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import uvloop
 
+from dsv4_devcluster.process import ManagedProcess, free_port, wait_listening
 from dsv4_operator.signals.http import AiohttpExchanges, GuardHttp, HttpxPages, PodPages
 
 SERVER = """
@@ -42,8 +47,7 @@ async def handle(reader, writer):
     except (asyncio.IncompleteReadError, ConnectionError):
         writer.close()
 async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
-    print(server.sockets[0].getsockname()[1], flush=True)
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=1024)
     await server.serve_forever()
 asyncio.run(main())
 """
@@ -119,26 +123,46 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--body", type=int, default=4000, help="response bytes")
     args = parser.parse_args()
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, "0", str(args.body)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert server.stdout is not None
-        url = f"http://127.0.0.1:{server.stdout.readline().strip()}/metrics"
-        results: dict[tuple[str, int], list[float]] = {}
-        for _ in range(args.rounds):
-            for flight in args.in_flight:
-                for name, make in CLIENTS.items():
-                    ms = uvloop.run(_per_request_ms(make, url, args.requests, flight))
-                    results.setdefault((name, flight), []).append(ms)
-        print(f"CPU per request, ms (median of {args.rounds} rounds, {args.requests} requests)")
-        print(f"{'client':40} " + " ".join(f"{f:>4} in flight" for f in args.in_flight))
-        for name in CLIENTS:
-            row = [statistics.median(results[(name, f)]) for f in args.in_flight]
-            print(f"{name:40} " + " ".join(f"{ms:>14.3f}" for ms in row))
-    finally:
-        server.terminate()
-        server.wait(10)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="dsv4-http-bench-") as logs:
+        started: list[ManagedProcess] = []
+
+        def stopped(signum: int, _: object) -> None:
+            """SIGTERM: end the server and the bench at once (no SystemExit raised amid an
+            event loop's work)."""
+            for server in started:
+                server.popen.kill()
+            shutil.rmtree(logs, ignore_errors=True)
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stopped)
+        # Also killed by the kernel should the bench die otherwise (left running, it would
+        # hold its port and CPU through the runs that follow).
+        server = ManagedProcess(
+            "server", [sys.executable, "-c", SERVER, str(port), str(args.body)],
+            Path(logs) / "server.log",
+        )  # fmt: skip
+        started.append(server)
+        try:
+            wait_listening(port, server.popen)
+            print(f"server (pid {server.pid}) on port {port}; measuring", flush=True)
+            _measure(args, f"http://127.0.0.1:{port}/metrics")
+        finally:
+            server.stop()
+
+
+def _measure(args: argparse.Namespace, url: str) -> None:
+    results: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.rounds):
+        for flight in args.in_flight:
+            for name, make in CLIENTS.items():
+                ms = uvloop.run(_per_request_ms(make, url, args.requests, flight))
+                results.setdefault((name, flight), []).append(ms)
+    print(f"CPU per request, ms (median of {args.rounds} rounds, {args.requests} requests)")
+    print(f"{'client':40} " + " ".join(f"{f:>4} in flight" for f in args.in_flight))
+    for name in CLIENTS:
+        row = [statistics.median(results[(name, f)]) for f in args.in_flight]
+        print(f"{name:40} " + " ".join(f"{ms:>14.3f}" for ms in row))
 
 
 if __name__ == "__main__":

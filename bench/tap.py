@@ -66,7 +66,6 @@ import os
 import random
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -87,6 +86,7 @@ from dsv4_devcluster.process import (
     cpu_times,
     free_port,
     spawned_children,
+    wait_listening,
 )
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -480,22 +480,8 @@ def _start_reference(
         if check.returncode:
             raise RuntimeError(f"{binary} refused its configuration: {check.stderr}")
         proxy = _start("haproxy", [binary, "-db", "-f", config], logs, cpus)
-        _wait_port(port, proxy.popen)
+        wait_listening(port, proxy.popen)
     return proxy
-
-
-def _wait_port(port: int, process: subprocess.Popen[bytes] | None = None) -> None:
-    """Until something listens on `port`; `process`, the one meant to: fail when it exited
-    (its port taken since `free_port` picked it), rather than measure whatever listens."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"pid {process.pid} exited ({process.returncode}) before {port}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on {port}")
 
 
 def main() -> int:
@@ -581,8 +567,8 @@ def main() -> int:
               "--deployment", "bench", "--workers", str(args.tap_workers)]
     )  # fmt: skip
     tap = _start("tap", command, logs, cpus[1:] if pin else None)
-    _wait_port(tap_port, tap.popen)
-    _wait_port(metrics_port, tap.popen)  # with workers: once every one of them serves
+    wait_listening(tap_port, tap.popen)
+    wait_listening(metrics_port, tap.popen)  # with workers: once every one of them serves
     if args.tap_command:
         relays, classifiers = [tap.pid], children(tap.pid)
     else:

@@ -107,20 +107,34 @@ def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started(
     """Left running, a stopped bench's tap, classifier and upstream would hold their ports
     and CPU through the runs that follow, and skew them."""
     args = ["--seconds", "600", "--sessions", "1", "--rounds", "1", "--chunks", "4"]
+    # Its first line comes once the upstream, the tap and its classifier all run.
+    started = _stopped_midway(
+        ["tap.py", *args, "--no-pin", "--timing", "steps"], b"cores", tmp_path
+    )
+    assert len(started) >= 3, started  # upstream, tap, classifier (and helpers)
+
+
+def test_the_http_client_bench_stopped_midway_ends_its_server(tmp_path: Path) -> None:
+    started = _stopped_midway(["http_client.py", "--requests", "10000000"], b"measuring", tmp_path)
+    assert len(started) == 1, started  # the HTTP server it reads
+
+
+def _stopped_midway(argv: list[str], ready: bytes, tmp_path: Path) -> set[int]:
+    """Run the bench `argv` until its output has a line with `ready`, stop it with SIGTERM,
+    and check that it exits 143 soon and leaves none of its processes running: the processes
+    it had started, returned."""
     errors = tmp_path / "stderr"
     with errors.open("wb") as stderr:
         bench = subprocess.Popen(
-            [sys.executable, str(BENCH / "tap.py"), *args, "--no-pin", "--timing", "steps"],
+            [sys.executable, str(BENCH / argv[0]), *argv[1:]],
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
     assert bench.stdout is not None
     try:
-        # Its first line comes once the upstream, the tap and its classifier all run.
-        ready, _, _ = select.select([bench.stdout], [], [], 60)
-        assert ready and b"cores" in bench.stdout.readline()
+        readable, _, _ = select.select([bench.stdout], [], [], 60)
+        assert readable and ready in bench.stdout.readline(), errors.read_text()
         started = _descendants(bench.pid)
-        assert len(started) >= 3, started  # upstream, tap, classifier (and helpers)
         bench.send_signal(signal.SIGTERM)
         try:
             exited = bench.wait(30)
@@ -135,6 +149,7 @@ def test_the_tap_bench_stopped_midway_ends_the_tap_and_upstream_it_started(
     while (left := {p for p in started if _running(p)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"still running after the bench was stopped: {sorted(left)}"
+    return started
 
 
 def _running(pid: int) -> bool:

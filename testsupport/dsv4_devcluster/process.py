@@ -137,6 +137,22 @@ def free_port() -> int:
     return reserve_port(candidates[start:] + candidates[:start])
 
 
+def wait_listening(
+    port: int, process: subprocess.Popen[bytes] | None = None, timeout: float = 30.0
+) -> None:
+    """Until something listens on 127.0.0.1:`port`; `process`, the one meant to: fail when it
+    exited (its port taken since `free_port` picked it), rather than use whatever listens."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"pid {process.pid} exited ({process.returncode}) before {port}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {port} after {timeout:g} s")
+
+
 def ephemeral_ports() -> tuple[int, int]:
     """The kernel's range for the ports it picks itself (Linux's default: 32768-60999)."""
     text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
