@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -30,7 +28,7 @@ from pathlib import Path
 import httpx
 import uvloop
 
-from dsv4_devcluster.process import ManagedProcess, free_port, wait_listening
+from dsv4_devcluster.process import ManagedProcess, exit_on_sigterm, free_port, wait_listening
 from dsv4_operator.signals.http import AiohttpExchanges, GuardHttp, HttpxPages, PodPages
 
 SERVER = """
@@ -125,24 +123,13 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="dsv4-http-bench-") as logs:
-        started: list[ManagedProcess] = []
-
-        def stopped(signum: int, _: object) -> None:
-            """SIGTERM: end the server and the bench at once (no SystemExit raised amid an
-            event loop's work)."""
-            for server in started:
-                server.popen.kill()
-            shutil.rmtree(logs, ignore_errors=True)
-            os._exit(128 + signum)
-
-        signal.signal(signal.SIGTERM, stopped)
-        # Also killed by the kernel should the bench die otherwise (left running, it would
-        # hold its port and CPU through the runs that follow).
+        # Left running, the server would hold its port: killed on SIGTERM, and by the kernel
+        # should the bench die otherwise (ManagedProcess).
+        exit_on_sigterm(lambda: shutil.rmtree(logs, ignore_errors=True))
         server = ManagedProcess(
             "server", [sys.executable, "-c", SERVER, str(port), str(args.body)],
             Path(logs) / "server.log",
         )  # fmt: skip
-        started.append(server)
         try:
             wait_listening(port, server.popen)
             print(f"server (pid {server.pid}) on port {port}; measuring", flush=True)

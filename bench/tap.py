@@ -65,7 +65,6 @@ import multiprocessing
 import os
 import random
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -84,6 +83,7 @@ from dsv4_devcluster.process import (
     ManagedProcess,
     children,
     cpu_times,
+    exit_on_sigterm,
     free_port,
     spawned_children,
     wait_listening,
@@ -537,15 +537,8 @@ def main() -> int:
     upstream = ctx.Process(target=_upstream, args=(bound, args.chunks, args.gap_ms), daemon=True)
     upstream.start()
 
-    def stopped(signum: int, _: object) -> None:
-        """SIGTERM: exit at once, the upstream stand-in with the bench; the tap and HAProxy
-        are ended by the kernel (`_start`). Not by raising SystemExit: raised amid the event
-        loop's work, it is not sure to end the run."""
-        upstream.kill()
-        kept_logs.cleanup()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stopped)
+    # SIGTERM: the tap, HAProxy and the upstream stand-in end with the bench, at once.
+    exit_on_sigterm(upstream.kill, kept_logs.cleanup)
     bound.close()
     if not port_of_upstream.poll(30):
         raise TimeoutError("the upstream stand-in did not bind within 30 s")
